@@ -1,0 +1,1 @@
+"""Differentiable analytical cost model of the accelerator."""

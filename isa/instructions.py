@@ -1,0 +1,257 @@
+"""The instruction set: every opcode, field and encoding on one screen.
+
+Every instruction is 64 bytes, little-endian, with one layout:
+
+    offset  field       meaning
+    0       opcode      Opcode
+    1       func        VectorFunc (VECTOR), else 0
+    2       dtype       element type read (DMA: DRAM side; MATMUL: A and B; VECTOR: sources)
+    3       out_dtype   element type written (DMA: local side; MATMUL: C; VECTOR: dst)
+    4       push        bit q set: send a dependency token to queue q when done
+    5       pop         bit q set: wait for (and take) a token from queue q before starting
+    6       mode        AccMode (MATMUL, VECTOR); PadValue (LOAD)
+    7       spaces      Space of operand x (bits 0-1), y (bits 2-3), z (bits 4-5)
+    8       n[4]        u16 x 4: the iteration space
+    16      x           operand pattern: base (u32, bytes), strides (i32 x 3, elements)
+    32      y           operand pattern
+    48      z           operand pattern; LOAD keeps its 6 pad counts (u8) here
+
+An operand pattern addresses element (i0, i1, i2) at base + (i0*s0 + i1*s1 +
+i2*s2) * itemsize; a zero stride broadcasts.  Per opcode:
+
+    LOAD   n=(n0,n1,n2)     x: DRAM source over (n0,n1,n2)
+                            y: local destination over the padded box
+                               (n0+p0+q0, n1+p1+q1, n2+p2+q2); pads (VTA-style) are
+                               filled with mode's PadValue
+    STORE  n=(n0,n1,n2)     x: DRAM destination;  y: local source
+    MATMUL n=(m1,m0,k,n)    x: A over (m1,m0,k);  y: B over (k,n,-);  z: C over (m1,m0,n)
+                            C = acc(C, A @ B) with M = m1*m0 rows
+    VECTOR n=(n0,n1,n2)     x: dst;  y: src1;  z: src2 (binary funcs)
+                            dst = acc(dst, func(src1, src2)); reductions (RSUM, RMAX)
+                            reduce over i2, and their dst stride s2 must be 0
+
+Queues are in-order and run concurrently; tokens (VTA-style) order them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class Opcode(enum.IntEnum):
+    LOAD = 1
+    STORE = 2
+    MATMUL = 3
+    VECTOR = 4
+
+
+class Queue(enum.IntEnum):
+    LOAD = 0
+    MATRIX = 1
+    VECTOR = 2
+    STORE = 3
+
+
+QUEUE_OF = {Opcode.LOAD: Queue.LOAD, Opcode.STORE: Queue.STORE,
+            Opcode.MATMUL: Queue.MATRIX, Opcode.VECTOR: Queue.VECTOR}
+
+
+class Space(enum.IntEnum):
+    DRAM = 0
+    SPAD = 1   # input/weight scratchpad
+    ACC = 2    # accumulator SRAM
+
+
+class DType(enum.IntEnum):
+    F32 = 0
+    BF16 = 1
+    I8 = 2
+    I32 = 3
+
+    @property
+    def numpy(self) -> np.dtype:
+        return _NUMPY[self]
+
+    @property
+    def itemsize(self) -> int:
+        return _NUMPY[self].itemsize
+
+
+_NUMPY = {DType.F32: np.dtype(np.float32), DType.BF16: np.dtype(np.uint16),  # bf16 bit pattern
+          DType.I8: np.dtype(np.int8), DType.I32: np.dtype(np.int32)}
+
+
+class AccMode(enum.IntEnum):
+    OVERWRITE = 0
+    ADD = 1
+    MAX = 2
+    MIN = 3
+
+
+class PadValue(enum.IntEnum):
+    ZERO = 0
+    NEG_INF = 1   # most negative value of the type: the identity of max-pooling
+    POS_INF = 2
+
+
+class VectorFunc(enum.IntEnum):
+    # unary
+    COPY = 0
+    NEG = 1
+    ABS = 2
+    RELU = 3
+    EXP = 4
+    LOG = 5
+    RECIP = 6
+    RSQRT = 7
+    SQRT = 8
+    TANH = 9
+    ERF = 10
+    SIGMOID = 11
+    # binary
+    ADD = 16
+    SUB = 17
+    MUL = 18
+    MAX = 19
+    MIN = 20
+    # reductions over i2
+    RSUM = 32
+    RMAX = 33
+    RMIN = 34
+
+
+UNARY = frozenset({VectorFunc.COPY, VectorFunc.NEG, VectorFunc.ABS, VectorFunc.RELU, VectorFunc.EXP,
+                   VectorFunc.LOG, VectorFunc.RECIP, VectorFunc.RSQRT, VectorFunc.SQRT,
+                   VectorFunc.TANH, VectorFunc.ERF, VectorFunc.SIGMOID})
+BINARY = frozenset({VectorFunc.ADD, VectorFunc.SUB, VectorFunc.MUL, VectorFunc.MAX, VectorFunc.MIN})
+REDUCTIONS = frozenset({VectorFunc.RSUM, VectorFunc.RMAX, VectorFunc.RMIN})
+TRANSCENDENTAL = frozenset({VectorFunc.EXP, VectorFunc.LOG, VectorFunc.RECIP, VectorFunc.RSQRT,
+                            VectorFunc.SQRT, VectorFunc.TANH, VectorFunc.ERF, VectorFunc.SIGMOID})
+
+INSTRUCTION_BYTES = 64
+OPERANDS = ("x", "y", "z")
+
+# One record layout for every opcode; `pad` overlays operand z (LOAD only).
+ENCODING = np.dtype({
+    "names": ["opcode", "func", "dtype", "out_dtype", "push", "pop", "mode", "spaces", "n",
+              "x_base", "x_strides", "y_base", "y_strides", "z_base", "z_strides", "pad"],
+    "formats": ["u1", "u1", "u1", "u1", "u1", "u1", "u1", "u1", ("<u2", 4),
+                "<u4", ("<i4", 3), "<u4", ("<i4", 3), "<u4", ("<i4", 3), ("u1", 6)],
+    "offsets": [0, 1, 2, 3, 4, 5, 6, 7, 8, 16, 20, 32, 36, 48, 52, 48],
+    "itemsize": INSTRUCTION_BYTES,
+})
+
+
+@dataclass(frozen=True)
+class Operand:
+    """An address pattern: `space` memory, byte `base`, element `strides` over the iteration dims."""
+
+    space: Space
+    base: int
+    strides: tuple[int, int, int] = (0, 0, 0)
+
+    def __post_init__(self):
+        object.__setattr__(self, "space", Space(self.space))
+        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides) + (0,) * (3 - len(self.strides)))
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One decoded instruction; see the module docstring for what each field means per opcode."""
+
+    opcode: Opcode
+    n: tuple[int, int, int, int]
+    x: Operand
+    y: Operand
+    z: Operand | None = None
+    func: VectorFunc = VectorFunc.COPY
+    dtype: DType = DType.F32
+    out_dtype: DType = DType.F32
+    mode: int = 0
+    pad: tuple[int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0)
+    push: int = 0
+    pop: int = 0
+
+    @property
+    def queue(self) -> Queue:
+        return QUEUE_OF[self.opcode]
+
+
+_NO_OPERAND = Operand(Space.DRAM, 0)
+
+
+def load(src: Operand, dst: Operand, n, *, pad=(0,) * 6, pad_value=PadValue.ZERO,
+         dtype=DType.F32, out_dtype=None) -> Instruction:
+    """DMA DRAM -> scratchpad/accumulator; `pad` = (before0, after0, before1, after1, before2, after2)."""
+    return Instruction(Opcode.LOAD, _dims(n, 3), src, dst, None, dtype=dtype,
+                       out_dtype=dtype if out_dtype is None else out_dtype, mode=int(pad_value), pad=tuple(pad))
+
+
+def store(dst: Operand, src: Operand, n, *, dtype=DType.F32, out_dtype=None) -> Instruction:
+    """DMA scratchpad/accumulator -> DRAM; `dtype` is the DRAM type, `out_dtype` the local one."""
+    return Instruction(Opcode.STORE, _dims(n, 3), dst, src, None, dtype=dtype,
+                       out_dtype=dtype if out_dtype is None else out_dtype)
+
+
+def matmul(a: Operand, b: Operand, c: Operand, m1: int, m0: int, k: int, n: int, *,
+           accumulate: bool, dtype=DType.F32, out_dtype=DType.F32) -> Instruction:
+    mode = AccMode.ADD if accumulate else AccMode.OVERWRITE
+    return Instruction(Opcode.MATMUL, (m1, m0, k, n), a, b, c, dtype=dtype, out_dtype=out_dtype, mode=int(mode))
+
+
+def vector(func: VectorFunc, dst: Operand, src1: Operand, src2: Operand | None, n, *,
+           acc: AccMode = AccMode.OVERWRITE, dtype=DType.F32, out_dtype=None) -> Instruction:
+    return Instruction(Opcode.VECTOR, _dims(n, 3), dst, src1, src2, func=VectorFunc(func), dtype=dtype,
+                       out_dtype=dtype if out_dtype is None else out_dtype, mode=int(acc))
+
+
+def _dims(n, rank) -> tuple[int, int, int, int]:
+    n = tuple(int(v) for v in n)
+    if len(n) != rank:
+        raise ValueError(f"expected {rank} iteration counts, got {n}")
+    return n + (0,) * (4 - rank)
+
+
+def encode(instructions: list[Instruction]) -> np.ndarray:
+    """Instructions -> records of ENCODING (vectorized over columns)."""
+    code = np.zeros(len(instructions), ENCODING)
+    if not instructions:
+        return code
+    cols = {name: [] for name in ("opcode", "func", "dtype", "out_dtype", "push", "pop", "mode", "spaces", "n",
+                                  "x_base", "x_strides", "y_base", "y_strides", "z_base", "z_strides")}
+    for ins in instructions:
+        z = ins.z or _NO_OPERAND
+        for name, value in (("opcode", ins.opcode), ("func", ins.func), ("dtype", ins.dtype),
+                            ("out_dtype", ins.out_dtype), ("push", ins.push), ("pop", ins.pop),
+                            ("mode", ins.mode), ("spaces", ins.x.space | ins.y.space << 2 | z.space << 4),
+                            ("n", ins.n), ("x_base", ins.x.base), ("x_strides", ins.x.strides),
+                            ("y_base", ins.y.base), ("y_strides", ins.y.strides),
+                            ("z_base", z.base), ("z_strides", z.strides)):
+            cols[name].append(value)
+    for name, values in cols.items():
+        code[name] = values
+    is_load = code["opcode"] == Opcode.LOAD
+    if is_load.any():
+        code["pad"][is_load] = [ins.pad for ins in instructions if ins.opcode == Opcode.LOAD]
+    return code
+
+
+def decode(record) -> Instruction:
+    """One record of ENCODING -> Instruction."""
+    op = Opcode(int(record["opcode"]))
+    spaces = int(record["spaces"])
+
+    def operand(i, o):
+        strides = tuple(int(s) for s in record[f"{o}_strides"])
+        return Operand(Space(spaces >> (2 * i) & 3), int(record[f"{o}_base"]), strides)
+
+    has_z = op == Opcode.MATMUL or (op == Opcode.VECTOR and VectorFunc(int(record["func"])) in BINARY)
+    x, y, z = operand(0, "x"), operand(1, "y"), operand(2, "z") if has_z else None
+    return Instruction(op, tuple(int(v) for v in record["n"]), x, y, z, func=VectorFunc(int(record["func"])),
+                       dtype=DType(int(record["dtype"])), out_dtype=DType(int(record["out_dtype"])),
+                       mode=int(record["mode"]),
+                       pad=tuple(int(p) for p in record["pad"]) if op == Opcode.LOAD else (0,) * 6,
+                       push=int(record["push"]), pop=int(record["pop"]))

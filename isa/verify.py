@@ -1,0 +1,325 @@
+"""The verifier: a program that passes it cannot read out of bounds, overflow a
+memory, deadlock on tokens, read memory nothing wrote, or race between queues.
+
+It runs before every simulation and at load.  Per-field checks are vectorized
+over the instruction stream; the dataflow checks walk it once, tracking, per
+memory granule, the last writer and the last reader of each queue, and per
+instruction a vector clock of what its tokens guarantee has completed.  An
+access from one queue that conflicts with an earlier access from another queue
+must be ordered by tokens, or the queues could run it in either order.
+
+The walk also records, for each scratchpad/accumulator read, the instruction
+that produced the value (the simulator executes the program as dataflow).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .access import Access, accesses, element_offsets
+from .instructions import (
+    BINARY,
+    ENCODING,
+    QUEUE_OF,
+    REDUCTIONS,
+    UNARY,
+    AccMode,
+    DType,
+    Opcode,
+    PadValue,
+    Queue,
+    Space,
+    VectorFunc,
+)
+from .program import Program, RegionKind
+
+MULTIPLE = -2   # producer of a read that spans several writers
+
+
+class VerificationError(ValueError):
+    """A program breaks an ISA rule; names the instruction index and the field."""
+
+    def __init__(self, message: str, index: int | None = None, field: str | None = None):
+        self.index, self.field = index, field
+        where = ""
+        if index is not None:
+            where = f"instruction {index}" + (f", field '{field}'" if field else "") + ": "
+        super().__init__(where + message)
+
+
+@dataclass(frozen=True)
+class Dataflow:
+    """What the walk learned: each instruction's queue and the producer of each local read."""
+
+    queue: np.ndarray                     # (N,) Queue of each instruction
+    producer: dict[str, np.ndarray]       # slot -> (N,) producer index, -1 none, MULTIPLE
+    granule: dict[Space, int]             # tracking granule (bytes) per memory
+
+
+def verify(program: Program) -> Dataflow:
+    """Check every rule; return the dataflow facts.  Cached on the (immutable) program."""
+    if "dataflow" not in program.cache:
+        _check_layout(program)
+        accs = accesses(program.code)
+        _check_fields(program, accs)
+        program.cache["dataflow"] = _check_dataflow(program, accs)
+    return program.cache["dataflow"]
+
+
+def const_bytes(program: Program) -> int:
+    return next((r.nbytes for r in program.regions if r.kind == RegionKind.CONST), 0)
+
+
+# --- program layout ---------------------------------------------------------------------------
+
+def _check_layout(p: Program) -> None:
+    if p.dram_bytes > p.hw.dram_bytes:
+        raise VerificationError(f"program needs {p.dram_bytes} bytes of DRAM, hardware has {p.hw.dram_bytes}")
+    for r in p.regions:
+        if r.offset < 0 or r.nbytes < 0 or r.offset + r.nbytes > p.dram_bytes:
+            raise VerificationError(f"DRAM region '{r.name}' [{r.offset:#x}, {r.offset + r.nbytes:#x}) "
+                                    f"lies outside the program's {p.dram_bytes} bytes")
+    consts = [r for r in p.regions if r.kind == RegionKind.CONST]
+    if len(consts) > 1 or (consts and consts[0].offset != 0):
+        raise VerificationError("the constant blob must be one region at DRAM offset 0")
+    if const_bytes(p) != len(p.constants):
+        raise VerificationError(f"constant region holds {const_bytes(p)} bytes, the blob has {len(p.constants)}")
+    for kind, refs in (("input", p.inputs), ("output", p.outputs)):
+        for t in refs:
+            if t.offset % t.dtype.itemsize or t.offset < const_bytes(p) or t.offset + t.nbytes > p.dram_bytes:
+                raise VerificationError(f"{kind} '{t.name}' at {t.offset:#x} ({t.nbytes} bytes) is misaligned or "
+                                        f"outside the data part of DRAM [{const_bytes(p):#x}, {p.dram_bytes:#x})")
+
+
+# --- per-instruction fields (vectorized) ------------------------------------------------------
+
+_MATMUL_TYPES = {(DType.F32, DType.F32), (DType.BF16, DType.F32), (DType.I8, DType.I32)}
+_MODE_OF_DTYPE = {DType.F32: "fp32", DType.BF16: "bf16", DType.I8: "int8", DType.I32: None}
+_FIELD_AT = {}  # byte offset -> field name, for "unused byte set" errors
+for _name in ENCODING.names:
+    _fmt, _off = ENCODING.fields[_name][:2]
+    for _b in range(_off, _off + _fmt.itemsize):
+        _FIELD_AT.setdefault(_b, _name)
+
+
+def _used_bytes(opcode: Opcode, binary: bool) -> np.ndarray:
+    used = np.zeros(64, bool)
+    used[:16] = True                      # header + n
+    used[16:48] = True                    # x, y
+    if opcode == Opcode.LOAD:
+        used[48:54] = True                # pad counts
+    if opcode == Opcode.MATMUL or binary:
+        used[48:64] = True                # z
+    if opcode == Opcode.MATMUL:
+        used[44:48] = False               # B has two strides
+    if opcode != Opcode.MATMUL:
+        used[14:16] = False               # n3
+    return used
+
+
+def _fail(mask: np.ndarray, field: str, message) -> None:
+    if mask.any():
+        i = int(np.flatnonzero(mask)[0])
+        raise VerificationError(message(i) if callable(message) else message, i, field)
+
+
+def _check_fields(p: Program, accs: list[Access]) -> None:
+    code = p.code
+    op = code["opcode"]
+    _fail(~np.isin(op, list(Opcode)), "opcode", lambda i: f"unknown opcode {op[i]}")
+    is_load, is_store, is_mm, is_vec = (op == o for o in (Opcode.LOAD, Opcode.STORE, Opcode.MATMUL, Opcode.VECTOR))
+    func = code["func"]
+    _fail(is_vec & ~np.isin(func, list(VectorFunc)), "func", lambda i: f"unknown vector function {func[i]}")
+    for name in ("dtype", "out_dtype"):
+        values = code[name]
+        _fail(~np.isin(values, list(DType)), name, lambda i, v=values: f"unknown element type {v[i]}")
+        for dt, mode in _MODE_OF_DTYPE.items():
+            if mode and mode not in p.hw.dtypes:
+                _fail(values == dt, name, f"{dt.name} needs the '{mode}' mode, which this hardware lacks "
+                                          f"(HardwareConfig.dtypes = {p.hw.dtypes})")
+    dt, odt = code["dtype"], code["out_dtype"]
+    pairs = np.zeros(len(code), bool)
+    for a, b in _MATMUL_TYPES:
+        pairs |= (dt == a) & (odt == b)
+    _fail(is_mm & ~pairs, "dtype", lambda i: f"matmul {DType(dt[i]).name}->{DType(odt[i]).name} is not supported")
+    _fail(~is_mm & (dt != odt), "out_dtype", "element type conversion is only done by the matrix unit")
+
+    # Unused bits must be zero: an encoding has exactly one spelling.
+    raw = code.view(np.uint8).reshape(len(code), 64)
+    for opcode in Opcode:
+        for binary in (False, True):
+            rows = (op == opcode) & (np.isin(func, list(BINARY)) == binary if opcode == Opcode.VECTOR else True)
+            if rows.any():
+                stray = (raw[rows][:, ~_used_bytes(opcode, binary)] != 0).any(0)
+                if stray.any():
+                    byte = int(np.flatnonzero(~_used_bytes(opcode, binary))[np.flatnonzero(stray)[0]])
+                    i = int(np.flatnonzero(rows)[np.flatnonzero(raw[rows][:, byte])[0]])
+                    raise VerificationError(f"byte {byte} is unused by {Opcode(op[i]).name} and must be zero",
+                                            i, _FIELD_AT.get(byte))
+    _fail(~is_vec & (func != 0), "func", "only VECTOR instructions take a function")
+    mode = code["mode"]
+    _fail(is_load & ~np.isin(mode, list(PadValue)), "mode", lambda i: f"unknown pad value {mode[i]}")
+    _fail(is_store & (mode != 0), "mode", "STORE takes no mode")
+    _fail(is_mm & (mode > AccMode.ADD), "mode", "MATMUL accumulates by ADD or overwrites")
+    _fail(is_vec & (mode > AccMode.MIN), "mode", lambda i: f"unknown accumulate mode {mode[i]}")
+    queue = np.array([QUEUE_OF[Opcode(o)] for o in op], np.int64) if len(op) else np.zeros(0, np.int64)
+    for name in ("push", "pop"):
+        mask = code[name].astype(np.int64)
+        _fail(mask >= 16, name, "token masks have one bit per queue (4 queues)")
+        _fail((mask >> queue) & 1 == 1, name, "an instruction cannot send a token to its own queue")
+
+    n = code["n"].astype(np.int64)
+    _fail(is_mm & (n == 0).any(1), "n", "MATMUL needs m1, m0, k, n >= 1")
+    _fail(~is_mm & (n[:, :3] == 0).any(1), "n", "iteration counts must be >= 1")
+    spaces = code["spaces"].astype(np.int64)
+    sx, sy, sz = spaces & 3, spaces >> 2 & 3, spaces >> 4 & 3
+    local = (Space.SPAD, Space.ACC)
+    _fail((is_load | is_store) & (sx != Space.DRAM), "x", "the DMA's x operand is DRAM")
+    _fail((is_load | is_store) & ~np.isin(sy, local), "y", "the DMA's y operand is the scratchpad or accumulator")
+    _fail(is_mm & ((sx != Space.SPAD) | (sy != Space.SPAD)), "x", "MATMUL reads A and B from the scratchpad")
+    _fail(is_mm & (sz != Space.ACC), "z", "MATMUL writes C to the accumulator")
+    binary = is_vec & np.isin(func, list(BINARY))
+    _fail(is_vec & (~np.isin(sx, local) | ~np.isin(sy, local)), "x", "vector operands are SPAD or ACC")
+    _fail(binary & ~np.isin(sz, local), "z", "vector operands are SPAD or ACC")
+    _fail(is_vec & np.isin(func, list(REDUCTIONS)) & (code["x_strides"][:, 2] != 0), "x_strides",
+          "a reduction's destination stride over the reduced dim (s2) must be 0")
+    _fail(is_vec & ~np.isin(func, list(UNARY | BINARY | REDUCTIONS)), "func", "unknown vector function")
+
+    capacity = {Space.DRAM: p.dram_bytes, Space.SPAD: p.hw.scratchpad_bytes, Space.ACC: p.hw.accumulator_bytes}
+    names = {Space.DRAM: "DRAM", Space.SPAD: "scratchpad", Space.ACC: "accumulator"}
+    consts = const_bytes(p)
+    for a in accs:
+        lo, hi = a.extent()
+        field = f"{a.operand}_base"
+        _fail(a.valid & (a.base % np.maximum(a.itemsize, 1) != 0), field,
+              lambda i, a=a: f"address {a.base[i]:#x} is not aligned to its {a.itemsize[i]}-byte elements")
+        for space, cap in capacity.items():
+            rows = a.valid & (a.space == space)
+            size = (hi - lo)
+            _fail(rows & (size > cap), a.operand, lambda i, lo=lo, hi=hi, s=space, c=cap:
+                  f"tile of {hi[i] - lo[i]} bytes does not fit the {names[s]} ({c} bytes)")
+            _fail(rows & ((lo < 0) | (hi > cap)), a.operand, lambda i, lo=lo, hi=hi, s=space, c=cap, a=a:
+                  f"{'writes' if a.write else 'reads'} {names[s]} bytes [{lo[i]:#x}, {hi[i]:#x}) "
+                  f"outside [0, {c:#x})")
+        dram = a.valid & (a.space == Space.DRAM)
+        _fail(dram & (lo < consts) & (hi > consts), a.operand,
+              lambda i, lo=lo, hi=hi: f"DRAM pattern [{lo[i]:#x}, {hi[i]:#x}) straddles the end of the constant "
+                                      f"region at {consts:#x}")
+        if a.write:
+            _fail(dram & (lo < consts), a.operand, "writes the constant region")
+
+
+# --- dataflow walk ----------------------------------------------------------------------------
+
+class _Memory:
+    """Per-granule last writer and last reader per queue (instruction indices, -1 = none)."""
+
+    def __init__(self, nbytes: int, granule: int, base: int, initially_written: list[tuple[int, int]]):
+        size = max(nbytes - base, 0) // granule
+        self.granule, self.base = granule, base
+        self.writer = np.full(size, -1, np.int32)
+        for lo, hi in initially_written:
+            self.writer[(lo - base) // granule:(hi - base) // granule] = -3  # written by the host
+        self.last_read = np.full((4, size), -1, np.int32)
+
+    def granules(self, a: Access, i: int) -> np.ndarray:
+        size = int(a.itemsize[i])
+        per = size // self.granule
+        offs = element_offsets(a.strides[i], a.dims[i]) * per + (int(a.base[i]) - self.base) // self.granule
+        return offs if per == 1 else (offs[:, None] + np.arange(per)).reshape(-1)
+
+
+class DataflowWalk:
+    """Walks the stream in program order; for each instruction reports the latest earlier
+    instruction of every other queue it conflicts with (read-after-write, write-after-write,
+    write-after-read on any memory), and the producer of each local read."""
+
+    def __init__(self, p: Program, accs: list[Access]):
+        n = len(p.code)
+        self.queue = np.array([QUEUE_OF[Opcode(o)] for o in p.code["opcode"]], np.int64) if n else np.zeros(0, np.int64)
+        consts = const_bytes(p)
+        self.granule = {}
+        for space in Space:
+            sizes = [a.itemsize[a.valid & (a.space == space)] for a in accs]
+            sizes = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
+            self.granule[space] = int(sizes.min()) if sizes.size else 4
+        inputs = [(t.offset, t.offset + t.nbytes) for t in p.inputs]
+        self.mems = {Space.DRAM: _Memory(p.dram_bytes, self.granule[Space.DRAM], consts, inputs),
+                     Space.SPAD: _Memory(p.hw.scratchpad_bytes, self.granule[Space.SPAD], 0, []),
+                     Space.ACC: _Memory(p.hw.accumulator_bytes, self.granule[Space.ACC], 0, [])}
+        self.by_instr = [[] for _ in range(n)]
+        for a in accs:
+            for i in np.flatnonzero(a.valid):
+                if not (a.space[i] == Space.DRAM and not a.write and a.base[i] < consts):  # constants: read-only
+                    self.by_instr[i].append(a)
+        for lst in self.by_instr:
+            lst.sort(key=lambda a: a.write)   # reads (incl. accumulate) before the write they feed
+        self.producer = {slot: np.full(n, -1, np.int64) for slot in "xyz"}
+
+    def step(self, i: int) -> np.ndarray:
+        """Conflicts of instruction i: (4,) latest conflicting index per queue, -1 none."""
+        q = int(self.queue[i])
+        needs = np.full(4, -1, np.int64)
+        for a in self.by_instr[i]:
+            space = Space(int(a.space[i]))
+            mem = self.mems[space]
+            g = mem.granules(a, i)
+            w = mem.writer[g]
+            if not a.write:
+                if (w == -1).any():
+                    addr = mem.base + int(g[np.flatnonzero(w == -1)[0]]) * mem.granule
+                    raise VerificationError(f"reads {_NAMES[space]} byte {addr:#x}, which nothing wrote", i, a.operand)
+                if space != Space.DRAM:
+                    lo, hi = int(w.min()), int(w.max())
+                    self.producer[a.operand][i] = lo if lo == hi else MULTIPLE
+            ws = w[w >= 0]
+            if ws.size:
+                np.maximum.at(needs, self.queue[ws], ws)
+            if a.write:
+                np.maximum(needs, mem.last_read[:, g].max(1) if g.size else -1, out=needs)
+                mem.writer[g] = i
+            else:
+                mem.last_read[q, g] = i
+        needs[q] = -1   # same queue: in order
+        return needs
+
+
+_NAMES = {Space.DRAM: "DRAM", Space.SPAD: "scratchpad", Space.ACC: "accumulator"}
+
+
+def _check_dataflow(p: Program, accs: list[Access]) -> Dataflow:
+    walk = DataflowWalk(p, accs)
+    queue, n = walk.queue, len(p.code)
+    fifo = {(s, d): deque() for s in range(4) for d in range(4)}
+    done = np.full((n, 4), -1, np.int64)          # vector clock at completion
+    last_in_queue = [-1] * 4
+    push, pop = p.code["push"], p.code["pop"]
+    for i in range(n):
+        q = int(queue[i])
+        start = done[last_in_queue[q]].copy() if last_in_queue[q] >= 0 else np.full(4, -1, np.int64)
+        for s in range(4):
+            if pop[i] >> s & 1:
+                if not fifo[(s, q)]:
+                    raise VerificationError(f"waits for a token from the {Queue(s).name} queue that no earlier "
+                                            "instruction pushed (tokens unbalanced)", i, "pop")
+                start = np.maximum(start, done[fifo[(s, q)].popleft()])
+        needs = walk.step(i)
+        late = needs > start
+        if late.any():
+            r = int(np.flatnonzero(late)[0])
+            raise VerificationError(f"conflicts with instruction {int(needs[r])} ({Queue(r).name} queue) on memory "
+                                    "they both access, and no token orders the two (race)", i)
+        start[q] = i
+        done[i] = start
+        last_in_queue[q] = i
+        for d in range(4):
+            if push[i] >> d & 1:
+                fifo[(q, d)].append(i)
+    for (_, d), left in fifo.items():
+        if left:
+            raise VerificationError(f"{len(left)} token(s) pushed to the {Queue(d).name} queue are never popped "
+                                    "(tokens unbalanced)", left[0], "push")
+    return Dataflow(queue=queue, producer=walk.producer, granule=walk.granule)

@@ -1,0 +1,1 @@
+"""Staged lowering: jaxpr -> graph IR -> schedule -> Program."""

@@ -1,0 +1,344 @@
+"""jaxpr -> graph IR: one interpreter loop, one rule per jaxpr primitive (keyed by name).
+
+Equations whose inputs are all constants are evaluated on the spot (constant
+folding), unless that would blow a small constant up into a large one (a
+broadcast stays a view of the small constant instead).  Calls (jit,
+custom_jvp/vjp, closed_call, remat) are inlined.
+"""
+
+from __future__ import annotations
+
+import math
+from types import MappingProxyType
+
+import numpy as np
+from jax.extend.core import ClosedJaxpr, Literal
+
+from .graph_ir import Graph, Node, OpKind, Step, Value
+
+
+class LoweringError(NotImplementedError):
+    """A jaxpr equation the lowering cannot map; names the primitive and the equation."""
+
+
+class GraphBuilder:
+    def __init__(self):
+        self.nodes: list[Node] = []
+        self.constants: dict[int, np.ndarray] = {}
+        self._const_ids: dict[int, Value] = {}
+        self._next = 0
+        self._names: dict[str, int] = {}
+        self.scope = ""
+
+    def value(self, shape, dtype="float32") -> Value:
+        self._next += 1
+        return Value(self._next, tuple(int(d) for d in shape), str(np.dtype(dtype)))
+
+    def const(self, array) -> Value:
+        array = np.asarray(array)
+        if id(array) in self._const_ids:
+            return self._const_ids[id(array)]
+        v = self.value(array.shape, array.dtype)
+        self.constants[v.id] = array
+        self._const_ids[id(array)] = v
+        return v
+
+    def as_value(self, x) -> Value:
+        return x if isinstance(x, Value) else self.const(x)
+
+    def emit(self, op: OpKind, inputs, shape, dtype="float32", **attrs) -> Value:
+        out = self.value(shape, dtype)
+        base = f"{self.scope}/{op.value}" if self.scope else op.value
+        k = self._names.get(base, 0)
+        self._names[base] = k + 1
+        self.nodes.append(Node(op, tuple(self.as_value(x) for x in inputs), out, tuple(sorted(attrs.items())),
+                               f"{base}_{k}" if k else base))
+        return out
+
+    def elementwise(self, inputs, expr, shape) -> Value:
+        return self.emit(OpKind.ELEMENTWISE, inputs, shape, expr=tuple(expr))
+
+    def finish(self, inputs, outputs) -> Graph:
+        used = {v.id for n in self.nodes for v in n.inputs} | {v.id for v in outputs}
+        consts = {k: a for k, a in self.constants.items() if k in used}
+        return Graph(tuple(inputs), tuple(outputs), tuple(self.nodes), MappingProxyType(consts))
+
+
+RULES = {}
+
+
+def rule(*names):
+    def wrap(fn):
+        for name in names:
+            RULES[name] = fn
+        return fn
+    return wrap
+
+
+def canonicalize(closed: ClosedJaxpr) -> Graph:
+    b = GraphBuilder()
+    inputs = [b.value(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+    outs = _interpret(b, closed.jaxpr, closed.consts, inputs)
+    outputs = []
+    for o in outs:
+        if not isinstance(o, Value) or o in inputs or o.id in b.constants or o in outputs:
+            # An output must be produced by a node of its own: copy it.
+            o = b.elementwise([o], (Step("copy", (0,)),), np.shape(o) if not isinstance(o, Value) else o.shape)
+        outputs.append(o)
+    return b.finish(inputs, outputs)
+
+
+_CALL_JAXPR_PARAMS = ("call_jaxpr", "jaxpr", "fun_jaxpr")
+
+
+def _interpret(b: GraphBuilder, jaxpr, consts, args):
+    env = {}
+
+    def read(v):
+        return np.asarray(v.val) if isinstance(v, Literal) else env[v]
+
+    for var, c in zip(jaxpr.constvars, consts, strict=True):
+        env[var] = np.asarray(c)
+    for var, a in zip(jaxpr.invars, args, strict=True):
+        env[var] = a
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        call = next((eqn.params[p] for p in _CALL_JAXPR_PARAMS if p in eqn.params), None)
+        scope = str(getattr(eqn.source_info, "name_stack", "")) or b.scope
+        if call is not None:
+            sub = call if isinstance(call, ClosedJaxpr) else ClosedJaxpr(call, ())
+            outs = _interpret(b, sub.jaxpr, sub.consts, ins[len(ins) - len(sub.jaxpr.invars):])
+        elif all(not isinstance(x, Value) for x in ins) and _foldable(eqn, ins):
+            outs = eqn.primitive.bind(*ins, **eqn.params)
+            outs = [np.asarray(o) for o in (outs if eqn.primitive.multiple_results else [outs])]
+        else:
+            if name not in RULES:
+                raise LoweringError(f"Unimplemented primitive in stagec lowering: {name} "
+                                    f"(equation `{eqn}`, in {scope or 'the top level'})")
+            for v in eqn.outvars:
+                if np.dtype(v.aval.dtype) != np.float32:
+                    raise LoweringError(f"{name} produces {v.aval.dtype}; the accelerator lowering handles float32 "
+                                        f"tensors (equation `{eqn}`, in {scope or 'the top level'})")
+            b.scope = scope
+            outs = RULES[name](b, eqn, *ins)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        for v, o in zip(eqn.outvars, outs, strict=True):
+            env[v] = o
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _foldable(eqn, ins) -> bool:
+    out_size = sum(math.prod(v.aval.shape) for v in eqn.outvars)
+    return eqn.primitive.name != "broadcast_in_dim" and out_size <= 2 * sum(np.size(x) for x in ins) + 4096
+
+
+def _out_shape(eqn):
+    return eqn.outvars[0].aval.shape
+
+
+# --- elementwise -------------------------------------------------------------------------------
+
+_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "max": "max", "min": "min"}
+_UNARY = {"neg": "neg", "abs": "abs", "exp": "exp", "log": "log", "tanh": "tanh", "logistic": "sigmoid",
+          "erf": "erf", "sqrt": "sqrt", "rsqrt": "rsqrt"}
+
+
+def _is_zero(x) -> bool:
+    return not isinstance(x, Value) and np.size(x) == 1 and float(np.asarray(x).reshape(())) == 0.0
+
+
+@rule(*_BINARY)
+def binary(b, eqn, x, y):
+    name = eqn.primitive.name
+    if name == "max" and (_is_zero(x) or _is_zero(y)):
+        return b.elementwise([y if _is_zero(x) else x], (Step("relu", (0,)),), _out_shape(eqn))
+    return b.elementwise([x, y], (Step(_BINARY[name], (0, 1)),), _out_shape(eqn))
+
+
+@rule("div")
+def div(b, eqn, x, y):
+    if not isinstance(y, Value):    # division by a constant: multiply by its reciprocal
+        return b.elementwise([x, (1.0 / np.asarray(y, np.float64)).astype(np.float32)], (Step("mul", (0, 1)),),
+                             _out_shape(eqn))
+    return b.elementwise([x, y], (Step("recip", (1,)), Step("mul", (0, 2))), _out_shape(eqn))
+
+
+@rule(*_UNARY)
+def unary(b, eqn, x):
+    return b.elementwise([x], (Step(_UNARY[eqn.primitive.name], (0,)),), _out_shape(eqn))
+
+
+@rule("square")
+def square(b, eqn, x):
+    return b.elementwise([x], (Step("mul", (0, 0)),), _out_shape(eqn))
+
+
+@rule("integer_pow")
+def integer_pow(b, eqn, x):
+    y = eqn.params["y"]
+    if y == 0 or abs(y) > 8:
+        raise LoweringError(f"integer_pow with exponent {y}")
+    steps = [Step("copy", (0,))]
+    for _ in range(abs(y) - 1):
+        steps.append(Step("mul", (len(steps), 0)))
+    if y < 0:
+        steps.append(Step("recip", (len(steps),)))
+    return b.elementwise([x], steps, _out_shape(eqn))
+
+
+@rule("convert_element_type", "copy", "copy_p", "stop_gradient", "reduce_precision", "optimization_barrier")
+def identity(b, eqn, *xs):
+    return list(xs) if eqn.primitive.multiple_results else xs[0]
+
+
+# --- data movement -----------------------------------------------------------------------------
+
+@rule("broadcast_in_dim")
+def broadcast_in_dim(b, eqn, x):
+    shape, dims = tuple(eqn.params["shape"]), tuple(eqn.params["broadcast_dimensions"])
+    if np.shape(x) == shape:
+        return x
+    return b.emit(OpKind.BROADCAST, [x], shape, dims=dims)
+
+
+def reshape_value(b, x, shape):
+    shape = tuple(int(d) for d in shape)
+    if np.shape(x) == shape:
+        return x
+    if not isinstance(x, Value):
+        return np.reshape(x, shape)
+    return b.emit(OpKind.RESHAPE, [x], shape)
+
+
+def transpose_value(b, x, perm):
+    perm = tuple(int(p) for p in perm)
+    if perm == tuple(range(len(perm))):
+        return x
+    if not isinstance(x, Value):
+        return np.ascontiguousarray(np.transpose(x, perm))
+    return b.emit(OpKind.TRANSPOSE, [x], tuple(x.shape[p] for p in perm), perm=perm)
+
+
+@rule("reshape")
+def reshape(b, eqn, x, *dyn):
+    return reshape_value(b, x, eqn.params["new_sizes"])
+
+
+@rule("squeeze", "expand_dims")
+def squeeze(b, eqn, x):
+    return reshape_value(b, x, _out_shape(eqn))
+
+
+@rule("transpose")
+def transpose(b, eqn, x):
+    return transpose_value(b, x, eqn.params["permutation"])
+
+
+@rule("slice")
+def slice_(b, eqn, x):
+    p = eqn.params
+    step = tuple(p["strides"] or (1,) * len(p["start_indices"]))
+    return b.emit(OpKind.SLICE, [x], _out_shape(eqn), start=tuple(p["start_indices"]),
+                  limit=tuple(p["limit_indices"]), step=step)
+
+
+@rule("pad")
+def pad(b, eqn, x, value):
+    config = eqn.params["padding_config"]
+    if any(interior for _, _, interior in config):
+        raise LoweringError(f"pad with interior padding (equation `{eqn}`)")
+    shape = np.shape(x)
+    if any(lo < 0 or hi < 0 for lo, hi, _ in config):   # negative padding crops: a slice first
+        cropped = tuple(d + min(lo, 0) + min(hi, 0) for d, (lo, hi, _) in zip(shape, config, strict=True))
+        x = b.emit(OpKind.SLICE, [x], cropped,
+                   start=tuple(max(-lo, 0) for lo, _, _ in config),
+                   limit=tuple(d - max(-hi, 0) for d, (_, hi, _) in zip(shape, config, strict=True)),
+                   step=(1,) * len(shape))
+    return b.emit(OpKind.PAD, [x], _out_shape(eqn), lo=tuple(max(lo, 0) for lo, _, _ in config),
+                  hi=tuple(max(hi, 0) for _, hi, _ in config), value=float(np.asarray(value)))
+
+
+@rule("concatenate")
+def concatenate(b, eqn, *xs):
+    return b.emit(OpKind.CONCAT, list(xs), _out_shape(eqn), axis=int(eqn.params["dimension"]))
+
+
+# --- reductions and pooling --------------------------------------------------------------------
+
+@rule("reduce_sum", "reduce_max", "reduce_min")
+def reduce(b, eqn, x):
+    return b.emit(OpKind.REDUCE, [x], _out_shape(eqn), func=eqn.primitive.name.split("_")[1],
+                  axes=tuple(sorted(int(a) for a in eqn.params["axes"])))
+
+
+@rule("reduce_window_max", "reduce_window_sum")
+def reduce_window(b, eqn, x):
+    """Canonical POOL: the window on the last two dims, any leading dims."""
+    p = eqn.params
+    if any(d != 1 for d in p["base_dilation"]):
+        raise LoweringError(f"reduce_window with base dilation (equation `{eqn}`)")
+    window, strides, dilation = p["window_dimensions"], p["window_strides"], p["window_dilation"]
+    padding = tuple(tuple(pd) for pd in p["padding"])
+    rank, out = len(x.shape), _out_shape(eqn)
+    active = [d for d in range(rank) if window[d] != 1 or strides[d] != 1 or padding[d] != (0, 0)]
+    if len(active) > 2:
+        raise LoweringError(f"pooling over {len(active)} dims (equation `{eqn}`)")
+    rest = [d for d in range(rank) if d not in active]
+    perm = rest + active
+    unit = (1,) * (2 - len(active))
+
+    def param(values, default):
+        return (default,) * len(unit) + tuple(values[d] for d in active)
+
+    xt = reshape_value(b, transpose_value(b, x, perm), tuple(x.shape[d] for d in rest) + unit
+                       + tuple(x.shape[d] for d in active))
+    y = b.emit(OpKind.POOL, [xt], tuple(out[d] for d in rest) + unit + tuple(out[d] for d in active),
+               func=eqn.primitive.name.split("_")[-1], window=param(window, 1), strides=param(strides, 1),
+               padding=param(padding, (0, 0)), dilation=param(dilation, 1))
+    yt = reshape_value(b, y, tuple(out[d] for d in perm))
+    return transpose_value(b, yt, tuple(int(i) for i in np.argsort(perm)))
+
+
+# --- matrix unit -------------------------------------------------------------------------------
+
+@rule("dot_general")
+def dot_general(b, eqn, lhs, rhs):
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    ls, rs = np.shape(lhs), np.shape(rhs)
+    lfree = [d for d in range(len(ls)) if d not in lc and d not in lb]
+    rfree = [d for d in range(len(rs)) if d not in rc and d not in rb]
+    batch = [ls[d] for d in lb]
+    m, k, n = (math.prod(ls[d] for d in lfree), math.prod(ls[d] for d in lc), math.prod(rs[d] for d in rfree))
+    bsz = (math.prod(batch),) if batch else ()
+    a = reshape_value(b, transpose_value(b, lhs, list(lb) + lfree + list(lc)), bsz + (m, k))
+    w = reshape_value(b, transpose_value(b, rhs, list(rb) + list(rc) + rfree), bsz + (k, n))
+    y = b.emit(OpKind.MATMUL, [a, w], bsz + (m, n))
+    return reshape_value(b, y, _out_shape(eqn))
+
+
+@rule("conv_general_dilated")
+def conv(b, eqn, x, w):
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    nsp = len(p["window_strides"])
+    if nsp not in (1, 2):
+        raise LoweringError(f"{nsp}-D convolution (equation `{eqn}`)")
+    if any(d != 1 for d in p["lhs_dilation"]) or p["batch_group_count"] != 1:
+        raise LoweringError(f"transposed or batch-grouped convolution (equation `{eqn}`)")
+    x = transpose_value(b, x, dn.lhs_spec)
+    w = transpose_value(b, w, dn.rhs_spec)
+    stride, dilation, padding = tuple(p["window_strides"]), tuple(p["rhs_dilation"]), tuple(map(tuple, p["padding"]))
+    if nsp == 1:   # 1-D convolution is 2-D with a unit height
+        x = reshape_value(b, x, (*np.shape(x)[:2], 1, np.shape(x)[2]))
+        w = reshape_value(b, w, (*np.shape(w)[:2], 1, np.shape(w)[2]))
+        stride, dilation, padding = (1, *stride), (1, *dilation), ((0, 0), *padding)
+    out_spec_shape = _out_shape(eqn)
+    canon = [out_spec_shape[d] for d in dn.out_spec]
+    if nsp == 1:
+        canon = [canon[0], canon[1], 1, canon[2]]
+    y = b.emit(OpKind.CONV, [x, w], canon, stride=stride, padding=padding, dilation=dilation,
+               groups=int(p["feature_group_count"]))
+    if nsp == 1:
+        y = reshape_value(b, y, [canon[0], canon[1], canon[3]])
+    return transpose_value(b, y, tuple(int(i) for i in np.argsort(dn.out_spec)))

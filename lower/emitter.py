@@ -1,0 +1,151 @@
+"""The instruction emitter: what every lowering rule writes through.
+
+It keeps the instruction list, which layer each instruction belongs to, which
+DRAM operands point into the data region (relocated past the constant blob
+once its size is known), and the constant blob itself.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from stagec.isa.config import HardwareConfig
+from stagec.isa.instructions import (
+    AccMode,
+    DType,
+    Instruction,
+    Operand,
+    PadValue,
+    Space,
+    VectorFunc,
+    load,
+    matmul,
+    store,
+    vector,
+)
+
+from .memory import ALIGN, LocalAllocator, align
+from .tensors import DramRegion, DramTensor, coalesce
+
+MAX_COUNT = 65535   # u16 iteration counts
+
+
+@dataclass
+class ConstPool:
+    """The constant blob: arrays placed once each (per layout), 64-byte aligned."""
+
+    chunks: list[bytes] = field(default_factory=list)
+    size: int = 0
+    _placed: dict = field(default_factory=dict)
+
+    def place(self, key, array: np.ndarray) -> int:
+        if key not in self._placed:
+            data = np.ascontiguousarray(array, np.float32).tobytes()
+            self._placed[key] = self.size
+            self.chunks.append(data + b"\0" * (align(len(data)) - len(data)))
+            self.size += align(len(data))
+        return self._placed[key]
+
+    def tensor(self, key, array: np.ndarray, order=None) -> DramTensor:
+        """A constant as a DramTensor of its logical shape, stored with dims in `order`."""
+        order = tuple(range(array.ndim)) if order is None else tuple(order)
+        offset = self.place((key, order), np.transpose(array, order))
+        return DramTensor.dense(DramRegion.CONST, offset, array.shape, order)
+
+    def blob(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+class Emitter:
+    def __init__(self, hw: HardwareConfig):
+        self.hw = hw
+        self.instructions: list[Instruction] = []
+        self.relocate: list[bool] = []
+        self.layer_ids: list[int] = []
+        self.layer = -1
+        self.consts = ConstPool()
+        self.layer_name = ""
+
+    # --- local memory -----------------------------------------------------------------------
+    def spad(self) -> LocalAllocator:
+        return LocalAllocator(self.hw.scratchpad_bytes, "scratchpad", self.layer_name)
+
+    def acc(self) -> LocalAllocator:
+        return LocalAllocator(self.hw.accumulator_bytes, "accumulator", self.layer_name)
+
+    def _append(self, ins: Instruction, dram: DramRegion | None = None) -> None:
+        self.instructions.append(ins)
+        self.relocate.append(dram == DramRegion.DATA)
+        self.layer_ids.append(self.layer)
+
+    # --- DMA ----------------------------------------------------------------------------------
+    def load(self, src: DramTensor, start, axes, counts, dst: Operand, *, pad=(0,) * 6,
+             pad_value=PadValue.ZERO) -> None:
+        """LOAD the box of `src` at `start` spanning `axes` (3 logical dims, None = unit) into a
+        dense local box (counts + pads)."""
+        self._append(load(_dram_operand(src, start, axes), dst, counts, pad=pad, pad_value=pad_value,
+                          dtype=src.dtype), src.region)
+
+    def store(self, dst: DramTensor, start, axes, counts, src: Operand) -> None:
+        self._append(store(_dram_operand(dst, start, axes), src, counts, dtype=dst.dtype), dst.region)
+
+    def load_box(self, src: DramTensor, start, axes, counts, space: Space, base: int) -> None:
+        """LOAD an N-D box (dense in local memory, in `axes` order) with as few 3-D LOADs as possible."""
+        self._box(src, start, axes, counts, space, base, self.load)
+
+    def store_box(self, dst: DramTensor, start, axes, counts, space: Space, base: int) -> None:
+        self._box(dst, start, axes, counts, space, base, self.store)
+
+    def _box(self, t: DramTensor, start, axes, counts, space, base, op) -> None:
+        counts = [int(c) for c in counts]
+        local = [math.prod(counts[i + 1:]) for i in range(len(counts))]
+        # Merge dims contiguous on both sides; loop over what does not fit one 3-D DMA.
+        shape, (dram_s, local_s) = coalesce(counts, [t.strides[a] for a in axes], local)
+        lead = max(len(shape) - 3, 0)
+        fill = (1,) * (3 - len(shape[lead:]))
+        inner = fill + shape[lead:]
+        inner_d, inner_l = (0,) * len(fill) + dram_s[lead:], (0,) * len(fill) + local_s[lead:]
+        item, origin = t.dtype.itemsize, t.address(start)
+        for idx in np.ndindex(*shape[:lead]):
+            for n, org in _split_counts(inner):
+                od = _dot(idx, dram_s) + _dot(org, inner_d)
+                ol = _dot(idx, local_s) + _dot(org, inner_l)
+                op(DramTensor(t.region, origin + od * item, n, inner_d, t.dtype), (0, 0, 0), (0, 1, 2), n,
+                   Operand(space, base + ol * item, inner_l))
+
+    # --- compute --------------------------------------------------------------------------------
+    def matmul(self, a: Operand, b: Operand, c: Operand, m1, m0, k, n, *, accumulate: bool) -> None:
+        self._append(matmul(a, b, c, m1, m0, k, n, accumulate=accumulate))
+
+    def vector(self, func: VectorFunc, dst: Operand, src1: Operand, src2: Operand | None, counts, *,
+               acc: AccMode = AccMode.OVERWRITE) -> None:
+        self._append(vector(func, dst, src1, src2, counts, acc=acc))
+
+
+def _dram_operand(t: DramTensor, start, axes) -> Operand:
+    strides = tuple(t.strides[a] if a is not None else 0 for a in axes)
+    return Operand(Space.DRAM, t.address(start), strides)
+
+
+def _split_counts(n):
+    """Split a 3-D count tuple so that no count exceeds the u16 field; yields (counts, origins)."""
+    ranges = [[(o, min(MAX_COUNT, d - o)) for o in range(0, d, MAX_COUNT)] for d in n]
+    for r0 in ranges[0]:
+        for r1 in ranges[1]:
+            for r2 in ranges[2]:
+                yield (r0[1], r1[1], r2[1]), (r0[0], r1[0], r2[0])
+
+
+def _dot(a, b) -> int:
+    return sum(int(x) * int(y) for x, y in zip(a, b, strict=False))
+
+
+def dense_strides(counts) -> tuple[int, int, int]:
+    """Row-major strides of a dense local box."""
+    _, c1, c2 = counts
+    return (c1 * c2, c2, 1)
+
+
+__all__ = ["ALIGN", "ConstPool", "DType", "Emitter", "dense_strides"]

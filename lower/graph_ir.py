@@ -1,0 +1,143 @@
+"""The graph IR: a few accelerator-meaningful ops over SSA values, on one screen.
+
+    op           inputs                         attrs
+    CONV         x[N,C,H,W], w[O,C/g,KH,KW], e* stride, padding ((lo,hi),(lo,hi)), dilation, groups, epilogue
+    MATMUL       a[B,M,K], b[B,K,N], e*          epilogue              (B may be absent: a[M,K], b[K,N])
+    ELEMENTWISE  i*   (numpy-broadcast to out)   expr
+    REDUCE       x                               func (sum|max|min), axes
+    POOL         x[N,C,H,W]                      func (max|sum), window, strides, padding, dilation
+    BROADCAST    x                               dims (out axis of each input axis)      - a view
+    RESHAPE      x                                                                       - a view if it can be
+    TRANSPOSE    x                               perm                                    - a view
+    SLICE        x                               start, limit, step                      - a view
+    PAD          x                               lo, hi, value
+    CONCAT       x*                              axis
+
+`expr` is a tuple of Steps; a step's argument k < len(inputs) names input k,
+k >= len(inputs) names step k - len(inputs); the last step is the result.  An
+`epilogue` is an expr whose input 0 is the CONV/MATMUL result and whose other
+inputs are the node's trailing inputs `e*`: it runs on the accumulator tile
+before the store, so the result never round-trips through DRAM.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+
+class OpKind(enum.StrEnum):
+    CONV = "conv"
+    MATMUL = "matmul"
+    ELEMENTWISE = "elementwise"
+    REDUCE = "reduce"
+    POOL = "pool"
+    BROADCAST = "broadcast"
+    RESHAPE = "reshape"
+    TRANSPOSE = "transpose"
+    SLICE = "slice"
+    PAD = "pad"
+    CONCAT = "concat"
+
+
+MATRIX_OPS = frozenset({OpKind.CONV, OpKind.MATMUL})
+MOVEMENT_OPS = frozenset({OpKind.BROADCAST, OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.SLICE, OpKind.PAD,
+                          OpKind.CONCAT})
+
+
+@dataclass(frozen=True)
+class Step:
+    func: str                 # a VectorFunc name, lower case (add, mul, relu, exp, recip, ...)
+    args: tuple[int, ...]
+
+
+Expr = tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class Value:
+    id: int
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    def __str__(self) -> str:
+        return f"%{self.id}"
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class Node:
+    op: OpKind
+    inputs: tuple[Value, ...]
+    output: Value
+    attrs: tuple[tuple[str, object], ...] = ()
+    name: str = ""
+
+    def attr(self, key: str, default=None):
+        return dict(self.attrs).get(key, default)
+
+    def with_attrs(self, **changes) -> Node:
+        attrs = dict(self.attrs)
+        attrs.update(changes)
+        return Node(self.op, self.inputs, self.output, tuple(sorted(attrs.items())), self.name)
+
+
+@dataclass(frozen=True)
+class Graph:
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+    nodes: tuple[Node, ...]
+    constants: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # Value.id -> ndarray
+
+    def __str__(self) -> str:
+        lines = [f"graph({', '.join(f'{v}: {_ty(v)}' for v in self.inputs)}) {{"]
+        for vid, arr in self.constants.items():
+            lines.append(f"  %{vid} = const {_ty_of(arr)}")
+        for n in self.nodes:
+            attrs = " ".join(f"{k}={_fmt(v, n)}" for k, v in n.attrs)
+            args = ", ".join(str(v) for v in n.inputs)
+            lines.append(f"  {n.output} = {n.op.value}({args}) {attrs} : {_ty(n.output)}  # {n.name}".rstrip())
+        lines.append(f"  return {', '.join(str(v) for v in self.outputs)}")
+        lines.append("}")
+        return "\n".join(lines)
+
+    def consumers(self) -> dict[int, list[Node]]:
+        uses: dict[int, list[Node]] = {}
+        for n in self.nodes:
+            for v in n.inputs:
+                uses.setdefault(v.id, []).append(n)
+        return uses
+
+    def producer(self) -> dict[int, Node]:
+        return {n.output.id: n for n in self.nodes}
+
+
+def format_expr(expr: Expr, n_inputs: int) -> str:
+    def ref(k):
+        return f"i{k}" if k < n_inputs else f"t{k - n_inputs}"
+    return "{" + "; ".join(f"t{j}={s.func}({','.join(ref(a) for a in s.args)})" for j, s in enumerate(expr)) + "}"
+
+
+def _ty(v: Value) -> str:
+    return f"{v.dtype}[{','.join(map(str, v.shape))}]"
+
+
+def _ty_of(a: np.ndarray) -> str:
+    return f"{a.dtype}[{','.join(map(str, a.shape))}]"
+
+
+def expr_inputs(node: Node) -> int:
+    """How many inputs an expr attribute of `node` refers to (an epilogue's input 0 is the accumulator)."""
+    return len(node.inputs) if node.op == OpKind.ELEMENTWISE else len(node.inputs) - 1
+
+
+def _fmt(v, node: Node) -> str:
+    if isinstance(v, tuple) and v and isinstance(v[0], Step):
+        return format_expr(v, expr_inputs(node))
+    return str(v).replace(" ", "")

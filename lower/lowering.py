@@ -1,0 +1,242 @@
+"""Graph IR + layout + schedule -> Program: DRAM planning, one lowering rule per op kind.
+
+A rule receives the context and its node; it reads its operands as DRAM views
+(`ctx.tensor`), asks for constant weights in the layout it wants
+(`ctx.weights`), and emits instructions through `ctx.em`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from stagec.isa.config import HardwareConfig
+from stagec.isa.instructions import DType, Operand, encode
+from stagec.isa.program import Layer, Program, Region, RegionKind, TensorRef
+
+from .emitter import Emitter
+from .graph_ir import Graph, Node, OpKind, Value
+from .layout import ALWAYS_VIEWS, Layout, view_of
+from .matrix import as_conv, emit_conv
+from .memory import Interval, align, allocate_by_liveness
+from .schedule import Schedule, node_problem
+from .tensors import DramRegion, DramTensor
+from .tokens import insert_tokens
+from .vector import COPY, emit_elementwise, emit_reduce
+from .window import emit_window
+
+LOWERINGS: dict[OpKind, Callable[[LowerContext, Node], None]] = {}
+
+
+def register(*ops):
+    def wrap(fn):
+        for op in ops:
+            LOWERINGS[op] = fn
+        return fn
+    return wrap
+
+
+@dataclass
+class LowerContext:
+    em: Emitter
+    graph: Graph
+    layout: Layout
+    schedule: Schedule
+    data_offsets: dict[int, int]
+
+    def tensor(self, v: Value) -> DramTensor:
+        pl = self.layout.placements[v.id]
+        if pl.view.region == DramRegion.CONST:
+            base = self.em.consts.place(("natural", pl.owner), self.graph.constants[pl.owner])
+        else:
+            base = self.data_offsets[pl.owner]
+        return dataclasses.replace(pl.view, offset=pl.view.offset + base)
+
+    def weights(self, v: Value, order) -> DramTensor:
+        """A constant stored with its dims in `order` (the layout the rule streams best), else its view."""
+        arr = self.graph.constants.get(v.id)
+        return self.em.consts.tensor(v.id, arr, order) if arr is not None else self.tensor(v)
+
+    def fill(self, dst: Operand, counts, value: float) -> None:
+        """Fill a local tile with a constant (a stride-0 LOAD of one constant element)."""
+        offset = self.em.consts.place(("scalar", value), np.array([value], np.float32))
+        self.em.load(DramTensor(DramRegion.CONST, offset, (1,), (0,)), (0,), (0, 0, 0), counts, dst)
+
+
+def _extras(ctx: LowerContext, node: Node, first: int, shape) -> list[DramTensor]:
+    return [ctx.tensor(v).broadcast_to(shape) for v in node.inputs[first:]]
+
+
+@register(OpKind.CONV)
+def lower_conv(ctx: LowerContext, node: Node) -> None:
+    kind, p, _ = node_problem(node)
+    m = ctx.schedule[node.name]
+    x, out = ctx.tensor(node.inputs[0]), ctx.tensor(node.output)
+    extras = _extras(ctx, node, 2, node.output.shape)
+    expr = node.attr("epilogue")
+    if kind == "depthwise":
+        w = ctx.weights(node.inputs[1], (1, 2, 3, 0))     # [KH, KW, C]: a tap's channels contiguous
+        emit_window(ctx.em, "depthwise", p, m, x, out, w, expr, extras, ctx.fill)
+        return
+    w = ctx.weights(node.inputs[1], (2, 3, 1, 0))         # [KH, KW, C, O]: taps, then k x n tiles
+    g = node.attr("groups")
+    for gi in range(g):
+        def part(t, dim, size, gi=gi):
+            start = [0] * t.rank
+            limit = list(t.shape)
+            start[dim], limit[dim] = gi * size, (gi + 1) * size
+            return t.slice(start, limit, (1,) * t.rank)
+        emit_conv(ctx.em, p, m, part(x, 1, p.c), part(w, 0, p.o), part(out, 1, p.o), expr,
+                  [part(e, 1, p.o) for e in extras], ctx.fill)
+
+
+@register(OpKind.MATMUL)
+def lower_matmul(ctx: LowerContext, node: Node) -> None:
+    _, p, _ = node_problem(node)
+    m = ctx.schedule[node.name]
+    a, b, out = ctx.tensor(node.inputs[0]), ctx.weights(node.inputs[1], None), ctx.tensor(node.output)
+    extras = _extras(ctx, node, 2, node.output.shape)
+    batch = out.shape[:-2]
+    for idx in np.ndindex(*batch):
+        def pick(t, idx=idx):
+            for i in idx:
+                t = t.select(0, i)
+            return t
+        emit_conv(ctx.em, p, m, as_conv(pick(a), "x"), as_conv(pick(b), "w"), as_conv(pick(out), "x"),
+                  node.attr("epilogue"), [as_conv(pick(e), "x") for e in extras], ctx.fill)
+
+
+@register(OpKind.POOL)
+def lower_pool(ctx: LowerContext, node: Node) -> None:
+    _, p, _ = node_problem(node)
+    m = ctx.schedule[node.name]
+    x, out = ctx.tensor(node.inputs[0]), ctx.tensor(node.output)
+    for idx in np.ndindex(*x.shape[:-3]):
+        xs, os = x, out
+        for i in idx:
+            xs, os = xs.select(0, i), os.select(0, i)
+        emit_window(ctx.em, node.attr("func"), p, m, _unsqueeze(xs), _unsqueeze(os), fill=ctx.fill)
+
+
+def _unsqueeze(t: DramTensor) -> DramTensor:
+    return DramTensor(t.region, t.offset, (1,) + t.shape, (0,) + t.strides, t.dtype)
+
+
+@register(OpKind.ELEMENTWISE)
+def lower_elementwise(ctx: LowerContext, node: Node) -> None:
+    emit_elementwise(ctx.em, node.attr("expr"), [ctx.tensor(v) for v in node.inputs], ctx.tensor(node.output))
+
+
+@register(OpKind.REDUCE)
+def lower_reduce(ctx: LowerContext, node: Node) -> None:
+    emit_reduce(ctx.em, node.attr("func"), ctx.tensor(node.inputs[0]), node.attr("axes"), ctx.tensor(node.output))
+
+
+@register(*ALWAYS_VIEWS, OpKind.RESHAPE)
+def lower_view_copy(ctx: LowerContext, node: Node) -> None:
+    """A view op that must materialize (a graph output, or a reshape no strides express)."""
+    src, out = ctx.tensor(node.inputs[0]), ctx.tensor(node.output)
+    if node.op == OpKind.RESHAPE:
+        emit_elementwise(ctx.em, COPY, [src], out.reshape(src.shape))
+    else:
+        emit_elementwise(ctx.em, COPY, [view_of(node, src)], out)
+
+
+@register(OpKind.PAD)
+def lower_pad(ctx: LowerContext, node: Node) -> None:
+    out = ctx.tensor(node.output)
+    offset = ctx.em.consts.place(("scalar", node.attr("value")), np.array([node.attr("value")], np.float32))
+    emit_elementwise(ctx.em, COPY, [DramTensor(DramRegion.CONST, offset, (), ())], out)
+    lo, src = node.attr("lo"), ctx.tensor(node.inputs[0])
+    emit_elementwise(ctx.em, COPY, [src], out.slice(lo, [a + d for a, d in zip(lo, src.shape, strict=True)],
+                                                     (1,) * out.rank))
+
+
+@register(OpKind.CONCAT)
+def lower_concat(ctx: LowerContext, node: Node) -> None:
+    out, axis, at = ctx.tensor(node.output), node.attr("axis"), 0
+    for v in node.inputs:
+        start, limit = [0] * out.rank, list(out.shape)
+        start[axis], limit[axis] = at, at + v.shape[axis]
+        emit_elementwise(ctx.em, COPY, [ctx.tensor(v)], out.slice(start, limit, (1,) * out.rank))
+        at += v.shape[axis]
+
+
+# --- the driver -------------------------------------------------------------------------------
+
+def _emits(node: Node, layout: Layout) -> bool:
+    return node.op not in ALWAYS_VIEWS | {OpKind.RESHAPE} or node.name in layout.copies
+
+
+def plan_dram(graph: Graph, layout: Layout):
+    """Data-region offsets: inputs, then outputs, then intermediates reusing space by liveness."""
+    index = {n.output.id: i for i, n in enumerate(graph.nodes)}
+    last = {}
+    for i, n in enumerate(graph.nodes):
+        for v in n.inputs:
+            last[layout.placements[v.id].owner] = i
+    offsets, at = {}, 0
+    fixed = [v.id for v in graph.inputs] + [v.id for v in graph.outputs]
+    nbytes = {vid: pl.view.size * pl.view.dtype.itemsize for vid, pl in layout.placements.items() if pl.owner == vid}
+    for vid in fixed:
+        offsets[vid] = at
+        at = align(at + nbytes[vid])
+    arena = at
+    intervals = [Interval(str(vid), size, index[vid], last.get(vid, index[vid]))
+                 for vid, size in nbytes.items() if vid not in fixed and vid in index
+                 and layout.placements[vid].view.region == DramRegion.DATA]
+    placed, peak = allocate_by_liveness(intervals)
+    offsets.update({int(k): arena + off for k, off in placed.items()})
+    total = sum(iv.size for iv in intervals)
+    return offsets, arena, peak, total
+
+
+def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: HardwareConfig,
+                     metadata: dict | None = None) -> Program:
+    em = Emitter(hw)
+    offsets, arena, peak, total = plan_dram(graph, layout)
+    ctx = LowerContext(em, graph, layout, schedule, offsets)
+    layers = []
+    for node in graph.nodes:
+        if not _emits(node, layout):
+            continue
+        em.layer, em.layer_name = len(layers), node.name
+        if node.op not in LOWERINGS:
+            raise NotImplementedError(f"no lowering rule for graph op {node.op.value} ({node.name})")
+        LOWERINGS[node.op](ctx, node)
+        mapping = str(schedule[node.name]) if node_problem(node) else ""
+        layers.append(Layer(node.name, node.op.value, [v.shape for v in node.inputs], node.output.shape,
+                            node_macs(node), mapping))
+    blob = em.consts.blob()
+    data_base = align(len(blob))
+    code = encode(em.instructions)
+    reloc = np.array(em.relocate, bool)
+    if len(code):
+        code["x_base"][reloc] += data_base
+    dram = data_base + arena + peak
+    regions = [Region("weights", RegionKind.CONST, 0, len(blob))]
+    inputs, outputs = [], []
+    for kind, values, refs in ((RegionKind.INPUT, graph.inputs, inputs), (RegionKind.OUTPUT, graph.outputs, outputs)):
+        for i, v in enumerate(values):
+            ref = TensorRef(f"{kind.value}{i}", data_base + offsets[v.id], DType.F32, v.shape)
+            refs.append(ref)
+            regions.append(Region(ref.name, kind, ref.offset, ref.nbytes))
+    regions.append(Region("activations", RegionKind.INTERMEDIATE, data_base + arena, peak))
+    meta = {"peak_activation_bytes": peak, "activation_bytes": total, **(metadata or {})}
+    program = Program(code=code, layer_ids=np.array(em.layer_ids, np.int32), layers=tuple(layers),
+                      inputs=tuple(inputs), outputs=tuple(outputs), regions=tuple(regions), constants=blob,
+                      dram_bytes=max(dram, data_base + 64), hw=hw, metadata=meta)
+    return insert_tokens(program)
+
+
+def node_macs(node: Node) -> int:
+    """Multiply-accumulates of a CONV or MATMUL node (0 for the rest)."""
+    if node.op == OpKind.CONV:
+        _, cg, kh, kw = node.inputs[1].shape
+        return math.prod(node.output.shape) * cg * kh * kw
+    if node.op == OpKind.MATMUL:
+        return math.prod(node.output.shape) * node.inputs[0].shape[-1]
+    return 0

@@ -1,0 +1,135 @@
+"""Convolution and matmul on the matrix unit.
+
+Every matrix-unit op is emitted as a 2-D convolution over NCHW views (a matmul
+is the 1x1 convolution of a 1xM image).  Per output tile (rows x cols x out
+channels) and input-channel tile:
+
+    LOAD  input halo [ih, iw, c] (padding filled by the DMA, VTA-style)
+    LOAD  weights [kh*kw, c, o]          (once, when they fit resident)
+    MATMUL per tap: A = the halo window for that tap (im2col as an address
+          pattern), B = the tap's weights, C += into the accumulator tile
+then the fused epilogue on the accumulator tile, and one STORE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from stagec.isa.instructions import Operand, Space
+
+from . import tile_expr
+from .graph_ir import Expr
+from .schedule import FP32, ConvProblem, TileMapping, tiles
+from .tensors import DramTensor
+
+# Tile axes of an NCHW output: rows (H), cols (W), channels (O).
+OUT_AXES = (2, 3, 1)
+
+
+class Epilogue:
+    """An epilogue expr and its extra inputs (views broadcast to the output's NCHW shape), with
+    buffers for `bufs` tiles of `tile_elems` elements allocated up front."""
+
+    def __init__(self, em, spad, expr: Expr | None, extras: list[DramTensor], tile: tuple[int, int, int], bufs: int):
+        self.expr, self.extras = expr, extras
+        n = len(extras) + 1
+        self.plan = tile_expr.plan(expr, n, frozenset({0} | {k + 1 for k, e in enumerate(extras)
+                                                           if all(e.strides[a] for a in OUT_AXES)})) if expr else None
+        size = tile[0] * tile[1] * tile[2] * FP32
+        self.extra_buf = [[spad.alloc(size) for _ in extras] for _ in range(bufs)]
+        self.temp_buf = [[spad.alloc(size) for _ in range(self.plan.temps if expr else 0)] for _ in range(bufs)]
+
+    def emit(self, em, acc_tile: tile_expr.LocalTile, n: int, o0: int, h0: int, w0: int, counts, buf: int):
+        """Run the epilogue on `acc_tile` (holding output box counts at (n, o0, h0, w0)); return the result tile."""
+        if not self.expr:
+            return acc_tile
+        args = [acc_tile]
+        for k, e in enumerate(self.extras):
+            extent = tuple(c if e.strides[a] else 1 for c, a in zip(counts, OUT_AXES, strict=True))
+            tile = tile_expr.LocalTile(Space.SPAD, self.extra_buf[buf][k], extent)
+            em.load(e, (n, o0, h0, w0), OUT_AXES, extent, tile.operand(extent))
+            args.append(tile)
+        temps = [tile_expr.LocalTile(Space.SPAD, b, tuple(counts)) for b in self.temp_buf[buf]]
+        return tile_expr.emit(em, self.expr, self.plan, args, temps, counts)
+
+
+def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, out: DramTensor,
+              expr: Expr | None = None, extras: list[DramTensor] = (), fill: Callable | None = None) -> None:
+    """Emit a whole convolution; x [N,C,H,W], w [O,C,KH,KW], out [N,O,OH,OW] are DRAM views."""
+    spad, acc = em.spad(), em.acc()
+    bufs = 2 if m.double_buffer else 1
+    (pt, _), (pl, _) = p.padding
+    sh, sw = p.stride
+    dh, dw = p.dilation
+    ih_max, iw_max = p.halo(m.tile_oh, m.tile_ow)
+    halo_buf = [spad.alloc(ih_max * iw_max * m.tile_c * FP32) for _ in range(bufs)]
+    taps = p.kh * p.kw
+    if m.weights_resident:
+        wres = spad.alloc(taps * p.c * p.o * FP32)
+        em.load_box(w, (0, 0, 0, 0), (2, 3, 1, 0), (p.kh, p.kw, p.c, p.o), Space.SPAD, wres)
+    else:
+        w_buf = [spad.alloc(taps * m.tile_c * m.tile_o * FP32) for _ in range(bufs)]
+    epi = Epilogue(em, spad, expr, list(extras), (m.tile_oh, m.tile_ow, m.tile_o), bufs)
+    acc_buf = [acc.alloc(m.tile_oh * m.tile_ow * m.tile_o * FP32) for _ in range(bufs)]
+    c_tiles = tiles(p.c, m.tile_c)
+    n_halo = n_w = n_out = 0
+
+    def load_halo(n, oh0, th, ow0, tw, c0, tc):
+        """LOAD the input window of an output tile; returns (base, iw, valid) or None if all padding."""
+        nonlocal n_halo
+        ih, iw = p.halo(th, tw)
+        r0, q0 = oh0 * sh - pt, ow0 * sw - pl
+        top, left = max(0, -r0), max(0, -q0)
+        bottom, right = max(0, r0 + ih - p.h), max(0, q0 + iw - p.w)
+        if ih - top - bottom <= 0 or iw - left - right <= 0:
+            return None
+        if max(top, bottom, left, right) > 255:
+            raise ValueError(f"{em.layer_name}: padding of {max(top, bottom, left, right)} exceeds the DMA's 255")
+        base = halo_buf[n_halo % bufs]
+        n_halo += 1
+        em.load(x, (n, c0, r0 + top, q0 + left), (2, 3, 1), (ih - top - bottom, iw - left - right, tc),
+                Operand(Space.SPAD, base, (iw * tc, tc, 1)), pad=(top, bottom, left, right, 0, 0))
+        return base, iw
+
+    for n in range(p.n):
+        for oh0, th in tiles(p.oh, m.tile_oh):
+            for ow0, tw in tiles(p.ow, m.tile_ow):
+                shared = load_halo(n, oh0, th, ow0, tw, 0, p.c) if len(c_tiles) == 1 else None
+                for o0, to in tiles(p.o, m.tile_o):
+                    c_base = acc_buf[n_out % bufs]
+                    c_op = Operand(Space.ACC, c_base, (tw * to, to, 1))
+                    first = True
+                    for c0, tc in c_tiles:
+                        halo = shared if len(c_tiles) == 1 else load_halo(n, oh0, th, ow0, tw, c0, tc)
+                        if halo is None:
+                            continue
+                        h_base, iw = halo
+                        if m.weights_resident:
+                            w_base, k_stride = wres + (c0 * p.o + o0) * FP32, p.o
+                            tap_stride = p.c * p.o
+                        else:
+                            w_base, k_stride, tap_stride = w_buf[n_w % bufs], to, tc * to
+                            n_w += 1
+                            em.load_box(w, (o0, c0, 0, 0), (2, 3, 1, 0), (p.kh, p.kw, tc, to), Space.SPAD, w_base)
+                        for kh in range(p.kh):
+                            for kw in range(p.kw):
+                                a = Operand(Space.SPAD, h_base + (kh * dh * iw * tc + kw * dw * tc) * FP32,
+                                            (sh * iw * tc, sw * tc, 1))
+                                b = Operand(Space.SPAD, w_base + (kh * p.kw + kw) * tap_stride * FP32, (k_stride, 1, 0))
+                                em.matmul(a, b, c_op, th, tw, tc, to, accumulate=not first)
+                                first = False
+                    if first:   # the whole receptive field is padding: the sum is zero
+                        fill(Operand(Space.ACC, c_base, (tw * to, to, 1)), (th, tw, to), 0.0)
+                    result = epi.emit(em, tile_expr.LocalTile(Space.ACC, c_base, (th, tw, to)), n, o0, oh0, ow0,
+                                      (th, tw, to), n_out % bufs)
+                    em.store(out, (n, o0, oh0, ow0), OUT_AXES, (th, tw, to), result.operand((th, tw, to)))
+                    n_out += 1
+
+
+def as_conv(t: DramTensor, role: str) -> DramTensor:
+    """A 2-D matmul operand as an NCHW conv view: a[M,K] -> x[1,K,1,M]; b[K,N] -> w[N,K,1,1];
+    out[M,N] -> [1,N,1,M]."""
+    (d0, d1), (s0, s1) = t.shape, t.strides
+    if role == "w":
+        return DramTensor(t.region, t.offset, (d1, d0, 1, 1), (s1, s0, 0, 0), t.dtype)
+    return DramTensor(t.region, t.offset, (1, d1, 1, d0), (0, s1, 0, s0), t.dtype)

@@ -1,0 +1,225 @@
+"""Graph passes: dead-code elimination, elementwise fusion, epilogue fusion, affine folding.
+
+Each pass is Graph -> Graph; the compile driver lists them in order.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import numpy as np
+
+from .graph_ir import MATRIX_OPS, Expr, Graph, Node, OpKind, Step, Value
+
+
+def dce(graph: Graph) -> Graph:
+    """Drop nodes nothing reads (and constants no node reads)."""
+    live = {v.id for v in graph.outputs}
+    kept = []
+    for node in reversed(graph.nodes):
+        if node.output.id in live:
+            kept.append(node)
+            live.update(v.id for v in node.inputs)
+    consts = {k: a for k, a in graph.constants.items() if k in live}
+    return Graph(graph.inputs, graph.outputs, tuple(reversed(kept)), MappingProxyType(consts))
+
+
+def compose(outer_inputs, outer_expr: Expr, k: int, inner_inputs, inner_expr: Expr):
+    """Substitute `inner` (an expr over inner_inputs) for input k of `outer`.
+
+    Returns (inputs, expr) over inner_inputs + outer_inputs-without-k, with repeated
+    inputs merged.  An empty inner expr is the identity on its input 0.
+    """
+    m, n = len(inner_inputs), len(outer_inputs)
+    base = m + n - 1
+    inner_result = (base + len(inner_expr) - 1) if inner_expr else 0
+
+    def outer_ref(a):
+        if a < n:
+            return inner_result if a == k else m + a - (a > k)
+        return base + len(inner_expr) + (a - n)
+
+    def inner_ref(a):
+        return a if a < m else base + (a - m)
+
+    steps = [Step(s.func, tuple(inner_ref(a) for a in s.args)) for s in inner_expr]
+    steps += [Step(s.func, tuple(outer_ref(a) for a in s.args)) for s in outer_expr]
+    inputs = list(inner_inputs) + [v for i, v in enumerate(outer_inputs) if i != k]
+    return dedupe(inputs, tuple(steps))
+
+
+def dedupe(inputs, expr: Expr):
+    """Merge repeated inputs of an expr (keeping input 0 first)."""
+    first, keep = {}, []
+    remap = {}
+    for i, v in enumerate(inputs):
+        key = v.id
+        if key not in first:
+            first[key] = len(keep)
+            keep.append(v)
+        remap[i] = first[key]
+    n_old, n_new = len(inputs), len(keep)
+
+    def ref(a):
+        return remap[a] if a < n_old else n_new + (a - n_old)
+    return keep, tuple(Step(s.func, tuple(ref(a) for a in s.args)) for s in expr)
+
+
+def _fuse(graph: Graph, consumer_ok, absorb) -> Graph:
+    """Absorb single-use producers into their consumer, at the consumer's position."""
+    uses: dict[int, int] = {}
+    for n in graph.nodes:
+        for v in set(n.inputs):
+            uses[v.id] = uses.get(v.id, 0) + 1
+    outputs = {v.id for v in graph.outputs}
+    producer = {n.output.id: n for n in graph.nodes}
+    removed = set()
+    nodes = list(graph.nodes)
+    for i, node in enumerate(nodes):
+        if not consumer_ok(node):
+            continue
+        changed = True
+        while changed:
+            changed = False
+            for k, v in enumerate(node.inputs):
+                p = producer.get(v.id)
+                if (p is not None and p.name not in removed and uses.get(v.id) == 1 and v.id not in outputs
+                        and p.output.shape == node.output.shape):
+                    fused = absorb(p, node, k)
+                    if fused is not None:
+                        removed.add(p.name)
+                        node = fused
+                        changed = True
+                        break
+        nodes[i] = node
+        producer[node.output.id] = node
+    return Graph(graph.inputs, graph.outputs, tuple(n for n in nodes if n.name not in removed), graph.constants)
+
+
+def fuse_elementwise(graph: Graph) -> Graph:
+    """Chains of elementwise nodes become one node: no DRAM round trip between them."""
+    def absorb(p: Node, node: Node, k: int):
+        if p.op != OpKind.ELEMENTWISE:
+            return None
+        inputs, expr = compose(node.inputs, node.attr("expr"), k, p.inputs, p.attr("expr"))
+        return Node(OpKind.ELEMENTWISE, tuple(inputs), node.output, (("expr", expr),), node.name)
+    return _fuse(graph, lambda n: n.op == OpKind.ELEMENTWISE, absorb)
+
+
+def fuse_epilogues(graph: Graph) -> Graph:
+    """An elementwise consumer of a CONV/MATMUL result runs on the accumulator tile before the
+    store; the fused node takes the consumer's place in the node order."""
+    def absorb(p: Node, node: Node, k: int):
+        if p.op not in MATRIX_OPS:
+            return None
+        acc = p.output
+        inputs, expr = compose(node.inputs, node.attr("expr"), k, (acc,) + p.inputs[2:], p.attr("epilogue") or ())
+        if inputs[0] != acc or acc in inputs[1:]:
+            return None
+        return Node(p.op, p.inputs[:2] + tuple(inputs[1:]), node.output,
+                    _attrs(p, epilogue=expr), f"{p.name}+{node.name}")
+    return _fuse(graph, lambda n: n.op == OpKind.ELEMENTWISE, absorb)
+
+
+def _attrs(node: Node, **changes) -> tuple:
+    attrs = dict(node.attrs)
+    attrs.update(changes)
+    return tuple(sorted((k, v) for k, v in attrs.items() if v is not None))
+
+
+def prune(inputs, expr: Expr):
+    """Drop expr inputs no step reads (input 0 always stays)."""
+    used = {0} | {a for s in expr for a in s.args if a < len(inputs)}
+    keep = [i for i in range(len(inputs)) if i in used]
+    remap = {old: new for new, old in enumerate(keep)}
+    n_old, n_new = len(inputs), len(keep)
+
+    def ref(a):
+        return remap[a] if a < n_old else n_new + (a - n_old)
+    return [inputs[i] for i in keep], tuple(Step(s.func, tuple(ref(a) for a in s.args)) for s in expr)
+
+
+def fold_affine(graph: Graph) -> Graph:
+    """Per-channel scales and shifts leading a CONV/MATMUL epilogue fold into its constant
+    weights and one bias (batch norm in inference disappears into the convolution)."""
+    consts = dict(graph.constants)
+    next_id = max([v.id for n in graph.nodes for v in (*n.inputs, n.output)] + [v.id for v in graph.inputs]) + 1
+    nodes = []
+    for node in graph.nodes:
+        folded = _fold_node(node, consts) if node.op in MATRIX_OPS else None
+        if folded is None:
+            nodes.append(node)
+            continue
+        w_new, bias, used, cur = folded
+        expr, n_in = node.attr("epilogue"), len(node.inputs) - 1
+        new_w = Value(next_id, node.inputs[1].shape)
+        consts[new_w.id] = w_new
+        next_id += 1
+        inputs, steps = [node.output] + list(node.inputs[2:]), []   # input 0: the accumulator placeholder
+        if bias is not None:
+            b = Value(next_id, bias.shape)
+            consts[b.id] = bias
+            next_id += 1
+            inputs.append(b)
+            steps.append(Step("add", (0, n_in)))
+        n_new, lead = len(inputs), len(steps)
+        cur_new = n_new if bias is not None else 0
+
+        def ref(a, cur=cur, cur_new=cur_new, n_in=n_in, n_new=n_new, lead=lead, used=used):
+            if a == cur:
+                return cur_new
+            return a if a < n_in else n_new + lead + (a - n_in - used)
+        steps += [Step(s.func, tuple(ref(a) for a in s.args)) for s in expr[used:]]
+        inputs, steps = prune(inputs, tuple(steps))
+        nodes.append(Node(node.op, (node.inputs[0], new_w) + tuple(inputs[1:]), node.output,
+                          _attrs(node, epilogue=steps or None), node.name))
+    return dce(Graph(graph.inputs, graph.outputs, tuple(nodes), MappingProxyType(consts)))
+
+
+def _per_channel(arr: np.ndarray, out_shape, axis: int) -> np.ndarray | None:
+    """arr as a vector over the channel axis of out_shape (broadcast), or None."""
+    arr = np.asarray(arr, np.float32)
+    rank = len(out_shape)
+    if arr.ndim > rank:
+        return None
+    shape = (1,) * (rank - arr.ndim) + arr.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != axis % rank):
+        return None
+    return np.broadcast_to(arr.reshape(-1), (out_shape[axis],)).astype(np.float32)
+
+
+def _fold_node(node: Node, consts):
+    """(scaled weights, bias or None, steps consumed, index of the folded value) or None."""
+    expr = node.attr("epilogue")
+    w = node.inputs[1]
+    if not expr or w.id not in consts:
+        return None
+    axis = 1 if node.op == OpKind.CONV else -1
+    channels = node.output.shape[axis]
+    scale = np.ones(channels, np.float32)
+    shift = np.zeros(channels, np.float32)
+    n_in = len(node.inputs) - 1   # epilogue inputs: acc + extras
+    cur, used = 0, 0
+    for j, step in enumerate(expr):
+        if step.func not in ("add", "sub", "mul") or cur not in step.args or len(set(step.args)) != 2:
+            break
+        other = step.args[1] if step.args[0] == cur else step.args[0]
+        if other >= n_in or (step.func == "sub" and step.args[0] != cur):
+            break
+        v = node.inputs[1 + other]
+        vec = _per_channel(consts[v.id], node.output.shape, axis) if v.id in consts else None
+        if vec is None:
+            break
+        if step.func == "mul":
+            scale, shift = scale * vec, shift * vec
+        else:
+            shift = shift + vec if step.func == "add" else shift - vec
+        cur, used = n_in + j, j + 1
+    rest = expr[used:]
+    # Folding changes the accumulator; nothing after may read it or a value folded on the way.
+    if used == 0 or any(a < n_in + used and a != cur and a >= n_in or a == 0 for s in rest for a in s.args):
+        return None
+    wv = np.asarray(consts[w.id], np.float32)
+    w_new = wv * (scale.reshape(-1, 1, 1, 1) if node.op == OpKind.CONV else scale)
+    bias = shift.reshape((1, -1, 1, 1) if node.op == OpKind.CONV else (-1,)) if shift.any() else None
+    return w_new.astype(np.float32), bias, used, cur

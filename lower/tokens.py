@@ -1,0 +1,43 @@
+"""Dependency tokens: the fewest VTA-style push/pop pairs that order every conflict.
+
+Walking the stream in program order, an instruction that conflicts with an
+earlier instruction `w` of another queue (on any memory: read-after-write,
+write-after-read, write-after-write) gets a pop from that queue unless what
+its own queue already knows (the vector clock of the tokens it has taken)
+covers `w`; `w` gets the matching push.  Pushes on each channel come out in
+queue order, so FIFO matching pairs them with the right pops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from stagec.isa.access import accesses
+from stagec.isa.program import Program
+from stagec.isa.verify import DataflowWalk
+
+
+def insert_tokens(program: Program) -> Program:
+    code = program.code.copy()
+    walk = DataflowWalk(program, accesses(code))
+    n = len(code)
+    push = np.zeros(n, np.uint8)
+    pop = np.zeros(n, np.uint8)
+    done = np.full((n, 4), -1, np.int64)
+    known = np.full((4, 4), -1, np.int64)      # known[q]: latest index per queue that queue q has seen finish
+    for i in range(n):
+        q = int(walk.queue[i])
+        needs = walk.step(i)
+        for r in np.flatnonzero(needs > known[q]):
+            w = int(needs[r])
+            if w <= known[q, r]:   # covered by a token taken a moment ago (knowledge is transitive)
+                continue
+            push[w] |= 1 << q
+            pop[i] |= 1 << int(r)
+            np.maximum(known[q], done[w], out=known[q])
+        known[q, q] = i
+        done[i] = known[q]
+    code["push"] = push
+    code["pop"] = pop
+    return dataclasses.replace(program, code=code, cache={})

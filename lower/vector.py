@@ -1,0 +1,107 @@
+"""Elementwise expressions, reductions and copies on the vector unit, tiled over DRAM views.
+
+An op's iteration space is its output shape, coalesced over every operand's
+strides (so contiguous runs become long DMA bursts); the last three dims are
+tiled, any further leading dims are looped over.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from stagec.isa.instructions import AccMode, Operand, Space, VectorFunc
+
+from . import tile_expr
+from .graph_ir import Expr, Step
+from .schedule import FP32, map_vector, tiles
+from .tensors import DramTensor, coalesce
+
+COPY: Expr = (Step("copy", (0,)),)
+_REDUCE = {"sum": (VectorFunc.RSUM, AccMode.ADD), "max": (VectorFunc.RMAX, AccMode.MAX),
+           "min": (VectorFunc.RMIN, AccMode.MIN)}
+
+
+def _split3(shape, *strides):
+    """(lead shape, lead strides per operand, inner 3-D shape, inner strides per operand)."""
+    lead = max(len(shape) - 3, 0)
+    fill = (1,) * (3 - len(shape[lead:]))
+    inner = fill + tuple(shape[lead:])
+    return (tuple(shape[:lead]), [s[:lead] for s in strides], inner,
+            [(0,) * len(fill) + tuple(s[lead:]) for s in strides])
+
+
+def _at(t: DramTensor, lead_idx, lead_strides, inner_strides) -> DramTensor:
+    offset = t.offset + t.dtype.itemsize * sum(i * s for i, s in zip(lead_idx, lead_strides, strict=True))
+    return DramTensor(t.region, offset, (1 << 30,) * 3, tuple(inner_strides), t.dtype)
+
+
+def emit_elementwise(em, expr: Expr, inputs: list[DramTensor], out: DramTensor) -> None:
+    """out = expr(inputs...), inputs broadcast numpy-style to out's shape."""
+    views = [t.broadcast_to(out.shape) for t in inputs]
+    shape, strides = coalesce(out.shape, out.strides, *[v.strides for v in views])
+    lead, lead_s, inner, inner_s = _split3(shape, *strides)
+    n_in = len(views)
+    writable = frozenset(k for k in range(n_in) if all(inner_s[k + 1][d] or inner[d] == 1 for d in range(3)))
+    p = tile_expr.plan(expr, n_in, writable)
+    m = map_vector(inner, n_in + p.temps, em.hw, em.layer_name)
+    bufs = 2 if m.double_buffer else 1
+    spad = em.spad()
+    size = m.tile_oh * m.tile_ow * m.tile_o * FP32
+    in_buf = [[spad.alloc(size) for _ in range(n_in)] for _ in range(bufs)]
+    tmp_buf = [[spad.alloc(size) for _ in range(p.temps)] for _ in range(bufs)]
+    k = 0
+    for idx in np.ndindex(*lead):
+        dst = _at(out, idx, lead_s[0], inner_s[0])
+        srcs = [_at(v, idx, lead_s[i + 1], inner_s[i + 1]) for i, v in enumerate(views)]
+        for a0, t0 in tiles(inner[0], m.tile_oh):
+            for a1, t1 in tiles(inner[1], m.tile_ow):
+                for a2, t2 in tiles(inner[2], m.tile_o):
+                    counts, start, buf = (t0, t1, t2), (a0, a1, a2), k % bufs
+                    k += 1
+                    args = []
+                    for i, src in enumerate(srcs):
+                        extent = tuple(c if s else 1 for c, s in zip(counts, src.strides, strict=True))
+                        tile = tile_expr.LocalTile(Space.SPAD, in_buf[buf][i], extent)
+                        em.load(src, start, (0, 1, 2), extent, tile.operand(extent))
+                        args.append(tile)
+                    temps = [tile_expr.LocalTile(Space.SPAD, b, counts) for b in tmp_buf[buf]]
+                    result = tile_expr.emit(em, expr, p, args, temps, counts)
+                    em.store(dst, start, (0, 1, 2), counts, result.operand(counts))
+
+
+def emit_reduce(em, func: str, x: DramTensor, axes: tuple[int, ...], out: DramTensor) -> None:
+    """out = reduce_func(x, axes); out has x's shape without `axes`."""
+    vfunc, acc_mode = _REDUCE[func]
+    kept = [d for d in range(x.rank) if d not in axes]
+    xk = DramTensor(x.region, x.offset, tuple(x.shape[d] for d in kept), tuple(x.strides[d] for d in kept), x.dtype)
+    kshape, (kx, ko) = coalesce(xk.shape, xk.strides, out.strides if out.rank else ())
+    rshape, (rx,) = coalesce(tuple(x.shape[d] for d in axes), tuple(x.strides[d] for d in axes))
+    klead = max(len(kshape) - 2, 0)
+    kin = (1,) * (2 - len(kshape[klead:])) + tuple(kshape[klead:])
+    kin_x = (0,) * (2 - len(kx[klead:])) + tuple(kx[klead:])
+    kin_o = (0,) * (2 - len(ko[klead:])) + tuple(ko[klead:])
+    m = map_vector(kin + (rshape[-1],), 2, em.hw, em.layer_name)
+    bufs = 2 if m.double_buffer else 1
+    spad = em.spad()
+    in_buf = [spad.alloc(m.tile_oh * m.tile_ow * m.tile_o * FP32) for _ in range(bufs)]
+    out_buf = [spad.alloc(m.tile_oh * m.tile_ow * FP32) for _ in range(bufs)]
+    k = chunk = 0
+    for kidx in np.ndindex(*kshape[:klead]):
+        x_off = x.offset + FP32 * sum(i * s for i, s in zip(kidx, kx[:klead], strict=True))
+        o_off = out.offset + FP32 * sum(i * s for i, s in zip(kidx, ko[:klead], strict=True))
+        for a0, t0 in tiles(kin[0], m.tile_oh):
+            for a1, t1 in tiles(kin[1], m.tile_ow):
+                buf = k % bufs
+                k += 1
+                dst = Operand(Space.SPAD, out_buf[buf], (t1, 1, 0))
+                first = True
+                for ridx in np.ndindex(*rshape[:-1]):
+                    r_off = FP32 * sum(i * s for i, s in zip(ridx, rx[:-1], strict=True))
+                    for a2, t2 in tiles(rshape[-1], m.tile_o):
+                        src = DramTensor(x.region, x_off + r_off, (1 << 30,) * 3, kin_x + (rx[-1],), x.dtype)
+                        tile = Operand(Space.SPAD, in_buf[chunk % bufs], (t1 * t2, t2, 1))
+                        chunk += 1
+                        em.load(src, (a0, a1, a2), (0, 1, 2), (t0, t1, t2), tile)
+                        em.vector(vfunc, dst, tile, None, (t0, t1, t2), acc=AccMode.OVERWRITE if first else acc_mode)
+                        first = False
+                o = DramTensor(out.region, o_off, (1 << 30,) * 3, kin_o + (0,), out.dtype)
+                em.store(o, (a0, a1, 0), (0, 1, 2), (t0, t1, 1), dst)

@@ -1,0 +1,1 @@
+"""The simulator: executes programs (vectorized), and times them."""

@@ -1,0 +1,192 @@
+"""The batched executor: runs a Plan group by group, each group one jitted function.
+
+Compiled functions are cached by the group's static signature, so a shape met
+once (in this program or an earlier one) is never compiled again; the dynamic
+parts (which rows, at which offsets, which DRAM addresses) are arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from stagec.isa.instructions import BINARY, REDUCTIONS, AccMode, DType, PadValue, VectorFunc
+from stagec.isa.program import Program
+from stagec.isa.semantics import pad_value
+
+from . import reference
+from .plan import DRAM_CONST, Group, Plan, PlanError, _offsets, build_plan, read_pattern
+
+VECTOR_FUNCS = {
+    VectorFunc.COPY: lambda x: x, VectorFunc.NEG: jnp.negative, VectorFunc.ABS: jnp.abs,
+    VectorFunc.RELU: lambda x: jnp.maximum(x, 0.0), VectorFunc.EXP: jnp.exp, VectorFunc.LOG: jnp.log,
+    VectorFunc.RECIP: lambda x: 1.0 / x, VectorFunc.RSQRT: lax.rsqrt, VectorFunc.SQRT: jnp.sqrt,
+    VectorFunc.TANH: jnp.tanh, VectorFunc.ERF: lax.erf, VectorFunc.SIGMOID: lambda x: 1.0 / (1.0 + jnp.exp(-x)),
+    VectorFunc.ADD: jnp.add, VectorFunc.SUB: jnp.subtract, VectorFunc.MUL: jnp.multiply,
+    VectorFunc.MAX: jnp.maximum, VectorFunc.MIN: jnp.minimum,
+    VectorFunc.RSUM: lambda x: jnp.sum(x, -1), VectorFunc.RMAX: lambda x: jnp.max(x, -1),
+    VectorFunc.RMIN: lambda x: jnp.min(x, -1),
+}
+REDUCE_CHAIN = {AccMode.ADD: jnp.sum, AccMode.MAX: jnp.max, AccMode.MIN: jnp.min}
+COMBINE = {AccMode.ADD: jnp.add, AccMode.MAX: jnp.maximum, AccMode.MIN: jnp.minimum}
+HIGHEST = lax.Precision.HIGHEST
+
+
+def _read(P, rows, offs, rel, how):
+    """Member values of producer array P [R, L] at rows/offs (T, J) through pattern rel -> (T, J, E)."""
+    if how == "whole":          # each member reads one producer row entirely, in order
+        return P[:, None, :]
+    if how == "rows":           # whole rows, in another order
+        return P[rows]
+    idx = (rows * P.shape[1] + offs)[..., None] + rel
+    return P.reshape(-1).at[idx].get(mode="promise_in_bounds")
+
+
+@functools.cache
+def _load_fn(sig):
+    n, strides, pad, padval, _ = sig
+    dims = (n[0] + pad[0] + pad[1], n[1] + pad[2] + pad[3], n[2] + pad[4] + pad[5])
+    i0, i1, i2 = np.meshgrid(*(np.arange(d) - pad[2 * k] for k, d in enumerate(dims)), indexing="ij")
+    inside = ((i0 >= 0) & (i0 < n[0]) & (i1 >= 0) & (i1 < n[1]) & (i2 >= 0) & (i2 < n[2])).reshape(-1)
+    rel = np.where(inside, (i0 * strides[0] + i1 * strides[1] + i2 * strides[2]).reshape(-1), 0).astype(np.int32)
+    fill = np.float32(pad_value(PadValue(padval), DType.F32))
+
+    def run(mem, bases):
+        v = mem.at[bases[:, None] + rel].get(mode="promise_in_bounds")
+        return v if inside.all() else jnp.where(inside, v, fill)
+    return jax.jit(run)
+
+
+@functools.cache
+def _store_fn(sig, how):
+    n, dram_strides, local = sig
+    rel_src = _offsets(local, n).astype(np.int32)
+    rel_dram = _offsets(dram_strides, n).astype(np.int32)
+
+    def run(data, P, rows, offs, bases):
+        vals = _read(P, rows, offs, rel_src, how)
+        idx = (bases[:, None] + rel_dram).reshape(-1)
+        return data.at[idx].set(vals.reshape(-1), mode="promise_in_bounds", unique_indices=True)
+    return jax.jit(run, donate_argnums=0)
+
+
+@functools.cache
+def _matmul_fn(sig, hows):
+    j, (m1, m0, k, n), pa, pb, pc, has_init = sig
+    rel_a = _offsets(pa, (m1, m0, k)).astype(np.int32)
+    rel_b = _offsets((*pb, 0), (k, n, 1)).astype(np.int32)
+    rel_c = _offsets(pc, (m1, m0, n)).astype(np.int32)
+
+    def run(pa_, ra, oa, pb_, rb, ob, *init):
+        t = ra.shape[0]
+        a = _read(pa_, ra, oa, rel_a, hows[0]).reshape(t, j, m1 * m0, k)
+        b = _read(pb_, rb, ob, rel_b, hows[1]).reshape(t, j, k, n)
+        out = jnp.einsum("tjmk,tjkn->tmn", a, b, precision=HIGHEST, preferred_element_type=jnp.float32)
+        if has_init:
+            out = _read(*init, rel_c, hows[2]).reshape(t, m1 * m0, n) + out
+        return out.reshape(t, -1)
+    return jax.jit(run)
+
+
+@functools.cache
+def _vector_fn(sig, hows):
+    j, func, acc, n, _, p1, p2, has_init = sig
+    func = VectorFunc(func)
+    rel1 = _offsets(p1, n).astype(np.int32)
+    rel2 = _offsets(p2, n).astype(np.int32) if func in BINARY else None
+    out_dims = (n[0], n[1], 1) if func in REDUCTIONS else n
+
+    def run(*args):
+        t = args[1].shape[0]
+        x = _read(*args[:3], rel1, hows[0]).reshape(t, j, *n)
+        rest = args[3:]
+        if func in BINARY:
+            v = VECTOR_FUNCS[func](x, _read(*rest[:3], rel2, hows[1]).reshape(t, j, *n))
+            rest = rest[3:]
+        else:
+            v = VECTOR_FUNCS[func](x)
+        v = v.reshape(t, j, -1)
+        out = v[:, 0] if acc == AccMode.OVERWRITE else REDUCE_CHAIN[AccMode(acc)](v, axis=1)
+        if has_init:
+            init = _read(*rest, _offsets(sig[4], out_dims).astype(np.int32), hows[2]).reshape(t, -1)
+            out = COMBINE[AccMode(acc)](init, out)
+        return out
+    return jax.jit(run)
+
+
+def _how(g: Group, slot: str, plan: Plan) -> str:
+    r = g.reads[slot]
+    src_len = plan.groups[r.src].out_len
+    rel = read_pattern(g, slot)
+    whole = rel.size == src_len and (rel == np.arange(src_len)).all() and not r.offs.any() and r.rows.shape[1] == 1
+    if whole and (r.rows[:, 0] == np.arange(len(r.rows))).all() and len(r.rows) == len(plan.groups[r.src].members):
+        return "whole"
+    return "rows" if whole else "gather"
+
+
+class Executor:
+    """A program ready to run: its plan, with every group's function and device arrays prepared."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.plan = build_plan(program)
+        self.const = jnp.asarray(np.frombuffer(program.constants[:len(program.constants) // 4 * 4], np.float32))
+        self.steps = []
+        for g in self.plan.groups:
+            slots = {"load": (), "store": ("src",), "matmul": ("a", "b", "init"),
+                     "vector": ("src1", "src2", "init")}[g.kind]
+            present = [s for s in slots if s in g.reads]
+            hows = tuple(_how(g, s, self.plan) if s in g.reads else None for s in slots)
+            if g.kind == "load":
+                fn = _load_fn(g.sig)
+            elif g.kind == "store":
+                fn = _store_fn(g.sig, hows[0])
+            elif g.kind == "matmul":
+                fn = _matmul_fn(g.sig, hows)
+            else:
+                fn = _vector_fn(g.sig, tuple(h for h in hows))
+            args = [(g.reads[s].src, jnp.asarray(g.reads[s].rows, jnp.int32), jnp.asarray(g.reads[s].offs, jnp.int32))
+                    for s in present]
+            dram = jnp.asarray(g.dram, jnp.int32) if g.dram is not None else None
+            self.steps.append((g, fn, args, dram))
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        p, plan = self.program, self.plan
+        data = np.zeros(plan.data_elems, np.float32)
+        for ref, x in zip(p.inputs, inputs, strict=True):
+            start = (ref.offset - plan.data_origin) // 4
+            data[start:start + ref.nbytes // 4] = np.asarray(x, np.float32).reshape(-1)
+        data = jnp.asarray(data)
+        values = {}
+        for g, fn, args, dram in self.steps:
+            flat = [a for src, rows, offs in args for a in (values[src], rows, offs)]
+            if g.kind == "load":
+                values[g.id] = fn(self.const if g.sig[4] == DRAM_CONST else data, dram)
+            elif g.kind == "store":
+                data = fn(data, *flat, dram)
+            else:
+                values[g.id] = fn(*flat)
+            for src, _, _ in args:
+                if plan.last_use.get(src) == g.id:
+                    del values[src]
+        data = np.asarray(data)
+        return [data[(t.offset - plan.data_origin) // 4:(t.offset - plan.data_origin + t.nbytes) // 4]
+                .reshape(t.shape).copy() for t in p.outputs]
+
+
+def execute(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Run a program on host arrays with the batched executor (the reference interpreter when the
+    program is outside the batched model)."""
+    if "executor" not in program.cache:
+        try:
+            program.cache["executor"] = Executor(program)
+        except PlanError as e:
+            warnings.warn(f"batched executor cannot run this program ({e}); using the reference interpreter",
+                          stacklevel=2)
+            program.cache["executor"] = None
+    ex = program.cache["executor"]
+    return reference.execute(program, inputs) if ex is None else ex.run(inputs)

@@ -1,0 +1,1 @@
+"""stagec: a staged compiler, hosted in JAX, for on-device ML accelerators."""

@@ -1,0 +1,86 @@
+"""The compile driver: every stage, top to bottom; `dump=` prints each stage's IR by these names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from stagec.frontend import from_jax, from_torch
+from stagec.isa import HardwareConfig, Program, disassemble, verify
+from stagec.lower.canonicalize import canonicalize
+from stagec.lower.layout import assign_layout
+from stagec.lower.lowering import lower_to_program
+from stagec.lower.passes import dce, fold_affine, fuse_elementwise, fuse_epilogues
+from stagec.lower.schedule import make_schedule
+
+GRAPH_PASSES = [
+    ("dce", dce),                            # drop what no output needs
+    ("fuse_elementwise", fuse_elementwise),  # elementwise chains -> one node
+    ("fuse_epilogues", fuse_epilogues),      # bias/activation/residual -> the conv/matmul's accumulator tile
+    ("fold_affine", fold_affine),            # per-channel scale and shift (batch norm) -> weights and bias
+]
+STAGES = ("jaxpr", "graph", *(name for name, _ in GRAPH_PASSES), "layout", "schedule", "program")
+
+
+class _Dump:
+    """dump=True prints every stage; a str/Path writes one file per stage there; a collection
+    of stage names prints just those."""
+
+    def __init__(self, dump):
+        self.dump = dump
+        if isinstance(dump, (str, Path)):
+            Path(dump).mkdir(parents=True, exist_ok=True)
+        elif dump not in (None, False, True):
+            unknown = set(dump) - set(STAGES)
+            if unknown:
+                raise ValueError(f"unknown dump stages {sorted(unknown)}; stages are {STAGES}")
+
+    def __call__(self, stage: str, ir) -> None:
+        if self.dump in (None, False):
+            return
+        text = ir if isinstance(ir, str) else str(ir)
+        if isinstance(self.dump, (str, Path)):
+            (Path(self.dump) / f"{STAGES.index(stage):02d}-{stage}.txt").write_text(text + "\n")
+        elif self.dump is True or stage in self.dump:
+            print(f"==== {stage} ====\n{text}")
+
+
+def trace(model_or_fn, example_args):
+    """The frontend: a torch.nn.Module through torch.export, a JAX function through make_jaxpr."""
+    if isinstance(model_or_fn, torch.nn.Module):
+        return from_torch(model_or_fn, example_args)
+    if callable(model_or_fn):
+        return from_jax(model_or_fn, example_args)
+    raise TypeError(f"compile takes a torch.nn.Module or a JAX function, not {type(model_or_fn).__name__}")
+
+
+def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=None) -> Program:  # noqa: A001
+    """Compile a PyTorch model or JAX function for the accelerator.
+
+    >>> import torch, stagec
+    >>> program = stagec.compile(torch.nn.Linear(8, 4), (torch.randn(2, 8),))
+    >>> program.outputs[0].shape
+    (2, 4)
+    """
+    hw = hw or HardwareConfig()
+    if not isinstance(hw, HardwareConfig):
+        raise TypeError(f"hw must be a HardwareConfig, not {type(hw).__name__}")
+    out = _Dump(dump)
+    closed = trace(model_or_fn, example_args)
+    out("jaxpr", closed)
+    graph = canonicalize(closed)
+    out("graph", graph)
+    for name, run in GRAPH_PASSES:
+        graph = run(graph)
+        out(name, graph)
+    layout = assign_layout(graph)
+    out("layout", layout)
+    schedule = make_schedule(graph, hw)
+    out("schedule", schedule)
+    name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
+        model_or_fn, "__name__", "function")
+    program = lower_to_program(graph, layout, schedule, hw, {"model": name})
+    out("program", disassemble(program))
+    verify(program)
+    return program
