@@ -13,6 +13,7 @@ import difflib
 import operator
 import os
 import re
+import warnings
 
 import jax
 import numpy as np
@@ -62,7 +63,8 @@ def inference_mode(model: torch.nn.Module):
 
 def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> torch.export.ExportedProgram:
     """torch.export + run_decompositions(), in inference mode, with a one-line reason on failure."""
-    with inference_mode(model), torch.no_grad():
+    with inference_mode(model), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)   # torch.export's own deprecation noise
         try:
             ep = torch.export.export(model, tuple(args), kwargs=kwargs or {})
         except Exception as e:  # noqa: BLE001 - the exporter raises many types; keep its reason
@@ -80,6 +82,13 @@ def _check_rules(ep: torch.export.ExportedProgram) -> None:
             hint = f"; nearest supported: {', '.join(near)}" if near else ""
             raise UnsupportedOpError(f"ATen op {node.target} has no stagec rule, at {source_line(node)}{hint}. "
                                      f"{SUPPORTED_OPS_HINT}")
+
+
+def scope_name(node: torch.fx.Node) -> str:
+    """The module path a node comes from ('layer1.0.conv1'), or the node's name at the top level."""
+    stack = node.meta.get("nn_module_stack") or {}
+    path = next(reversed(stack.values()))[0] if stack else ""
+    return path.replace("L['self'].", "") or node.name
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -108,7 +117,8 @@ def interpret(ep: torch.export.ExportedProgram):
                     env[node.name] = args[0][args[1]]
                     continue
                 try:
-                    env[node.name] = ATEN_RULES[node.target](*args, **kwargs)
+                    with jax.named_scope(scope_name(node)):
+                        env[node.name] = ATEN_RULES[node.target](*args, **kwargs)
                 except (NotImplementedError, TypeError, ValueError) as e:
                     raise UnsupportedOpError(f"ATen op {node.target} at {source_line(node)}: {e}") from e
             elif node.op == "output":

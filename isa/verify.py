@@ -62,11 +62,16 @@ class Dataflow:
 def verify(program: Program) -> Dataflow:
     """Check every rule; return the dataflow facts.  Cached on the (immutable) program."""
     if "dataflow" not in program.cache:
-        _check_layout(program)
-        accs = accesses(program.code)
-        _check_fields(program, accs)
-        program.cache["dataflow"] = _check_dataflow(program, accs)
+        program.cache["dataflow"] = _check_dataflow(program, check_static(program))
     return program.cache["dataflow"]
+
+
+def check_static(program: Program) -> list[Access]:
+    """The per-field rules (vectorized, no walk); returns the program's accesses."""
+    _check_layout(program)
+    accs = accesses(program.code)
+    _check_fields(program, accs)
+    return accs
 
 
 def const_bytes(program: Program) -> int:
@@ -188,28 +193,36 @@ def _check_fields(p: Program, accs: list[Access]) -> None:
           "a reduction's destination stride over the reduced dim (s2) must be 0")
     _fail(is_vec & ~np.isin(func, list(UNARY | BINARY | REDUCTIONS)), "func", "unknown vector function")
 
+    _check_addresses(p, accs)
+
+
+def _check_addresses(p: Program, accs: list[Access]) -> None:
+    """Alignment, bounds and fit of every operand; reports the earliest failing instruction."""
     capacity = {Space.DRAM: p.dram_bytes, Space.SPAD: p.hw.scratchpad_bytes, Space.ACC: p.hw.accumulator_bytes}
-    names = {Space.DRAM: "DRAM", Space.SPAD: "scratchpad", Space.ACC: "accumulator"}
     consts = const_bytes(p)
+    failures = []   # (mask, field, message(i))
+
     for a in accs:
         lo, hi = a.extent()
-        field = f"{a.operand}_base"
-        _fail(a.valid & (a.base % np.maximum(a.itemsize, 1) != 0), field,
-              lambda i, a=a: f"address {a.base[i]:#x} is not aligned to its {a.itemsize[i]}-byte elements")
+        failures.append((a.valid & (a.base % np.maximum(a.itemsize, 1) != 0), f"{a.operand}_base",
+                         lambda i, a=a: f"address {a.base[i]:#x} is not aligned to its {a.itemsize[i]}-byte elements"))
         for space, cap in capacity.items():
             rows = a.valid & (a.space == space)
-            size = (hi - lo)
-            _fail(rows & (size > cap), a.operand, lambda i, lo=lo, hi=hi, s=space, c=cap:
-                  f"tile of {hi[i] - lo[i]} bytes does not fit the {names[s]} ({c} bytes)")
-            _fail(rows & ((lo < 0) | (hi > cap)), a.operand, lambda i, lo=lo, hi=hi, s=space, c=cap, a=a:
-                  f"{'writes' if a.write else 'reads'} {names[s]} bytes [{lo[i]:#x}, {hi[i]:#x}) "
-                  f"outside [0, {c:#x})")
+            failures.append((rows & (hi - lo > cap), a.operand, lambda i, lo=lo, hi=hi, s=space, c=cap:
+                             f"tile of {hi[i] - lo[i]} bytes does not fit the {_NAMES[s]} ({c} bytes)"))
+            failures.append((rows & ((lo < 0) | (hi > cap)), a.operand, lambda i, lo=lo, hi=hi, s=space, c=cap, a=a:
+                             f"{'writes' if a.write else 'reads'} {_NAMES[s]} bytes [{lo[i]:#x}, {hi[i]:#x}) "
+                             f"outside [0, {c:#x})"))
         dram = a.valid & (a.space == Space.DRAM)
-        _fail(dram & (lo < consts) & (hi > consts), a.operand,
-              lambda i, lo=lo, hi=hi: f"DRAM pattern [{lo[i]:#x}, {hi[i]:#x}) straddles the end of the constant "
-                                      f"region at {consts:#x}")
+        failures.append((dram & (lo < consts) & (hi > consts), a.operand, lambda i, lo=lo, hi=hi:
+                         f"DRAM pattern [{lo[i]:#x}, {hi[i]:#x}) straddles the end of the constant region at "
+                         f"{consts:#x}"))
         if a.write:
-            _fail(dram & (lo < consts), a.operand, "writes the constant region")
+            failures.append((dram & (lo < consts), a.operand, lambda i: "writes the constant region"))
+    first = [(int(np.flatnonzero(mask)[0]), k) for k, (mask, _, _) in enumerate(failures) if mask.any()]
+    if first:
+        i, k = min(first)
+        raise VerificationError(failures[k][2](i), i, failures[k][1])
 
 
 # --- dataflow walk ----------------------------------------------------------------------------
@@ -268,16 +281,17 @@ class DataflowWalk:
             mem = self.mems[space]
             g = mem.granules(a, i)
             w = mem.writer[g]
+            lo, hi = (int(w.min()), int(w.max())) if w.size else (-3, -3)
             if not a.write:
-                if (w == -1).any():
+                if lo == -1 or (lo < -1 < hi and (w == -1).any()):
                     addr = mem.base + int(g[np.flatnonzero(w == -1)[0]]) * mem.granule
                     raise VerificationError(f"reads {_NAMES[space]} byte {addr:#x}, which nothing wrote", i, a.operand)
                 if space != Space.DRAM:
-                    lo, hi = int(w.min()), int(w.max())
                     self.producer[a.operand][i] = lo if lo == hi else MULTIPLE
-            ws = w[w >= 0]
-            if ws.size:
-                np.maximum.at(needs, self.queue[ws], ws)
+            for wi in ((lo,) if lo == hi else np.unique(w)):   # usually one writer
+                if wi >= 0:
+                    r = self.queue[wi]
+                    needs[r] = max(needs[r], wi)
             if a.write:
                 np.maximum(needs, mem.last_read[:, g].max(1) if g.size else -1, out=needs)
                 mem.writer[g] = i

@@ -48,7 +48,8 @@ class GraphBuilder:
 
     def emit(self, op: OpKind, inputs, shape, dtype="float32", **attrs) -> Value:
         out = self.value(shape, dtype)
-        base = f"{self.scope}/{op.value}" if self.scope else op.value
+        kind = "+".join(dict.fromkeys(s.func for s in attrs["expr"])) if op == OpKind.ELEMENTWISE else op.value
+        base = f"{self.scope}/{kind}" if self.scope else kind
         k = self._names.get(base, 0)
         self._names[base] = k + 1
         self.nodes.append(Node(op, tuple(self.as_value(x) for x in inputs), out, tuple(sorted(attrs.items())),
@@ -130,7 +131,10 @@ def _interpret(b: GraphBuilder, jaxpr, consts, args):
 
 def _foldable(eqn, ins) -> bool:
     out_size = sum(math.prod(v.aval.shape) for v in eqn.outvars)
-    return eqn.primitive.name != "broadcast_in_dim" and out_size <= 2 * sum(np.size(x) for x in ins) + 4096
+    in_size = sum(np.size(x) for x in ins)
+    if eqn.primitive.name == "broadcast_in_dim":   # a real broadcast stays a (free) stride-0 view
+        return out_size == in_size
+    return out_size <= 2 * in_size + 4096
 
 
 def _out_shape(eqn):

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from stagec.isa.config import HardwareConfig
 from stagec.isa.instructions import (
     AccMode,

@@ -79,7 +79,7 @@ def _fuse(graph: Graph, consumer_ok, absorb) -> Graph:
         if not consumer_ok(node):
             continue
         changed = True
-        while changed:
+        while changed and consumer_ok(node):
             changed = False
             for k, v in enumerate(node.inputs):
                 p = producer.get(v.id)

@@ -13,14 +13,14 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from stagec.isa.access import accesses
+
 from stagec.isa.program import Program
-from stagec.isa.verify import DataflowWalk
+from stagec.isa.verify import DataflowWalk, check_static
 
 
 def insert_tokens(program: Program) -> Program:
     code = program.code.copy()
-    walk = DataflowWalk(program, accesses(code))
+    walk = DataflowWalk(program, check_static(program))
     n = len(code)
     push = np.zeros(n, np.uint8)
     pop = np.zeros(n, np.uint8)

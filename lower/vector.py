@@ -8,6 +8,7 @@ tiled, any further leading dims are looped over.
 from __future__ import annotations
 
 import numpy as np
+
 from stagec.isa.instructions import AccMode, Operand, Space, VectorFunc
 
 from . import tile_expr

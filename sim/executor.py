@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
 from stagec.isa.instructions import BINARY, REDUCTIONS, AccMode, DType, PadValue, VectorFunc
 from stagec.isa.program import Program
 from stagec.isa.semantics import pad_value

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from stagec.isa.access import is_dense
 from stagec.isa.instructions import BINARY, REDUCTIONS, AccMode, DType, Opcode
 from stagec.isa.program import Program

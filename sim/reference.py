@@ -8,6 +8,7 @@ concurrent order) that the vectorized executor is tested against.
 from __future__ import annotations
 
 import numpy as np
+
 from stagec.isa.access import element_offsets
 from stagec.isa.instructions import AccMode, DType, Opcode, PadValue, Space, VectorFunc, decode
 from stagec.isa.program import Program

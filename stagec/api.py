@@ -1,0 +1,60 @@
+"""The public API: compile, simulate, load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from stagec.isa import Program, verify
+from stagec.sim.executor import execute
+
+from .compiler import compile  # noqa: A004
+from .report import Report, make_report
+
+
+def _host(x, ref, i: int) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    x = np.asarray(x)
+    if tuple(x.shape) != ref.shape:
+        raise ValueError(f"input {i} ('{ref.name}') has shape {tuple(x.shape)}; the program was compiled for "
+                         f"{ref.shape}")
+    if not np.can_cast(x.dtype, ref.dtype.numpy, casting="same_kind"):
+        raise TypeError(f"input {i} ('{ref.name}') has dtype {x.dtype}; the program takes {ref.dtype.numpy}")
+    return x.astype(ref.dtype.numpy, copy=False)
+
+
+def simulate(program: Program, *inputs) -> tuple[list[np.ndarray], Report]:
+    """Execute `program` on the simulated accelerator: (outputs, report).
+
+    The program is verified first (a failing program raises, it never runs);
+    outputs come out of simulated DRAM after the program's stores.
+
+    >>> import torch, stagec
+    >>> lin = torch.nn.Linear(8, 4)
+    >>> x = torch.randn(2, 8)
+    >>> (y,), report = stagec.simulate(stagec.compile(lin, (x,)), x)
+    >>> bool(abs(y - lin(x).detach().numpy()).max() < 1e-5)
+    True
+    """
+    if not isinstance(program, Program):
+        raise TypeError(f"simulate takes a Program (from stagec.compile or stagec.load), not {type(program).__name__}")
+    if len(inputs) != len(program.inputs):
+        raise ValueError(f"the program takes {len(program.inputs)} input(s), got {len(inputs)}")
+    verify(program)
+    outputs = execute(program, [_host(x, ref, i) for i, (x, ref) in enumerate(zip(inputs, program.inputs,
+                                                                                    strict=True))])
+    if "report" not in program.cache:
+        program.cache["report"] = make_report(program)
+    return outputs, program.cache["report"]
+
+
+def load(path: str | Path) -> Program:
+    """Read a program file written by `Program.save`; it is verified before it is returned."""
+    program = Program.from_bytes(Path(path).read_bytes())
+    verify(program)
+    return program
+
+
+__all__ = ["compile", "load", "simulate"]

@@ -1,0 +1,32 @@
+"""The `stagec` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stagec", description="stagec: compile PyTorch models for edge accelerators")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="compile and simulate the bundled hand-keypoint network")
+    demo.add_argument("--hw", help="hardware config (YAML or JSON); default: the built-in edge accelerator")
+    dis = sub.add_parser("disasm", help="print a saved program as assembly")
+    dis.add_argument("program")
+    args = parser.parse_args(argv)
+
+    from stagec.isa import HardwareConfig
+    if args.command == "demo":
+        from .demo import run_demo
+        err = run_demo(HardwareConfig.load(args.hw) if args.hw else None)
+        return 0 if err < 1e-4 else 1
+    if args.command == "disasm":
+        from stagec.isa import disassemble
+
+        from .api import load
+        sys.stdout.write(disassemble(load(args.program)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

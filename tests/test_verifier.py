@@ -1,0 +1,132 @@
+"""One test per verifier rule, each on a hand-broken copy of a valid program."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from programs import mutate, relu_matmul, with_code
+
+import stagec
+from stagec.isa import HardwareConfig, Queue, VerificationError, verify
+from stagec.sim.reference import execute
+
+
+def broken(p, match, index=None, field=None):
+    with pytest.raises(VerificationError, match=match) as e:
+        verify(p)
+    if index is not None:
+        assert e.value.index == index
+    if field is not None:
+        assert e.value.field == field
+    with pytest.raises(VerificationError):   # and it never runs
+        stagec.simulate(p, np.zeros((8, 4), np.float32))
+
+
+def test_valid_program_passes_and_runs():
+    p, b, a = relu_matmul()
+    verify(p)
+    (c,), _ = stagec.simulate(p, a)
+    np.testing.assert_allclose(c, np.maximum(a @ b, 0), rtol=1e-6)
+    np.testing.assert_allclose(execute(p, [a])[0], c, rtol=1e-6)
+
+
+def test_dram_address_out_of_bounds():
+    p, _, _ = relu_matmul()
+    broken(mutate(p, 4, x_base=480), r"writes DRAM bytes \[0x1e0, 0x280\) outside \[0, 0x200\)", 4, "x")
+
+
+def test_scratchpad_address_out_of_bounds():
+    p, _, _ = relu_matmul()
+    broken(mutate(p, 1, y_base=256 * 1024 - 16), r"scratchpad bytes .* outside \[0, 0x40000\)", 1, "y")
+
+
+def test_tile_that_does_not_fit_the_memory():
+    p, _, _ = relu_matmul(hw=HardwareConfig(accumulator_bytes=128, accumulator_banks=1), tokens=False)
+    broken(p, r"tile of 160 bytes does not fit the accumulator \(128 bytes\)", 2, "z")
+
+
+def test_misaligned_address():
+    p, _, _ = relu_matmul()
+    broken(mutate(p, 0, y_base=2), "not aligned to its 4-byte elements", 0, "y_base")
+
+
+def test_pop_without_push():
+    p, _, _ = relu_matmul()
+    broken(mutate(p, 4, pop=p.code["pop"][4] | 1 << Queue.LOAD), "no earlier instruction pushed", 4, "pop")
+
+
+def test_push_never_popped():
+    p, _, _ = relu_matmul()
+    broken(mutate(p, 0, push=1 << Queue.STORE), r"never popped \(tokens unbalanced\)", 0, "push")
+
+
+def test_missing_token_is_a_race():
+    p, _, _ = relu_matmul()
+    code = p.code.copy()
+    code["push"][3], code["pop"][4] = 0, 0   # the store no longer waits for relu
+    broken(with_code(p, code), r"instruction 4: conflicts with instruction 3 \(VECTOR queue\).*race", 4)
+
+
+def test_read_of_memory_nothing_wrote():
+    p, _, _ = relu_matmul()
+    broken(mutate(p, 2, x_base=4096), r"reads scratchpad byte 0x1000, which nothing wrote", 2, "x")
+    # an output region is not initialized either
+    broken(mutate(p, 0, x_base=256), r"reads DRAM byte 0x100, which nothing wrote", 0, "x")
+
+
+def test_write_to_constant_region():
+    p, _, _ = relu_matmul()
+    broken(mutate(p, 4, x_base=0, n=[1, 2, 5, 0]), "writes the constant region", 4, "x")
+
+
+def test_unused_bits_must_be_zero():
+    p, _, _ = relu_matmul()
+    broken(mutate(p, 3, z_base=12), "byte 48 is unused by VECTOR and must be zero", 3, "z_base")
+
+
+def test_token_to_own_queue():
+    p, _, _ = relu_matmul()
+    broken(mutate(p, 0, push=1 << Queue.LOAD), "its own queue", 0, "push")
+
+
+def test_unknown_opcode_and_function():
+    p, _, _ = relu_matmul()
+    broken(mutate(p, 1, opcode=9), "unknown opcode 9", 1, "opcode")
+    broken(mutate(p, 3, func=99), "unknown vector function 99", 3, "func")
+
+
+def test_mode_the_hardware_lacks():
+    p, _, _ = relu_matmul()
+    q = dataclasses.replace(p, hw=HardwareConfig(dtypes=("int8",)), cache={})
+    broken(q, "F32 needs the 'fp32' mode", 0, "dtype")
+
+
+def test_layout_errors():
+    p, _, _ = relu_matmul()
+    broken(dataclasses.replace(p, constants=p.constants[:-4], cache={}), "constant region holds 80 bytes")
+    broken(dataclasses.replace(p, dram_bytes=2**17, hw=HardwareConfig(dram_bytes=2**16), cache={}),
+           "program needs 131072 bytes of DRAM, hardware has 65536")
+
+
+def test_loaded_programs_are_verified(tmp_path):
+    p, _, _ = relu_matmul()
+    bad = mutate(p, 4, x_base=480)
+    path = tmp_path / "bad.stgc"
+    bad.save(path)
+    with pytest.raises(VerificationError, match="instruction 4"):
+        stagec.load(path)
+
+
+def test_compiled_programs_carry_sufficient_tokens():
+    import torch
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1))
+    p = stagec.compile(model, (torch.randn(2, 4, 12, 12),))
+    verify(p)
+    # dropping any one token breaks it: every token the compiler inserts is needed
+    pushes = np.flatnonzero(p.code["push"])
+    for i in pushes[:: max(1, len(pushes) // 8)]:
+        code = p.code.copy()
+        q = int(np.flatnonzero(np.unpackbits(np.uint8(code["push"][i]))[::-1])[0])
+        code["push"][i] &= ~np.uint8(1 << q)
+        with pytest.raises(VerificationError):
+            verify(with_code(p, code))
