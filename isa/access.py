@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .instructions import BINARY, REDUCTIONS, AccMode, DType, Opcode
+from .instructions import BINARY, REDUCTIONS, REQUANT_RECORD_BYTES, AccMode, DType, Opcode, VectorFunc
 
 _ITEMSIZE = np.zeros(256, np.int64)
 for _d in DType:
@@ -77,7 +77,8 @@ def accesses(code: np.ndarray) -> list[Access]:
             writes = [(is_load, size_out)]
         else:
             binary = is_vec & np.isin(func, list(BINARY))
-            reads = [(binary, size_in), (is_mm & accumulates, size_out)]
+            params = np.where(func == VectorFunc.REQUANT, REQUANT_RECORD_BYTES, size_in)
+            reads = [(binary, params), (is_mm & accumulates, size_out)]
             writes = [(is_mm, size_out)]
         for write, parts in ((False, reads), (True, writes)):
             valid = np.zeros(len(code), bool)

@@ -28,7 +28,9 @@ i2*s2) * itemsize; a zero stride broadcasts.  Per opcode:
                             C = acc(C, A @ B) with M = m1*m0 rows
     VECTOR n=(n0,n1,n2)     x: dst;  y: src1;  z: src2 (binary funcs)
                             dst = acc(dst, func(src1, src2)); reductions (RSUM, RMAX)
-                            reduce over i2, and their dst stride s2 must be 0
+                            reduce over i2, and their dst stride s2 must be 0; REQUANT
+                            (i32 -> i8) reads z as 16-byte records (multiplier, shift,
+                            zero point, 0), strides counting records
 
 Queues are in-order and run concurrently; tokens (VTA-style) order them.
 """
@@ -121,12 +123,16 @@ class VectorFunc(enum.IntEnum):
     RSUM = 32
     RMAX = 33
     RMIN = 34
+    # int32 -> int8 with a fixed-point multiplier, shift and zero point (TFLite/gemmlowp rounding)
+    REQUANT = 40
 
 
 UNARY = frozenset({VectorFunc.COPY, VectorFunc.NEG, VectorFunc.ABS, VectorFunc.RELU, VectorFunc.EXP,
                    VectorFunc.LOG, VectorFunc.RECIP, VectorFunc.RSQRT, VectorFunc.SQRT,
                    VectorFunc.TANH, VectorFunc.ERF, VectorFunc.SIGMOID})
-BINARY = frozenset({VectorFunc.ADD, VectorFunc.SUB, VectorFunc.MUL, VectorFunc.MAX, VectorFunc.MIN})
+BINARY = frozenset({VectorFunc.ADD, VectorFunc.SUB, VectorFunc.MUL, VectorFunc.MAX, VectorFunc.MIN,
+                    VectorFunc.REQUANT})
+REQUANT_RECORD_BYTES = 16
 REDUCTIONS = frozenset({VectorFunc.RSUM, VectorFunc.RMAX, VectorFunc.RMIN})
 TRANSCENDENTAL = frozenset({VectorFunc.EXP, VectorFunc.LOG, VectorFunc.RECIP, VectorFunc.RSQRT,
                             VectorFunc.SQRT, VectorFunc.TANH, VectorFunc.ERF, VectorFunc.SIGMOID})

@@ -58,3 +58,25 @@ def pad_value(kind: PadValue, dtype: DType):
         return t.type(-np.inf if kind == PadValue.NEG_INF else np.inf)
     info = np.iinfo(t)
     return t.type(info.min if kind == PadValue.NEG_INF else info.max)
+
+
+def requantize(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, zero_point: np.ndarray) -> np.ndarray:
+    """int32 -> int8 as TFLite's MultiplyByQuantizedMultiplier: a saturating rounding doubling
+    high multiply by the Q31 `multiplier`, a rounding shift (positive = left, negative = right,
+    ties away from zero), plus `zero_point`, saturated to [-128, 127]."""
+    x = x.astype(np.int64)
+    m = multiplier.astype(np.int64)
+    shift = shift.astype(np.int64)
+    x = x << np.maximum(shift, 0)
+    x = np.clip(x, -2**31, 2**31 - 1)   # the left shift saturates as the 32-bit hardware would
+    prod = x * m
+    nudge = np.where(prod >= 0, 1 << 30, 1 - (1 << 30))
+    num = prod + nudge
+    high = np.where(num >= 0, num >> 31, -((-num) >> 31))   # C division truncates toward zero
+    high = np.where((x == -2**31) & (m == -2**31), 2**31 - 1, high)
+    right = np.maximum(-shift, 0)
+    mask = (np.int64(1) << right) - 1
+    remainder = high & mask
+    threshold = (mask >> 1) + (high < 0)
+    rounded = (high >> right) + (remainder > threshold)
+    return np.clip(rounded + zero_point.astype(np.int64), -128, 127).astype(np.int8)

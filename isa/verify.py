@@ -150,7 +150,10 @@ def _check_fields(p: Program, accs: list[Access]) -> None:
     for a, b in _MATMUL_TYPES:
         pairs |= (dt == a) & (odt == b)
     _fail(is_mm & ~pairs, "dtype", lambda i: f"matmul {DType(dt[i]).name}->{DType(odt[i]).name} is not supported")
-    _fail(~is_mm & (dt != odt), "out_dtype", "element type conversion is only done by the matrix unit")
+    requant = is_vec & (func == VectorFunc.REQUANT)
+    _fail(requant & ((dt != DType.I32) | (odt != DType.I8)), "dtype", "REQUANT converts i32 to i8")
+    _fail(~is_mm & ~requant & (dt != odt), "out_dtype",
+          "element type conversion is done by the matrix unit and REQUANT only")
 
     # Unused bits must be zero: an encoding has exactly one spelling.
     raw = code.view(np.uint8).reshape(len(code), 64)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from stagec.isa.access import element_offsets
-from stagec.isa.instructions import AccMode, DType, Opcode, PadValue, Space, VectorFunc, decode
+from stagec.isa.instructions import REQUANT_RECORD_BYTES, AccMode, DType, Opcode, PadValue, Space, VectorFunc, decode
 from stagec.isa.program import Program
-from stagec.isa.semantics import ACCUMULATE, VECTOR_FUNCS, pad_value
+from stagec.isa.semantics import ACCUMULATE, VECTOR_FUNCS, pad_value, requantize
 from stagec.isa.verify import verify
 
 
@@ -31,6 +31,11 @@ class _Memories:
     def read(self, operand, dims, dtype: DType) -> np.ndarray:
         idx = operand.base // dtype.itemsize + element_offsets(operand.strides, dims)
         return self._view(operand.space, dtype)[idx].reshape(dims)
+
+    def read_records(self, operand, dims, words: int) -> np.ndarray:
+        """int32 records of `words` words each; strides count records."""
+        idx = operand.base // 4 + element_offsets(operand.strides, dims) * words
+        return self._view(operand.space, DType.I32)[idx[:, None] + np.arange(words)].reshape(*dims, words)
 
     def write(self, operand, dims, dtype: DType, values: np.ndarray) -> None:
         idx = operand.base // dtype.itemsize + element_offsets(operand.strides, dims)
@@ -73,6 +78,10 @@ def execute(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
             if ins.mode == AccMode.ADD:
                 prod = mem.read(ins.z, (m1, m0, nn), ins.out_dtype) + prod
             mem.write(ins.z, (m1, m0, nn), ins.out_dtype, prod)
+        elif ins.func == VectorFunc.REQUANT:
+            x = mem.read(ins.y, n[:3], DType.I32)
+            records = mem.read_records(ins.z, n[:3], REQUANT_RECORD_BYTES // 4)
+            mem.write(ins.x, n[:3], DType.I8, requantize(x, *(records[..., k] for k in range(3))))
         else:
             func = VectorFunc(ins.func)
             args = [mem.read(o, n[:3], ins.dtype) for o in (ins.y, ins.z) if o is not None]
