@@ -99,6 +99,13 @@ def element_offsets(strides, dims) -> np.ndarray:
             + np.arange(d2, dtype=np.int64)[None, None, :] * s2).reshape(-1)
 
 
+def dense_patterns(strides: np.ndarray, dims: np.ndarray) -> np.ndarray:
+    """is_dense over arrays of patterns (N, 3)."""
+    s, d = np.asarray(strides, np.int64), np.asarray(dims, np.int64)
+    return (((d[:, 2] <= 1) | (s[:, 2] == 1)) & ((d[:, 1] <= 1) | (s[:, 1] == d[:, 2]))
+            & ((d[:, 0] <= 1) | (s[:, 0] == d[:, 1] * d[:, 2])))
+
+
 def is_dense(strides, dims) -> bool:
     """True when the pattern visits consecutive elements in iteration order (row-major, no gaps)."""
     expect = 1

@@ -14,12 +14,14 @@ that produced the value (the simulator executes the program as dataflow).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
-from .access import Access, accesses, element_offsets
+from .access import Access, accesses, dense_patterns, element_offsets
 from .instructions import (
     BINARY,
     ENCODING,
@@ -230,22 +232,100 @@ def _check_addresses(p: Program, accs: list[Access]) -> None:
 
 # --- dataflow walk ----------------------------------------------------------------------------
 
+class _Runs:
+    """Run-length map of the last writer over granules: sorted, disjoint [start, end) runs.
+
+    Dense writes keep it exact and small (a scratchpad holds a few dozen buffers), so most reads
+    find their single producer by a bisection instead of a pass over every element.
+    """
+
+    def __init__(self):
+        self.starts, self.ends, self.writers = [], [], []
+
+    def single(self, a: int, b: int):
+        """The one writer of all of [a, b), or None (several writers, a gap, or unknown)."""
+        k = bisect_right(self.starts, a) - 1
+        return self.writers[k] if k >= 0 and self.ends[k] >= b else None
+
+    def covering(self, a: int, b: int):
+        """Writers of the runs covering [a, b), or None where a part is not covered."""
+        k, pos, found = bisect_right(self.ends, a), a, []
+        while k < len(self.starts) and self.starts[k] < b:
+            if self.starts[k] > pos:
+                return None
+            found.append(self.writers[k])
+            pos = self.ends[k]
+            k += 1
+        return found if pos >= b else None
+
+    def forget(self, a: int, b: int) -> int:
+        """Drop coverage of [a, b) (keeping the parts of runs outside it); returns where [a, b) would go."""
+        i = bisect_right(self.ends, a)
+        j = i
+        keep = []
+        while j < len(self.starts) and self.starts[j] < b:
+            s, e, w = self.starts[j], self.ends[j], self.writers[j]
+            if s < a:
+                keep.append((s, a, w))
+            if e > b:
+                keep.append((b, e, w))
+            j += 1
+        self.starts[i:j] = [k[0] for k in keep]
+        self.ends[i:j] = [k[1] for k in keep]
+        self.writers[i:j] = [k[2] for k in keep]
+        return i + (1 if keep and keep[0][0] < a else 0)
+
+    def assign(self, a: int, b: int, w: int) -> None:
+        k = self.forget(a, b)
+        self.starts.insert(k, a)
+        self.ends.insert(k, b)
+        self.writers.insert(k, w)
+
+
 class _Memory:
-    """Per-granule last writer and last reader per queue (instruction indices, -1 = none)."""
+    """Per-granule last writer and last reader per queue (instruction indices, -1 = none, -3 = the
+    host), with the writer also kept as runs."""
 
     def __init__(self, nbytes: int, granule: int, base: int, initially_written: list[tuple[int, int]]):
         size = max(nbytes - base, 0) // granule
         self.granule, self.base = granule, base
         self.writer = np.full(size, -1, np.int32)
+        self.runs = _Runs()
         for lo, hi in initially_written:
-            self.writer[(lo - base) // granule:(hi - base) // granule] = -3  # written by the host
+            g0, g1 = (lo - base) // granule, (hi - base) // granule
+            self.writer[g0:g1] = -3
+            self.runs.assign(g0, g1, -3)
         self.last_read = np.full((4, size), -1, np.int32)
+        self.readers: set[int] = set()   # queues that ever read this memory
 
-    def granules(self, a: Access, i: int) -> np.ndarray:
-        size = int(a.itemsize[i])
-        per = size // self.granule
-        offs = element_offsets(a.strides[i], a.dims[i]) * per + (int(a.base[i]) - self.base) // self.granule
-        return offs if per == 1 else (offs[:, None] + np.arange(per)).reshape(-1)
+    def view(self, arr: np.ndarray, a: Access, i: int):
+        """`arr` (one value per granule) restricted to the granules access `a` of instruction i
+        touches, as a strided view (no index arrays)."""
+        per = int(a.itemsize[i]) // self.granule
+        start = (int(a.base[i]) - self.base) // self.granule
+        dims = [int(d) for d in a.dims[i]] + ([per] if per > 1 else [])
+        strides = [int(s) * per for s in a.strides[i]] + ([1] if per > 1 else [])
+        shape = [d for d, s in zip(dims, strides, strict=True) if d > 1]
+        steps = [s for d, s in zip(dims, strides, strict=True) if d > 1]
+        if any(s < 0 for s in steps):   # a pattern walking backwards: index it
+            idx = start + sum(np.arange(d).reshape([-1] + [1] * (len(shape) - k - 1)) * s
+                              for k, (d, s) in enumerate(zip(shape, steps, strict=True)))
+            return _Indexed(arr, idx)
+        base = arr[start:]
+        return as_strided(base, shape, [s * base.strides[0] for s in steps], writeable=True)
+
+
+class _Indexed:
+    """Fancy-indexed stand-in for a strided view (backward patterns only)."""
+
+    def __init__(self, arr, idx):
+        self.arr, self.idx = arr, idx
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.arr[self.idx], dtype)
+
+    def __setitem__(self, key, value):
+        self.arr[self.idx] = value
 
 
 class DataflowWalk:
@@ -267,7 +347,11 @@ class DataflowWalk:
                      Space.SPAD: _Memory(p.hw.scratchpad_bytes, self.granule[Space.SPAD], 0, []),
                      Space.ACC: _Memory(p.hw.accumulator_bytes, self.granule[Space.ACC], 0, [])}
         self.by_instr = [[] for _ in range(n)]
+        self.extent = {}
         for a in accs:
+            lo, hi = a.extent()
+            dense = dense_patterns(a.strides, a.dims)
+            self.extent[id(a)] = (lo, hi, dense)
             for i in np.flatnonzero(a.valid):
                 if not (a.space[i] == Space.DRAM and not a.write and a.base[i] < consts):  # constants: read-only
                     self.by_instr[i].append(a)
@@ -278,30 +362,64 @@ class DataflowWalk:
     def step(self, i: int) -> np.ndarray:
         """Conflicts of instruction i: (4,) latest conflicting index per queue, -1 none."""
         q = int(self.queue[i])
-        needs = np.full(4, -1, np.int64)
+        needs = [-1, -1, -1, -1]
         for a in self.by_instr[i]:
             space = Space(int(a.space[i]))
             mem = self.mems[space]
-            g = mem.granules(a, i)
-            w = mem.writer[g]
-            lo, hi = (int(w.min()), int(w.max())) if w.size else (-3, -3)
+            elo, ehi, dense = self.extent[id(a)]
+            g0, g1 = (int(elo[i]) - mem.base) // mem.granule, -(-(int(ehi[i]) - mem.base) // mem.granule)
             if not a.write:
-                if lo == -1 or (lo < -1 < hi and (w == -1).any()):
-                    addr = mem.base + int(g[np.flatnonzero(w == -1)[0]]) * mem.granule
-                    raise VerificationError(f"reads {_NAMES[space]} byte {addr:#x}, which nothing wrote", i, a.operand)
+                mem.readers.add(q)
+                single = mem.runs.single(g0, g1)
+                if single is not None:   # one producer covers the whole extent: exact, no element pass
+                    writers = (single,)
+                    # NOTE: the read is recorded over its extent: sound (a later write waits for every
+                    # reader that may have touched its bytes), at worst one token more than needed.
+                    mem.last_read[q, g0:g1] = i
+                else:
+                    w = np.asarray(mem.view(mem.writer, a, i))
+                    lo, hi = int(w.min()), int(w.max())
+                    if lo == -1 or (lo < -1 < hi and (w == -1).any()):
+                        raise VerificationError(f"reads {_NAMES[space]} byte {self._unwritten(a, i, mem):#x}, "
+                                                "which nothing wrote", i, a.operand)
+                    # only STOREs write DRAM, so its latest writer is the one to wait for
+                    writers = (lo,) if lo == hi else (hi,) if space == Space.DRAM else np.unique(w)
+                    mem.view(mem.last_read[q], a, i)[...] = i
                 if space != Space.DRAM:
-                    self.producer[a.operand][i] = lo if lo == hi else MULTIPLE
-            for wi in ((lo,) if lo == hi else np.unique(w)):   # usually one writer
-                if wi >= 0:
-                    r = self.queue[wi]
-                    needs[r] = max(needs[r], wi)
-            if a.write:
-                np.maximum(needs, mem.last_read[:, g].max(1) if g.size else -1, out=needs)
-                mem.writer[g] = i
+                    self.producer[a.operand][i] = writers[0] if len(writers) == 1 else MULTIPLE
             else:
-                mem.last_read[q, g] = i
+                if dense[i]:
+                    writers = mem.runs.covering(g0, g1)
+                    if writers is None:
+                        writers = np.unique(mem.writer[g0:g1])
+                    for r in mem.readers - {q}:
+                        needs[r] = max(needs[r], int(mem.last_read[r, g0:g1].max()))
+                    mem.writer[g0:g1] = i
+                    mem.runs.assign(g0, g1, i)
+                else:
+                    w = np.asarray(mem.view(mem.writer, a, i))
+                    writers = (int(w.max()),) if space == Space.DRAM else np.unique(w)
+                    for r in mem.readers - {q}:
+                        needs[r] = max(needs[r], int(np.asarray(mem.view(mem.last_read[r], a, i)).max()))
+                    mem.view(mem.writer, a, i)[...] = i
+                    mem.runs.forget(g0, g1)
+            for w in writers:
+                if w >= 0:
+                    r = int(self.queue[w])
+                    needs[r] = max(needs[r], int(w))
         needs[q] = -1   # same queue: in order
-        return needs
+        return np.array(needs, np.int64)
+
+    def result(self) -> Dataflow:
+        return Dataflow(queue=self.queue, producer=self.producer, granule=self.granule)
+
+    @staticmethod
+    def _unwritten(a: Access, i: int, mem: _Memory) -> int:
+        """Byte address of the first unwritten granule an access reads (for the error message)."""
+        per = int(a.itemsize[i]) // mem.granule
+        g = element_offsets(a.strides[i], a.dims[i]) * per + (int(a.base[i]) - mem.base) // mem.granule
+        g = (g[:, None] + np.arange(per)).reshape(-1)
+        return mem.base + int(g[np.flatnonzero(mem.writer[g] == -1)[0]]) * mem.granule
 
 
 _NAMES = {Space.DRAM: "DRAM", Space.SPAD: "scratchpad", Space.ACC: "accumulator"}
@@ -339,4 +457,4 @@ def _check_dataflow(p: Program, accs: list[Access]) -> Dataflow:
         if left:
             raise VerificationError(f"{len(left)} token(s) pushed to the {Queue(d).name} queue are never popped "
                                     "(tokens unbalanced)", left[0], "push")
-    return Dataflow(queue=queue, producer=walk.producer, granule=walk.granule)
+    return walk.result()

@@ -27,8 +27,11 @@ OUT_AXES = (2, 3, 1)
 
 
 class Epilogue:
-    """An epilogue expr and its extra inputs (views broadcast to the output's NCHW shape), with
-    buffers for `bufs` tiles of `tile_elems` elements allocated up front."""
+    """An epilogue expr and its extra inputs (views broadcast to the output's NCHW shape).
+
+    Per-channel inputs (a bias: stride 0 over batch, rows and columns) are loaded once for the
+    whole op; the others get a tile buffer each (x `bufs`), loaded per output tile.
+    """
 
     def __init__(self, em, spad, expr: Expr | None, extras: list[DramTensor], tile: tuple[int, int, int], bufs: int):
         self.expr, self.extras = expr, extras
@@ -36,7 +39,14 @@ class Epilogue:
         self.plan = tile_expr.plan(expr, n, frozenset({0} | {k + 1 for k, e in enumerate(extras)
                                                            if all(e.strides[a] for a in OUT_AXES)})) if expr else None
         size = tile[0] * tile[1] * tile[2] * FP32
-        self.extra_buf = [[spad.alloc(size) for _ in extras] for _ in range(bufs)]
+        self.resident = {}
+        for k, e in enumerate(extras if expr else ()):
+            if e.strides[0] == e.strides[2] == e.strides[3] == 0:
+                base = spad.alloc(e.shape[1] * FP32)
+                em.load(e, (0, 0, 0, 0), OUT_AXES, (1, 1, e.shape[1]), Operand(Space.SPAD, base, (0, 0, 1)))
+                self.resident[k] = base
+        self.extra_buf = [[spad.alloc(size) if k not in self.resident else None for k in range(len(extras))]
+                          for _ in range(bufs)]
         self.temp_buf = [[spad.alloc(size) for _ in range(self.plan.temps if expr else 0)] for _ in range(bufs)]
 
     def emit(self, em, acc_tile: tile_expr.LocalTile, n: int, o0: int, h0: int, w0: int, counts, buf: int):
@@ -45,6 +55,9 @@ class Epilogue:
             return acc_tile
         args = [acc_tile]
         for k, e in enumerate(self.extras):
+            if k in self.resident:
+                args.append(tile_expr.LocalTile(Space.SPAD, self.resident[k] + o0 * FP32, (1, 1, counts[2])))
+                continue
             extent = tuple(c if e.strides[a] else 1 for c, a in zip(counts, OUT_AXES, strict=True))
             tile = tile_expr.LocalTile(Space.SPAD, self.extra_buf[buf][k], extent)
             em.load(e, (n, o0, h0, w0), OUT_AXES, extent, tile.operand(extent))
@@ -111,12 +124,15 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
                             w_base, k_stride, tap_stride = w_buf[n_w % bufs], to, tc * to
                             n_w += 1
                             em.load_box(w, (o0, c0, 0, 0), (2, 3, 1, 0), (p.kh, p.kw, tc, to), Space.SPAD, w_base)
+                        # With unit column dilation a kernel row's taps are contiguous in the halo
+                        # ((kw, c) -> kw * tc + c) and in the weights: one MATMUL of k = kw * tc.
+                        fold = p.kw if dw == 1 else 1
                         for kh in range(p.kh):
-                            for kw in range(p.kw):
+                            for kw in range(0, p.kw, fold):
                                 a = Operand(Space.SPAD, h_base + (kh * dh * iw * tc + kw * dw * tc) * FP32,
                                             (sh * iw * tc, sw * tc, 1))
                                 b = Operand(Space.SPAD, w_base + (kh * p.kw + kw) * tap_stride * FP32, (k_stride, 1, 0))
-                                em.matmul(a, b, c_op, th, tw, tc, to, accumulate=not first)
+                                em.matmul(a, b, c_op, th, tw, fold * tc, to, accumulate=not first)
                                 first = False
                     if first:   # the whole receptive field is padding: the sum is zero
                         fill(Operand(Space.ACC, c_base, (tw * to, to, 1)), (th, tw, to), 0.0)

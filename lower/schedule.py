@@ -1,14 +1,17 @@
 """The schedule: a mapping (tile sizes, buffering, residency) for every op.
 
-The default mapper is a fast heuristic: start from tiles that keep the array
-busy, then halve the largest contributor until the tiles (double-buffered
-where possible) fit the scratchpad and accumulator.  When nothing fits, the
-error names the layer and the bytes a minimal tile needs.
+The default mapper is a fast heuristic: a small grid of candidate tile sizes
+per dim (powers of two, the whole dim, balanced splits), filtered by what fits
+the scratchpad and accumulator (double-buffered or not), ranked by an
+analytic estimate of the busiest unit.  When nothing fits, the error names the
+layer and the bytes the smallest tile needs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+import numpy as np
 
 from stagec.isa.config import HardwareConfig
 
@@ -72,95 +75,102 @@ class TileMapping:
         return f"tile(oh={self.tile_oh}, ow={self.tile_ow}, o={self.tile_o}, c={self.tile_c}) {' '.join(flags)}"
 
 
-def conv_footprint(p: ConvProblem, m: TileMapping, extras: int = 0) -> tuple[int, int]:
-    """(scratchpad bytes, accumulator bytes) a mapping of `p` occupies."""
-    bufs = 2 if m.double_buffer else 1
-    ih, iw = p.halo(m.tile_oh, m.tile_ow)
-    halo = ih * iw * m.tile_c * FP32
-    weights = p.kh * p.kw * (p.c * p.o if m.weights_resident else m.tile_c * m.tile_o) * FP32
-    out_tile = m.tile_oh * m.tile_ow * m.tile_o * FP32
-    spad = bufs * halo + (1 if m.weights_resident else bufs) * weights + bufs * extras * out_tile
-    return spad, bufs * out_tile
+def _sizes(dim: int) -> np.ndarray:
+    """Candidate tile sizes along one dim: powers of two, the whole dim, and balanced splits."""
+    cands = {dim} | {1 << k for k in range(dim.bit_length()) if 1 << k <= dim}
+    cands |= {-(-dim // k) for k in range(2, 9)}
+    return np.array(sorted(cands), np.int64)
 
 
-def window_footprint(p: ConvProblem, m: TileMapping, extras: int = 0, weighted: bool = True) -> tuple[int, int]:
-    """Depthwise conv / pooling on the vector unit: channels stay separate (tile_o is the channel tile)."""
-    bufs = 2 if m.double_buffer else 1
-    ih, iw = p.halo(m.tile_oh, m.tile_ow)
-    out_tile = m.tile_oh * m.tile_ow * m.tile_o * FP32
-    weights = p.kh * p.kw * m.tile_o * FP32 if weighted else 0
-    spad = bufs * (ih * iw * m.tile_o * FP32 + weights + extras * out_tile)
-    return spad, bufs * out_tile
+def _grid(**axes) -> dict[str, np.ndarray]:
+    mesh = np.meshgrid(*axes.values(), indexing="ij")
+    return {k: v.reshape(-1) for k, v in zip(axes, mesh, strict=True)}
 
 
-def _shrink(m: TileMapping, order) -> TileMapping | None:
-    """Halve the first shrinkable field in `order` (fields above 1)."""
-    for name in order:
-        v = getattr(m, name)
-        if v > 1:
-            return replace(m, **{name: (v + 1) // 2})
-    return None
+def _pick(p: ConvProblem, g: dict, spad: np.ndarray, acc: np.ndarray, cost: np.ndarray, hw: HardwareConfig,
+          layer: str, resident=None) -> TileMapping:
+    ih = (g["th"] - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
+    iw = (g["tw"] - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
+    ok = (spad <= hw.scratchpad_bytes) & (acc <= hw.accumulator_bytes) & (np.maximum(ih, iw) <= MAX_HALO)
+    if not ok.any():
+        k = int(np.argmin(spad + acc))
+        raise TilingError(f"{layer}: no tiling fits: the smallest tile needs {int(spad[k])} bytes of scratchpad "
+                          f"(have {hw.scratchpad_bytes}) and {int(acc[k])} bytes of accumulator "
+                          f"(have {hw.accumulator_bytes})")
+    k = int(np.flatnonzero(ok)[np.argmin(cost[ok])])
+    return TileMapping(int(g["th"][k]), int(g["tw"][k]), int(g["to"][k]), int(g["tc"][k]), bool(g["db"][k]),
+                       bool(resident[k]) if resident is not None else False)
 
 
-def _fits(p, m, extras, hw, footprint) -> bool:
-    spad, acc = footprint(p, m, extras)
-    ih, iw = p.halo(m.tile_oh, m.tile_ow)
-    return spad <= hw.scratchpad_bytes and acc <= hw.accumulator_bytes and max(ih, iw) <= MAX_HALO
-
-
-def _search(p, start: TileMapping, extras, hw, footprint, layer: str) -> TileMapping:
-    for db in (True, False):
-        m = replace(start, double_buffer=db)
-        while m is not None:
-            if _fits(p, m, extras, hw, footprint):
-                return m
-            # Shrink the biggest of rows, then channels, then columns, keeping tiles array-shaped.
-            order = sorted(("tile_oh", "tile_o", "tile_c", "tile_ow"), key=lambda f: -getattr(m, f))
-            m = _shrink(m, order)
-    smallest = replace(start, tile_oh=1, tile_ow=1, tile_o=1, tile_c=1, double_buffer=False, weights_resident=False)
-    spad, acc = footprint(p, smallest, extras)
-    raise TilingError(f"{layer}: no tiling fits: the smallest tile needs {spad} bytes of scratchpad "
-                      f"(have {hw.scratchpad_bytes}) and {acc} bytes of accumulator (have {hw.accumulator_bytes})")
+def _dma_cycles(hw: HardwareConfig, count, nbytes):
+    return count * hw.dma_latency_cycles + nbytes / hw.dma_bandwidth_bytes_per_cycle
 
 
 def map_conv(p: ConvProblem, hw: HardwareConfig, extras: int = 0, layer: str = "conv") -> TileMapping:
-    """Default mapping on the matrix unit: wide output tiles, channel tiles a few array widths."""
-    tile_ow = min(p.ow, 64)
-    tile_oh = min(p.oh, max(1, 256 // tile_ow))
-    tile_o = min(p.o, 4 * hw.array_cols)
-    tile_c = min(p.c, 4 * hw.array_rows)
-    resident = p.kh * p.kw * p.c * p.o * FP32 <= hw.scratchpad_bytes // 4
-    start = TileMapping(tile_oh, tile_ow, tile_o, p.c if resident else tile_c, True, resident)
-    try:
-        return _search(p, start, extras, hw, lambda p_, m, e: conv_footprint(p_, m, e), layer)
-    except TilingError:
-        if not resident:
-            raise
-        return _search(p, replace(start, weights_resident=False, tile_c=tile_c), extras, hw,
-                       lambda p_, m, e: conv_footprint(p_, m, e), layer)
+    """Default mapping on the matrix unit: the candidate tiling (sizes from a small grid per dim)
+    that fits and minimizes an analytic estimate: the busiest of array, DMA and vector unit,
+    plus a small charge per instruction."""
+    g = _grid(th=_sizes(p.oh), tw=_sizes(p.ow), to=_sizes(p.o), tc=_sizes(p.c), db=np.array([1, 0]),
+              res=np.array([1, 0]))
+    g["tc"] = np.where(g["res"] == 1, p.c, g["tc"])   # resident weights: one channel tile
+    th, tw, to, tc, db, res = g["th"], g["tw"], g["to"], g["tc"], g["db"], g["res"]
+    bufs = 1 + db
+    ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
+    iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
+    m = th * tw
+    w_all = p.kh * p.kw * p.c * p.o * FP32
+    w_tile = p.kh * p.kw * tc * to * FP32
+    spad = bufs * ih * iw * tc * FP32 + np.where(res == 1, w_all, bufs * w_tile) + bufs * extras * m * to * FP32
+    acc = bufs * m * to * FP32
+    n_sp = p.n * -(-p.oh // th) * -(-p.ow // tw)
+    n_o, n_c = -(-p.o // to), -(-p.c // tc)
+    fold = p.kw if p.dilation[1] == 1 else 1
+    n_mm = n_sp * n_o * n_c * p.kh * -(-p.kw // fold)
+    r, c = hw.array_rows, hw.array_cols
+    if hw.dataflow == "weight_stationary":
+        mm = n_mm * -(-(fold * tc) // r) * -(-to // c) * (2 * r + c + m - 2)
+    else:
+        mm = n_mm * -(-m // r) * -(-to // c) * (2 * r + c + fold * tc - 2)
+    halo_loads = n_sp * n_c * np.where(n_c > 1, n_o, 1)
+    w_loads = np.where(res == 1, 1, n_sp * n_o * n_c)
+    tiles_out = n_sp * n_o
+    dma = _dma_cycles(hw, halo_loads + w_loads + tiles_out * (1 + extras),
+                      halo_loads * ih * iw * tc * FP32 + np.where(res == 1, w_all, w_loads * w_tile)
+                      + tiles_out * (1 + extras) * m * to * FP32)
+    instructions = n_mm + halo_loads + w_loads + tiles_out * (1 + 2 * extras)
+    cost = np.maximum(mm, dma) + 8.0 * instructions
+    return _pick(p, g, spad, acc, cost, hw, layer, res)
 
 
 def map_window(p: ConvProblem, hw: HardwareConfig, extras: int = 0, weighted: bool = True,
                layer: str = "window") -> TileMapping:
     """Default mapping of depthwise conv / pooling on the vector unit (channels as lanes)."""
-    tile_ow = min(p.ow, 32)
-    tile_oh = min(p.oh, max(1, 128 // tile_ow))
-    start = TileMapping(tile_oh, tile_ow, min(p.o, 4 * hw.vector_lanes), 1)
-    return _search(p, start, extras, hw, lambda p_, m, e: window_footprint(p_, m, e, weighted), layer)
+    g = _grid(th=_sizes(p.oh), tw=_sizes(p.ow), to=_sizes(p.o), tc=np.array([1]), db=np.array([1, 0]))
+    th, tw, to, db = g["th"], g["tw"], g["to"], g["db"]
+    bufs = 1 + db
+    ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
+    iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
+    out_tile = th * tw * to * FP32
+    spad = bufs * (ih * iw * to * FP32 + (p.kh * p.kw * to * FP32 if weighted else 0) + extras * out_tile)
+    acc = bufs * out_tile
+    tiles_out = p.n * -(-p.oh // th) * -(-p.ow // tw) * -(-p.o // to)
+    vec = tiles_out * p.kh * p.kw * -(-(th * tw * to) // hw.vector_lanes)
+    dma = _dma_cycles(hw, tiles_out * (2 + extras), tiles_out * (ih * iw * to * FP32 + (1 + extras) * out_tile))
+    cost = np.maximum(vec, dma) + 8.0 * tiles_out * (2 + p.kh * p.kw)
+    return _pick(p, g, spad, acc, cost, hw, layer)
 
 
 def map_vector(shape: tuple[int, ...], operands: int, hw: HardwareConfig, layer: str = "vector") -> TileMapping:
     """Elementwise/reduce/copy tiles over a (<= 3-D) iteration space [d0, d1, d2]:
-    `operands` dense tiles (inputs, temporaries, result) per buffer."""
+    `operands` dense tiles (inputs, temporaries, result) per buffer; the biggest tile that fits,
+    long innermost runs first (they are the DMA's bursts)."""
     d0, d1, d2 = (1,) * (3 - len(shape)) + tuple(shape)[-3:]
-    m = TileMapping(tile_oh=min(d0, 64), tile_ow=min(d1, 64), tile_o=min(d2, 1024))
-
-    def footprint(_, t, __):
-        tile = t.tile_oh * t.tile_ow * t.tile_o * FP32 * operands
-        return (2 if t.double_buffer else 1) * tile, 0
-
-    unit = ConvProblem(1, 1, 1, 1, 1)
-    return _search(unit, m, 0, hw, footprint, layer)
+    g = _grid(th=_sizes(d0), tw=_sizes(d1), to=_sizes(d2), tc=np.array([1]), db=np.array([1, 0]))
+    tile = g["th"] * g["tw"] * g["to"]
+    spad = (1 + g["db"]) * tile * FP32 * operands
+    tiles = -(-d0 // g["th"]) * -(-d1 // g["tw"]) * -(-d2 // g["to"])
+    cost = tiles * (1.0 + 0.5 * (1 - g["db"])) - 1e-6 * g["to"]
+    return _pick(ConvProblem(1, 1, 1, 1, 1), g, spad, np.zeros_like(spad), cost, hw, layer)
 
 
 def ceil_div(a: int, b: int) -> int:

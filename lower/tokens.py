@@ -19,6 +19,8 @@ from stagec.isa.verify import DataflowWalk, check_static
 
 
 def insert_tokens(program: Program) -> Program:
+    """The program with tokens; its walk checked every rule the tokens do not satisfy by
+    construction, so the result comes verified (its dataflow facts cached)."""
     code = program.code.copy()
     walk = DataflowWalk(program, check_static(program))
     n = len(code)
@@ -40,4 +42,4 @@ def insert_tokens(program: Program) -> Program:
         done[i] = known[q]
     code["push"] = push
     code["pop"] = pop
-    return dataclasses.replace(program, code=code, cache={})
+    return dataclasses.replace(program, code=code, cache={"dataflow": walk.result()})

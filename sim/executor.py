@@ -76,21 +76,42 @@ def _store_fn(sig, how):
 
 
 @functools.cache
-def _matmul_fn(sig, hows):
+def _matmul_fn(sig, hows, factored):
+    """One chain per member: out[t] = init[t] + sum_j A[t,j] @ B[t,j].  `factored`: the members
+    are the grid of S distinct A reads x O distinct B reads (a tiled loop nest: spatial tiles x
+    output-channel tiles), so each A and B is read once and `sel` picks each member's product."""
     j, (m1, m0, k, n), pa, pb, pc, has_init = sig
     rel_a = _offsets(pa, (m1, m0, k)).astype(np.int32)
     rel_b = _offsets((*pb, 0), (k, n, 1)).astype(np.int32)
     rel_c = _offsets(pc, (m1, m0, n)).astype(np.int32)
 
-    def run(pa_, ra, oa, pb_, rb, ob, *init):
-        t = ra.shape[0]
-        a = _read(pa_, ra, oa, rel_a, hows[0]).reshape(t, j, m1 * m0, k)
-        b = _read(pb_, rb, ob, rel_b, hows[1]).reshape(t, j, k, n)
-        out = jnp.einsum("tjmk,tjkn->tmn", a, b, precision=HIGHEST, preferred_element_type=jnp.float32)
+    def run(pa_, ra, oa, pb_, rb, ob, sel, *init):
+        s, o, t = ra.shape[0], rb.shape[0], sel.shape[0]
+        a = _read(pa_, ra, oa, rel_a, hows[0]).reshape(s, j, m1 * m0, k)
+        b = _read(pb_, rb, ob, rel_b, hows[1]).reshape(o, j, k, n)
+        if factored:
+            out = jnp.einsum("sjmk,ojkn->somn", a, b, precision=HIGHEST, preferred_element_type=jnp.float32)
+            out = out.reshape(s * o, m1 * m0 * n)[sel]
+        else:
+            out = jnp.einsum("tjmk,tjkn->tmn", a, b, precision=HIGHEST, preferred_element_type=jnp.float32)
+        out = out.reshape(t, m1 * m0, n)
         if has_init:
-            out = _read(*init, rel_c, hows[2]).reshape(t, m1 * m0, n) + out
+            out = _read(*init, rel_c, hows[2]).reshape(out.shape) + out
         return out.reshape(t, -1)
     return jax.jit(run)
+
+
+def _factor(g: Group):
+    """(A members, B members, sel) when the members' (A read, B read) pairs are a full S x O grid,
+    else None."""
+    a, b = g.reads["a"], g.reads["b"]
+    _, ia, inv_a = np.unique(np.concatenate([a.rows, a.offs], 1), axis=0, return_index=True, return_inverse=True)
+    _, ib, inv_b = np.unique(np.concatenate([b.rows, b.offs], 1), axis=0, return_index=True, return_inverse=True)
+    s, o, t = len(ia), len(ib), len(a.rows)
+    sel = inv_a.reshape(-1) * o + inv_b.reshape(-1)
+    if s * o != t or len(np.unique(sel)) != t:
+        return None
+    return ia, ib, sel
 
 
 @functools.cache
@@ -119,12 +140,13 @@ def _vector_fn(sig, hows):
     return jax.jit(run)
 
 
-def _how(g: Group, slot: str, plan: Plan) -> str:
-    r = g.reads[slot]
-    src_len = plan.groups[r.src].out_len
+def _how(g: Group, slot: str, plan: Plan, rows: np.ndarray, offs: np.ndarray) -> str:
+    """How to read: 'whole' (the producer's output as is), 'rows' (whole rows) or 'gather'."""
+    producer = plan.groups[g.reads[slot].src]
     rel = read_pattern(g, slot)
-    whole = rel.size == src_len and (rel == np.arange(src_len)).all() and not r.offs.any() and r.rows.shape[1] == 1
-    if whole and (r.rows[:, 0] == np.arange(len(r.rows))).all() and len(r.rows) == len(plan.groups[r.src].members):
+    whole = rel.size == producer.out_len and (rel == np.arange(rel.size)).all() and not offs.any() \
+        and rows.shape[1] == 1
+    if whole and len(rows) == len(producer.members) and (rows[:, 0] == np.arange(len(rows))).all():
         return "whole"
     return "rows" if whole else "gather"
 
@@ -136,24 +158,32 @@ class Executor:
         self.program = program
         self.plan = build_plan(program)
         self.const = jnp.asarray(np.frombuffer(program.constants[:len(program.constants) // 4 * 4], np.float32))
+        self.const_values = {}   # loads of the constant region, computed on the first run
         self.steps = []
         for g in self.plan.groups:
             slots = {"load": (), "store": ("src",), "matmul": ("a", "b", "init"),
                      "vector": ("src1", "src2", "init")}[g.kind]
-            present = [s for s in slots if s in g.reads]
-            hows = tuple(_how(g, s, self.plan) if s in g.reads else None for s in slots)
+            reads = {s: (g.reads[s].rows, g.reads[s].offs) for s in slots if s in g.reads}
+            extra = ()
+            if g.kind == "matmul":
+                grid = _factor(g)
+                ia, ib, sel = grid if grid is not None else (slice(None), slice(None), np.arange(len(g.members)))
+                reads["a"] = tuple(x[ia] for x in reads["a"])
+                reads["b"] = tuple(x[ib] for x in reads["b"])
+                extra = (jnp.asarray(sel, jnp.int32),)
+            hows = tuple(_how(g, s, self.plan, *reads[s]) if s in reads else None for s in slots)
             if g.kind == "load":
                 fn = _load_fn(g.sig)
             elif g.kind == "store":
                 fn = _store_fn(g.sig, hows[0])
             elif g.kind == "matmul":
-                fn = _matmul_fn(g.sig, hows)
+                fn = _matmul_fn(g.sig, hows, grid is not None)
             else:
-                fn = _vector_fn(g.sig, tuple(h for h in hows))
-            args = [(g.reads[s].src, jnp.asarray(g.reads[s].rows, jnp.int32), jnp.asarray(g.reads[s].offs, jnp.int32))
-                    for s in present]
+                fn = _vector_fn(g.sig, hows)
+            args = [(g.reads[s].src, jnp.asarray(rows, jnp.int32), jnp.asarray(offs, jnp.int32))
+                    for s, (rows, offs) in reads.items()]
             dram = jnp.asarray(g.dram, jnp.int32) if g.dram is not None else None
-            self.steps.append((g, fn, args, dram))
+            self.steps.append((g, fn, args, extra, dram))
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         p, plan = self.program, self.plan
@@ -163,14 +193,18 @@ class Executor:
             data[start:start + ref.nbytes // 4] = np.asarray(x, np.float32).reshape(-1)
         data = jnp.asarray(data)
         values = {}
-        for g, fn, args, dram in self.steps:
+        for g, fn, args, extra, dram in self.steps:
             flat = [a for src, rows, offs in args for a in (values[src], rows, offs)]
-            if g.kind == "load":
-                values[g.id] = fn(self.const if g.sig[4] == DRAM_CONST else data, dram)
+            if g.kind == "load" and g.sig[4] == DRAM_CONST:   # weights: the same every run
+                if g.id not in self.const_values:
+                    self.const_values[g.id] = fn(self.const, dram)
+                values[g.id] = self.const_values[g.id]
+            elif g.kind == "load":
+                values[g.id] = fn(data, dram)
             elif g.kind == "store":
                 data = fn(data, *flat, dram)
             else:
-                values[g.id] = fn(*flat)
+                values[g.id] = fn(*flat[:6], *extra, *flat[6:])
             for src, _, _ in args:
                 if plan.last_use.get(src) == g.id:
                     del values[src]

@@ -163,7 +163,6 @@ def build_plan(program: Program) -> Plan:
     group_of = np.full(n_nodes, -1, np.int64)
     row_of = np.full(n_nodes, -1, np.int64)
     groups: list[Group] = []
-    out_len = {}
 
     def value_ref(p: int, read_base: int):
         """(group, row, element offset) of the value produced by instruction p, read from read_base."""
@@ -180,10 +179,22 @@ def build_plan(program: Program) -> Plan:
         buckets: dict[tuple, list[tuple[int, dict]]] = {}
         for k in by_level[lv]:
             key, reads, length = _describe(k, members[k], init[k], acc_mode[k], code, n_arr, func, producer,
-                                           value_ref, data_origin, out_len)
+                                           value_ref, data_origin)
             buckets.setdefault(key, []).append((k, reads, length))
         for key, entries in buckets.items():
             g = Group(len(groups), key[0], lv, key[1], {}, entries[0][2])
+            if g.kind == "load":
+                # Loads of one level read DRAM no store of that level changes: the same address
+                # means the same value, computed once (the compiler reloads weights per tile).
+                first: dict[int, int] = {}
+                unique = []
+                for e in entries:
+                    base = e[1]["dram"][2][0]
+                    if base not in first:
+                        first[base] = len(unique)
+                        unique.append(e)
+                    group_of[e[0]], row_of[e[0]] = g.id, first[base]
+                entries = unique
             for row, (k, _, _) in enumerate(entries):
                 group_of[k], row_of[k] = g.id, row
                 g.members.append(k)
@@ -194,8 +205,6 @@ def build_plan(program: Program) -> Plan:
                 g.reads[slot] = Read(src, rows, offs)
             if g.kind in ("load", "store"):
                 g.dram = g.reads.pop("dram").offs[:, 0]
-            for k, _, length in entries:
-                out_len[k] = length
             _check_reads(g, groups)
             groups.append(g)
 
@@ -224,7 +233,7 @@ def _same_shape(code, p, i) -> bool:
                 and a["spaces"] == b["spaces"] and _patterns(code, p) == _patterns(code, i) and a[dst] == b[dst])
 
 
-def _describe(k, mem, init_p, acc, code, n_arr, func, producer, value_ref, data_origin, out_len):
+def _describe(k, mem, init_p, acc, code, n_arr, func, producer, value_ref, data_origin):
     """(bucket key (kind, signature, producer groups), reads {slot: (src, rows[J], offs[J])}, value length)."""
     i = mem[0]
     o = int(code["opcode"][i])

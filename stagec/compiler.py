@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -39,7 +40,7 @@ class _Dump:
     def __call__(self, stage: str, ir) -> None:
         if self.dump in (None, False):
             return
-        text = ir if isinstance(ir, str) else str(ir)
+        text = ir() if inspect.isfunction(ir) else str(ir)
         if isinstance(self.dump, (str, Path)):
             (Path(self.dump) / f"{STAGES.index(stage):02d}-{stage}.txt").write_text(text + "\n")
         elif self.dump is True or stage in self.dump:
@@ -81,6 +82,6 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
         model_or_fn, "__name__", "function")
     program = lower_to_program(graph, layout, schedule, hw, {"model": name})
-    out("program", disassemble(program))
-    verify(program)
+    out("program", lambda: disassemble(program))
+    verify(program)   # cached: the token-inserting walk verified the program
     return program

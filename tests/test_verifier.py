@@ -121,7 +121,7 @@ def test_compiled_programs_carry_sufficient_tokens():
     import torch
     model = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1))
     p = stagec.compile(model, (torch.randn(2, 4, 12, 12),))
-    verify(p)
+    verify(with_code(p, p.code))   # a fresh verification, not the compile walk's cached facts
     # dropping any one token breaks it: every token the compiler inserts is needed
     pushes = np.flatnonzero(p.code["push"])
     for i in pushes[:: max(1, len(pushes) // 8)]:
