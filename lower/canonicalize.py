@@ -173,6 +173,11 @@ def unary(b, eqn, x):
     return b.elementwise([x], (Step(_UNARY[eqn.primitive.name], (0,)),), _out_shape(eqn))
 
 
+@rule("erfc")
+def erfc(b, eqn, x):
+    return b.elementwise([x, np.float32(1.0)], (Step("erf", (0,)), Step("sub", (1, 2))), _out_shape(eqn))
+
+
 @rule("square")
 def square(b, eqn, x):
     return b.elementwise([x], (Step("mul", (0, 0)),), _out_shape(eqn))
@@ -183,9 +188,9 @@ def integer_pow(b, eqn, x):
     y = eqn.params["y"]
     if y == 0 or abs(y) > 8:
         raise LoweringError(f"integer_pow with exponent {y}")
-    steps = [Step("copy", (0,))]
-    for _ in range(abs(y) - 1):
-        steps.append(Step("mul", (len(steps), 0)))
+    steps = [Step("copy", (0,))] if abs(y) == 1 else [Step("mul", (0, 0))]
+    for _ in range(abs(y) - 2):
+        steps.append(Step("mul", (len(steps), 0)))   # the previous step times the input
     if y < 0:
         steps.append(Step("recip", (len(steps),)))
     return b.elementwise([x], steps, _out_shape(eqn))

@@ -21,6 +21,7 @@ GRAPH_PASSES = [
     ("fuse_epilogues", fuse_epilogues),      # bias/activation/residual -> the conv/matmul's accumulator tile
     ("fold_affine", fold_affine),            # per-channel scale and shift (batch norm) -> weights and bias
 ]
+FUSION_PASSES = {"fuse_elementwise", "fuse_epilogues"}
 STAGES = ("jaxpr", "graph", *(name for name, _ in GRAPH_PASSES), "layout", "schedule", "program")
 
 
@@ -56,8 +57,12 @@ def trace(model_or_fn, example_args):
     raise TypeError(f"compile takes a torch.nn.Module or a JAX function, not {type(model_or_fn).__name__}")
 
 
-def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=None) -> Program:  # noqa: A001
+def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=None,  # noqa: A001
+            fuse: bool = True) -> Program:
     """Compile a PyTorch model or JAX function for the accelerator.
+
+    `fuse=False` skips the fusion passes (every elementwise op then round-trips through DRAM),
+    to measure what fusion saves.
 
     >>> import torch, stagec
     >>> program = stagec.compile(torch.nn.Linear(8, 4), (torch.randn(2, 8),))
@@ -73,7 +78,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     graph = canonicalize(closed)
     out("graph", graph)
     for name, run in GRAPH_PASSES:
-        graph = run(graph)
+        if fuse or name not in FUSION_PASSES:
+            graph = run(graph)
         out(name, graph)
     layout = assign_layout(graph)
     out("layout", layout)
