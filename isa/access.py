@@ -11,7 +11,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .instructions import BINARY, REDUCTIONS, REQUANT_RECORD_BYTES, AccMode, DType, Opcode, VectorFunc
+from .instructions import (
+    BINARY,
+    READS_DST,
+    REDUCTIONS,
+    REQUANT_RECORD_BYTES,
+    AccMode,
+    DType,
+    Opcode,
+    VectorFunc,
+)
 
 _ITEMSIZE = np.zeros(256, np.int64)
 for _d in DType:
@@ -48,20 +57,22 @@ def accesses(code: np.ndarray) -> list[Access]:
     spaces = code["spaces"].astype(np.int64)
     size_in, size_out = _ITEMSIZE[code["dtype"]], _ITEMSIZE[code["out_dtype"]]
     is_load, is_store = op == Opcode.LOAD, op == Opcode.STORE
-    is_mm, is_vec = op == Opcode.MATMUL, op == Opcode.VECTOR
-    accumulates = (code["mode"] != AccMode.OVERWRITE) & (is_mm | is_vec)
+    is_mm, is_vec, is_gather = op == Opcode.MATMUL, op == Opcode.VECTOR, op == Opcode.GATHER
+    reads_dst = ((code["mode"] != AccMode.OVERWRITE) & (is_mm | is_vec)) | (is_vec & np.isin(func, list(READS_DST)))
     pad = code["pad"].astype(np.int64)
     padded = n[:, :3] + np.where(is_load[:, None], pad[:, 0::2] + pad[:, 1::2], 0)
     ones = np.ones(len(code), np.int64)
     reduction = np.isin(func, list(REDUCTIONS)) & is_vec
 
     def dims_for(slot):
-        if slot == "x":   # DMA: DRAM side; MATMUL: A (m1,m0,k); VECTOR: dst
-            return np.where(reduction[:, None], np.stack([n[:, 0], n[:, 1], ones], 1), n[:, :3])
+        if slot == "x":   # DMA: DRAM side (GATHER: any row of the table); MATMUL: A (m1,m0,k); VECTOR: dst
+            d = np.where(reduction[:, None], np.stack([n[:, 0], n[:, 1], ones], 1), n[:, :3])
+            return np.where(is_gather[:, None], np.stack([n[:, 3], n[:, 1], n[:, 2]], 1), d)
         if slot == "y":   # LOAD: padded local box; MATMUL: B (k,n,1); else n
             d = np.where(is_load[:, None], padded, n[:, :3])
             return np.where(is_mm[:, None], np.stack([n[:, 2], n[:, 3], ones], 1), d)
-        return np.where(is_mm[:, None], np.stack([n[:, 0], n[:, 1], n[:, 3]], 1), n[:, :3])  # z: C or src2
+        d = np.where(is_gather[:, None], np.stack([n[:, 0], ones, ones], 1), n[:, :3])   # GATHER: the indices
+        return np.where(is_mm[:, None], np.stack([n[:, 0], n[:, 1], n[:, 3]], 1), d)  # z: C or src2
 
     out = []
     for i, slot in enumerate("xyz"):
@@ -70,15 +81,15 @@ def accesses(code: np.ndarray) -> list[Access]:
         strides = code[f"{slot}_strides"].astype(np.int64)
         dims = dims_for(slot)
         if slot == "x":
-            reads = [(is_load, size_in), (is_mm, size_in), (is_vec & accumulates, size_out)]
+            reads = [(is_load | is_gather, size_in), (is_mm, size_in), (is_vec & reads_dst, size_out)]
             writes = [(is_store, size_in), (is_vec, size_out)]
         elif slot == "y":
             reads = [(is_store, size_out), (is_mm, size_in), (is_vec, size_in)]
-            writes = [(is_load, size_out)]
+            writes = [(is_load | is_gather, size_out)]
         else:
             binary = is_vec & np.isin(func, list(BINARY))
             params = np.where(func == VectorFunc.REQUANT, REQUANT_RECORD_BYTES, size_in)
-            reads = [(binary, params), (is_mm & accumulates, size_out)]
+            reads = [(binary, params), (is_mm & reads_dst, size_out), (is_gather, 4)]
             writes = [(is_mm, size_out)]
         for write, parts in ((False, reads), (True, writes)):
             valid = np.zeros(len(code), bool)

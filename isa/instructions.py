@@ -24,13 +24,19 @@ i2*s2) * itemsize; a zero stride broadcasts.  Per opcode:
                                (n0+p0+q0, n1+p1+q1, n2+p2+q2); pads (VTA-style) are
                                filled with mode's PadValue
     STORE  n=(n0,n1,n2)     x: DRAM destination;  y: local source
+    GATHER n=(n0,n1,n2,R)   indirect DMA (embedding lookup): z: n0 int32 row indices in local
+                            memory (stride s0); y[i0,i1,i2] = table x at row z[i0]:
+                            x.base + (z[i0]*s0 + i1*s1 + i2*s2) * itemsize; every index must
+                            lie in [0, R), checked when it runs (the value is data)
     MATMUL n=(m1,m0,k,n)    x: A over (m1,m0,k);  y: B over (k,n,-);  z: C over (m1,m0,n)
                             C = acc(C, A @ B) with M = m1*m0 rows
     VECTOR n=(n0,n1,n2)     x: dst;  y: src1;  z: src2 (binary funcs)
                             dst = acc(dst, func(src1, src2)); reductions (RSUM, RMAX)
                             reduce over i2, and their dst stride s2 must be 0; REQUANT
                             (i32 -> i8) reads z as 16-byte records (multiplier, shift,
-                            zero point, 0), strides counting records
+                            zero point, 0), strides counting records; CMP_* give 1 or 0;
+                            SELECT: dst = src2 where src1 != 0, else dst unchanged; COPY
+                            converts dtype -> out_dtype (float -> int truncates, saturating)
 
 Queues are in-order and run concurrently; tokens (VTA-style) order them.
 """
@@ -48,6 +54,7 @@ class Opcode(enum.IntEnum):
     STORE = 2
     MATMUL = 3
     VECTOR = 4
+    GATHER = 5
 
 
 class Queue(enum.IntEnum):
@@ -57,7 +64,7 @@ class Queue(enum.IntEnum):
     STORE = 3
 
 
-QUEUE_OF = {Opcode.LOAD: Queue.LOAD, Opcode.STORE: Queue.STORE,
+QUEUE_OF = {Opcode.LOAD: Queue.LOAD, Opcode.GATHER: Queue.LOAD, Opcode.STORE: Queue.STORE,
             Opcode.MATMUL: Queue.MATRIX, Opcode.VECTOR: Queue.VECTOR}
 
 
@@ -119,6 +126,11 @@ class VectorFunc(enum.IntEnum):
     MUL = 18
     MAX = 19
     MIN = 20
+    CMP_GT = 24
+    CMP_GE = 25
+    CMP_EQ = 26
+    CMP_NE = 27
+    SELECT = 28
     # reductions over i2
     RSUM = 32
     RMAX = 33
@@ -130,8 +142,10 @@ class VectorFunc(enum.IntEnum):
 UNARY = frozenset({VectorFunc.COPY, VectorFunc.NEG, VectorFunc.ABS, VectorFunc.RELU, VectorFunc.EXP,
                    VectorFunc.LOG, VectorFunc.RECIP, VectorFunc.RSQRT, VectorFunc.SQRT,
                    VectorFunc.TANH, VectorFunc.ERF, VectorFunc.SIGMOID})
+COMPARISONS = frozenset({VectorFunc.CMP_GT, VectorFunc.CMP_GE, VectorFunc.CMP_EQ, VectorFunc.CMP_NE})
 BINARY = frozenset({VectorFunc.ADD, VectorFunc.SUB, VectorFunc.MUL, VectorFunc.MAX, VectorFunc.MIN,
-                    VectorFunc.REQUANT})
+                    VectorFunc.REQUANT, VectorFunc.SELECT}) | COMPARISONS
+READS_DST = frozenset({VectorFunc.SELECT})   # besides accumulating modes
 REQUANT_RECORD_BYTES = 16
 REDUCTIONS = frozenset({VectorFunc.RSUM, VectorFunc.RMAX, VectorFunc.RMIN})
 TRANSCENDENTAL = frozenset({VectorFunc.EXP, VectorFunc.LOG, VectorFunc.RECIP, VectorFunc.RSQRT,
@@ -202,6 +216,11 @@ def store(dst: Operand, src: Operand, n, *, dtype=DType.F32, out_dtype=None) -> 
                        out_dtype=dtype if out_dtype is None else out_dtype)
 
 
+def gather(table: Operand, dst: Operand, index: Operand, n, rows: int, *, dtype=DType.F32) -> Instruction:
+    """Indirect DMA: dst[i0, i1, i2] = table row index[i0] (rows < `rows`), elements (i1, i2)."""
+    return Instruction(Opcode.GATHER, (*_dims(n, 3)[:3], int(rows)), table, dst, index, dtype=dtype, out_dtype=dtype)
+
+
 def matmul(a: Operand, b: Operand, c: Operand, m1: int, m0: int, k: int, n: int, *,
            accumulate: bool, dtype=DType.F32, out_dtype=DType.F32) -> Instruction:
     mode = AccMode.ADD if accumulate else AccMode.OVERWRITE
@@ -254,7 +273,7 @@ def decode(record) -> Instruction:
         strides = tuple(int(s) for s in record[f"{o}_strides"])
         return Operand(Space(spaces >> (2 * i) & 3), int(record[f"{o}_base"]), strides)
 
-    has_z = op == Opcode.MATMUL or (op == Opcode.VECTOR and VectorFunc(int(record["func"])) in BINARY)
+    has_z = op in (Opcode.MATMUL, Opcode.GATHER) or (op == Opcode.VECTOR and VectorFunc(int(record["func"])) in BINARY)
     x, y, z = operand(0, "x"), operand(1, "y"), operand(2, "z") if has_z else None
     return Instruction(op, tuple(int(v) for v in record["n"]), x, y, z, func=VectorFunc(int(record["func"])),
                        dtype=DType(int(record["dtype"])), out_dtype=DType(int(record["out_dtype"])),

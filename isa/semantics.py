@@ -37,6 +37,10 @@ VECTOR_FUNCS = {
     VectorFunc.MUL: np.multiply,
     VectorFunc.MAX: np.maximum,
     VectorFunc.MIN: np.minimum,
+    VectorFunc.CMP_GT: lambda a, b: (a > b).astype(a.dtype),
+    VectorFunc.CMP_GE: lambda a, b: (a >= b).astype(a.dtype),
+    VectorFunc.CMP_EQ: lambda a, b: (a == b).astype(a.dtype),
+    VectorFunc.CMP_NE: lambda a, b: (a != b).astype(a.dtype),
     VectorFunc.RSUM: lambda x: x.sum(axis=-1, keepdims=True, dtype=x.dtype),
     VectorFunc.RMAX: lambda x: x.max(axis=-1, keepdims=True),
     VectorFunc.RMIN: lambda x: x.min(axis=-1, keepdims=True),
@@ -80,3 +84,13 @@ def requantize(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, zero_po
     threshold = (mask >> 1) + (high < 0)
     rounded = (high >> right) + (remainder > threshold)
     return np.clip(rounded + zero_point.astype(np.int64), -128, 127).astype(np.int8)
+
+
+def convert(x: np.ndarray, to: DType) -> np.ndarray:
+    """COPY's type conversion: float -> int truncates toward zero and saturates (NaN -> 0)."""
+    t = to.numpy
+    if np.issubdtype(x.dtype, np.floating) and np.issubdtype(t, np.integer):
+        info = np.iinfo(t)
+        # in float64: int32's bounds are not float32 numbers (2**31 - 1 rounds up and would wrap)
+        x = np.clip(np.nan_to_num(np.trunc(x.astype(np.float64)), nan=0.0), info.min, info.max)
+    return x.astype(t)

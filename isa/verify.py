@@ -118,11 +118,13 @@ def _used_bytes(opcode: Opcode, binary: bool) -> np.ndarray:
     used[16:48] = True                    # x, y
     if opcode == Opcode.LOAD:
         used[48:54] = True                # pad counts
-    if opcode == Opcode.MATMUL or binary:
+    if opcode in (Opcode.MATMUL, Opcode.GATHER) or binary:
         used[48:64] = True                # z
     if opcode == Opcode.MATMUL:
         used[44:48] = False               # B has two strides
-    if opcode != Opcode.MATMUL:
+    if opcode == Opcode.GATHER:
+        used[56:64] = False               # the index pattern has one stride
+    if opcode not in (Opcode.MATMUL, Opcode.GATHER):
         used[14:16] = False               # n3
     return used
 
@@ -137,7 +139,8 @@ def _check_fields(p: Program, accs: list[Access]) -> None:
     code = p.code
     op = code["opcode"]
     _fail(~np.isin(op, list(Opcode)), "opcode", lambda i: f"unknown opcode {op[i]}")
-    is_load, is_store, is_mm, is_vec = (op == o for o in (Opcode.LOAD, Opcode.STORE, Opcode.MATMUL, Opcode.VECTOR))
+    is_load, is_store, is_mm, is_vec, is_gather = (op == o for o in (Opcode.LOAD, Opcode.STORE, Opcode.MATMUL,
+                                                                      Opcode.VECTOR, Opcode.GATHER))
     func = code["func"]
     _fail(is_vec & ~np.isin(func, list(VectorFunc)), "func", lambda i: f"unknown vector function {func[i]}")
     for name in ("dtype", "out_dtype"):
@@ -154,8 +157,9 @@ def _check_fields(p: Program, accs: list[Access]) -> None:
     _fail(is_mm & ~pairs, "dtype", lambda i: f"matmul {DType(dt[i]).name}->{DType(odt[i]).name} is not supported")
     requant = is_vec & (func == VectorFunc.REQUANT)
     _fail(requant & ((dt != DType.I32) | (odt != DType.I8)), "dtype", "REQUANT converts i32 to i8")
-    _fail(~is_mm & ~requant & (dt != odt), "out_dtype",
-          "element type conversion is done by the matrix unit and REQUANT only")
+    convert = is_vec & (func == VectorFunc.COPY)
+    _fail(~is_mm & ~requant & ~convert & (dt != odt), "out_dtype",
+          "element type conversion is done by the matrix unit, COPY and REQUANT only")
 
     # Unused bits must be zero: an encoding has exactly one spelling.
     raw = code.view(np.uint8).reshape(len(code), 64)
@@ -172,7 +176,7 @@ def _check_fields(p: Program, accs: list[Access]) -> None:
     _fail(~is_vec & (func != 0), "func", "only VECTOR instructions take a function")
     mode = code["mode"]
     _fail(is_load & ~np.isin(mode, list(PadValue)), "mode", lambda i: f"unknown pad value {mode[i]}")
-    _fail(is_store & (mode != 0), "mode", "STORE takes no mode")
+    _fail((is_store | is_gather) & (mode != 0), "mode", "STORE and GATHER take no mode")
     _fail(is_mm & (mode > AccMode.ADD), "mode", "MATMUL accumulates by ADD or overwrites")
     _fail(is_vec & (mode > AccMode.MIN), "mode", lambda i: f"unknown accumulate mode {mode[i]}")
     queue = np.array([QUEUE_OF[Opcode(o)] for o in op], np.int64) if len(op) else np.zeros(0, np.int64)
@@ -184,11 +188,14 @@ def _check_fields(p: Program, accs: list[Access]) -> None:
     n = code["n"].astype(np.int64)
     _fail(is_mm & (n == 0).any(1), "n", "MATMUL needs m1, m0, k, n >= 1")
     _fail(~is_mm & (n[:, :3] == 0).any(1), "n", "iteration counts must be >= 1")
+    _fail(is_gather & (n[:, 3] == 0), "n", "GATHER needs its table's row count R >= 1 in n[3]")
     spaces = code["spaces"].astype(np.int64)
     sx, sy, sz = spaces & 3, spaces >> 2 & 3, spaces >> 4 & 3
     local = (Space.SPAD, Space.ACC)
-    _fail((is_load | is_store) & (sx != Space.DRAM), "x", "the DMA's x operand is DRAM")
-    _fail((is_load | is_store) & ~np.isin(sy, local), "y", "the DMA's y operand is the scratchpad or accumulator")
+    dma = is_load | is_store | is_gather
+    _fail(dma & (sx != Space.DRAM), "x", "the DMA's x operand is DRAM")
+    _fail(dma & ~np.isin(sy, local), "y", "the DMA's y operand is the scratchpad or accumulator")
+    _fail(is_gather & ~np.isin(sz, local), "z", "GATHER reads its indices from the scratchpad or accumulator")
     _fail(is_mm & ((sx != Space.SPAD) | (sy != Space.SPAD)), "x", "MATMUL reads A and B from the scratchpad")
     _fail(is_mm & (sz != Space.ACC), "z", "MATMUL writes C to the accumulator")
     binary = is_vec & np.isin(func, list(BINARY))

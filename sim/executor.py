@@ -20,21 +20,42 @@ from stagec.isa.program import Program
 from stagec.isa.semantics import pad_value
 
 from . import reference
-from .plan import DRAM_CONST, Group, Plan, PlanError, _offsets, build_plan, read_pattern
+from .plan import DRAM_CONST, Group, Plan, PlanError, build_plan, offsets, read_pattern
+from .reference import check_gather_indices
+
+
+def _relu(x):
+    return jnp.maximum(x, jnp.zeros((), x.dtype))
+
+
+def _compare(op):
+    return lambda a, b: op(a, b).astype(a.dtype)
+
 
 VECTOR_FUNCS = {
     VectorFunc.COPY: lambda x: x, VectorFunc.NEG: jnp.negative, VectorFunc.ABS: jnp.abs,
-    VectorFunc.RELU: lambda x: jnp.maximum(x, 0.0), VectorFunc.EXP: jnp.exp, VectorFunc.LOG: jnp.log,
+    VectorFunc.RELU: _relu, VectorFunc.EXP: jnp.exp, VectorFunc.LOG: jnp.log,
     VectorFunc.RECIP: lambda x: 1.0 / x, VectorFunc.RSQRT: lax.rsqrt, VectorFunc.SQRT: jnp.sqrt,
     VectorFunc.TANH: jnp.tanh, VectorFunc.ERF: lax.erf, VectorFunc.SIGMOID: lambda x: 1.0 / (1.0 + jnp.exp(-x)),
     VectorFunc.ADD: jnp.add, VectorFunc.SUB: jnp.subtract, VectorFunc.MUL: jnp.multiply,
     VectorFunc.MAX: jnp.maximum, VectorFunc.MIN: jnp.minimum,
+    VectorFunc.CMP_GT: _compare(jnp.greater), VectorFunc.CMP_GE: _compare(jnp.greater_equal),
+    VectorFunc.CMP_EQ: _compare(jnp.equal), VectorFunc.CMP_NE: _compare(jnp.not_equal),
     VectorFunc.RSUM: lambda x: jnp.sum(x, -1), VectorFunc.RMAX: lambda x: jnp.max(x, -1),
     VectorFunc.RMIN: lambda x: jnp.min(x, -1),
 }
 REDUCE_CHAIN = {AccMode.ADD: jnp.sum, AccMode.MAX: jnp.max, AccMode.MIN: jnp.min}
 COMBINE = {AccMode.ADD: jnp.add, AccMode.MAX: jnp.maximum, AccMode.MIN: jnp.minimum}
 HIGHEST = lax.Precision.HIGHEST
+
+
+def _convert(x, to: DType):
+    """COPY's conversion (isa.semantics.convert): float -> int truncates and saturates, NaN -> 0."""
+    t = to.numpy
+    if jnp.issubdtype(x.dtype, jnp.floating) and np.issubdtype(t, np.integer):
+        info = np.iinfo(t)
+        x = jnp.clip(jnp.nan_to_num(jnp.trunc(x), nan=0.0), info.min, info.max)
+    return x.astype(t)
 
 
 def _read(P, rows, offs, rel, how):
@@ -49,12 +70,12 @@ def _read(P, rows, offs, rel, how):
 
 @functools.cache
 def _load_fn(sig):
-    n, strides, pad, padval, _ = sig
+    n, strides, pad, padval, _, dtype = sig
     dims = (n[0] + pad[0] + pad[1], n[1] + pad[2] + pad[3], n[2] + pad[4] + pad[5])
     i0, i1, i2 = np.meshgrid(*(np.arange(d) - pad[2 * k] for k, d in enumerate(dims)), indexing="ij")
     inside = ((i0 >= 0) & (i0 < n[0]) & (i1 >= 0) & (i1 < n[1]) & (i2 >= 0) & (i2 < n[2])).reshape(-1)
     rel = np.where(inside, (i0 * strides[0] + i1 * strides[1] + i2 * strides[2]).reshape(-1), 0).astype(np.int32)
-    fill = np.float32(pad_value(PadValue(padval), DType.F32))
+    fill = pad_value(PadValue(padval), dtype)
 
     def run(mem, bases):
         v = mem.at[bases[:, None] + rel].get(mode="promise_in_bounds")
@@ -63,10 +84,25 @@ def _load_fn(sig):
 
 
 @functools.cache
+def _gather_fn(sig, how):
+    """Indirect DMA: each member's n0 row indices come from a local value; the rows are checked."""
+    n, strides, index_stride, _, _ = sig
+    rel_idx = offsets((index_stride, 0, 0), (n[0], 1, 1)).astype(np.int32)
+    rel_row = offsets((0, strides[1], strides[2]), (1, n[1], n[2])).astype(np.int32)
+
+    def run(mem, P, rows, offs, bases):
+        idx = _read(P, rows, offs, rel_idx, how)[:, 0]                      # (T, n0)
+        safe = jnp.where((idx < 0) | (idx >= n[3]), 0, idx)   # out-of-range rows are reported, not read
+        addr = bases[:, None, None] + safe[..., None] * strides[0] + rel_row   # (T, n0, n1*n2)
+        return mem.at[addr].get(mode="promise_in_bounds").reshape(idx.shape[0], -1), idx
+    return jax.jit(run)
+
+
+@functools.cache
 def _store_fn(sig, how):
-    n, dram_strides, local = sig
-    rel_src = _offsets(local, n).astype(np.int32)
-    rel_dram = _offsets(dram_strides, n).astype(np.int32)
+    n, dram_strides, local, _ = sig
+    rel_src = offsets(local, n).astype(np.int32)
+    rel_dram = offsets(dram_strides, n).astype(np.int32)
 
     def run(data, P, rows, offs, bases):
         vals = _read(P, rows, offs, rel_src, how)
@@ -80,24 +116,50 @@ def _matmul_fn(sig, hows, factored):
     """One chain per member: out[t] = init[t] + sum_j A[t,j] @ B[t,j].  `factored`: the members
     are the grid of S distinct A reads x O distinct B reads (a tiled loop nest: spatial tiles x
     output-channel tiles), so each A and B is read once and `sel` picks each member's product."""
-    j, (m1, m0, k, n), pa, pb, pc, has_init = sig
-    rel_a = _offsets(pa, (m1, m0, k)).astype(np.int32)
-    rel_b = _offsets((*pb, 0), (k, n, 1)).astype(np.int32)
-    rel_c = _offsets(pc, (m1, m0, n)).astype(np.int32)
+    j, (m1, m0, k, n), pa, pb, pc, has_init, _, out_dtype = sig
+    rel_a = offsets(pa, (m1, m0, k)).astype(np.int32)
+    rel_b = offsets((*pb, 0), (k, n, 1)).astype(np.int32)
+    rel_c = offsets(pc, (m1, m0, n)).astype(np.int32)
+    acc = out_dtype.numpy
 
     def run(pa_, ra, oa, pb_, rb, ob, sel, *init):
         s, o, t = ra.shape[0], rb.shape[0], sel.shape[0]
         a = _read(pa_, ra, oa, rel_a, hows[0]).reshape(s, j, m1 * m0, k)
         b = _read(pb_, rb, ob, rel_b, hows[1]).reshape(o, j, k, n)
         if factored:
-            out = jnp.einsum("sjmk,ojkn->somn", a, b, precision=HIGHEST, preferred_element_type=jnp.float32)
+            out = jnp.einsum("sjmk,ojkn->somn", a, b, precision=HIGHEST, preferred_element_type=acc)
             out = out.reshape(s * o, m1 * m0 * n)[sel]
         else:
-            out = jnp.einsum("tjmk,tjkn->tmn", a, b, precision=HIGHEST, preferred_element_type=jnp.float32)
+            out = jnp.einsum("tjmk,tjkn->tmn", a, b, precision=HIGHEST, preferred_element_type=acc)
         out = out.reshape(t, m1 * m0, n)
         if has_init:
             out = _read(*init, rel_c, hows[2]).reshape(out.shape) + out
         return out.reshape(t, -1)
+    return jax.jit(run)
+
+
+@functools.cache
+def _vector_fn(sig, hows):
+    j, func, acc, n, pd, p1, p2, has_init, _, out_dtype = sig
+    func = VectorFunc(func)
+    rel1 = offsets(p1, n).astype(np.int32)
+    rel2 = offsets(p2, n).astype(np.int32) if func in BINARY else None
+    rel_dst = offsets(pd, (n[0], n[1], 1) if func in REDUCTIONS else n).astype(np.int32)
+
+    def run(*args):
+        t = args[1].shape[0]
+        x = _read(*args[:3], rel1, hows[0]).reshape(t, j, *n)
+        rest = args[3:]
+        if func in BINARY:
+            y = _read(*rest[:3], rel2, hows[1]).reshape(t, j, *n)
+            rest = rest[3:]
+        init = _read(*rest, rel_dst, hows[2]).reshape(t, -1) if has_init else None
+        if func == VectorFunc.SELECT:
+            return jnp.where(x.reshape(t, -1) != 0, y.reshape(t, -1), init)
+        v = VECTOR_FUNCS[func](x, y) if func in BINARY else VECTOR_FUNCS[func](x)
+        v = _convert(v.reshape(t, j, -1), out_dtype)
+        out = v[:, 0] if acc == AccMode.OVERWRITE else REDUCE_CHAIN[AccMode(acc)](v, axis=1)
+        return COMBINE[AccMode(acc)](init, out) if has_init else out
     return jax.jit(run)
 
 
@@ -114,32 +176,6 @@ def _factor(g: Group):
     return ia, ib, sel
 
 
-@functools.cache
-def _vector_fn(sig, hows):
-    j, func, acc, n, _, p1, p2, has_init = sig
-    func = VectorFunc(func)
-    rel1 = _offsets(p1, n).astype(np.int32)
-    rel2 = _offsets(p2, n).astype(np.int32) if func in BINARY else None
-    out_dims = (n[0], n[1], 1) if func in REDUCTIONS else n
-
-    def run(*args):
-        t = args[1].shape[0]
-        x = _read(*args[:3], rel1, hows[0]).reshape(t, j, *n)
-        rest = args[3:]
-        if func in BINARY:
-            v = VECTOR_FUNCS[func](x, _read(*rest[:3], rel2, hows[1]).reshape(t, j, *n))
-            rest = rest[3:]
-        else:
-            v = VECTOR_FUNCS[func](x)
-        v = v.reshape(t, j, -1)
-        out = v[:, 0] if acc == AccMode.OVERWRITE else REDUCE_CHAIN[AccMode(acc)](v, axis=1)
-        if has_init:
-            init = _read(*rest, _offsets(sig[4], out_dims).astype(np.int32), hows[2]).reshape(t, -1)
-            out = COMBINE[AccMode(acc)](init, out)
-        return out
-    return jax.jit(run)
-
-
 def _how(g: Group, slot: str, plan: Plan, rows: np.ndarray, offs: np.ndarray) -> str:
     """How to read: 'whole' (the producer's output as is), 'rows' (whole rows) or 'gather'."""
     producer = plan.groups[g.reads[slot].src]
@@ -151,19 +187,35 @@ def _how(g: Group, slot: str, plan: Plan, rows: np.ndarray, offs: np.ndarray) ->
     return "rows" if whole else "gather"
 
 
+def _group_fn(g: Group, hows: tuple, factored: bool):
+    if g.kind == "load":
+        return _load_fn(g.sig)
+    if g.kind == "gather":
+        return _gather_fn(g.sig, hows[0])
+    if g.kind == "store":
+        return _store_fn(g.sig, hows[0])
+    if g.kind == "matmul":
+        return _matmul_fn(g.sig, hows, factored)
+    return _vector_fn(g.sig, hows)
+
+
+SLOTS = {"load": (), "gather": ("idx",), "store": ("src",), "matmul": ("a", "b", "init"),
+         "vector": ("src1", "src2", "init")}
+
+
 class Executor:
     """A program ready to run: its plan, with every group's function and device arrays prepared."""
 
     def __init__(self, program: Program):
         self.program = program
         self.plan = build_plan(program)
-        self.const = jnp.asarray(np.frombuffer(program.constants[:len(program.constants) // 4 * 4], np.float32))
+        blob = program.constants
+        self.const = {d: jnp.asarray(np.frombuffer(blob[:len(blob) // d.itemsize * d.itemsize], d.numpy))
+                      for d in DType if d != DType.BF16}
         self.const_values = {}   # loads of the constant region, computed on the first run
         self.steps = []
         for g in self.plan.groups:
-            slots = {"load": (), "store": ("src",), "matmul": ("a", "b", "init"),
-                     "vector": ("src1", "src2", "init")}[g.kind]
-            reads = {s: (g.reads[s].rows, g.reads[s].offs) for s in slots if s in g.reads}
+            reads = {s: (g.reads[s].rows, g.reads[s].offs) for s in SLOTS[g.kind] if s in g.reads}
             extra = ()
             if g.kind == "matmul":
                 grid = _factor(g)
@@ -171,15 +223,8 @@ class Executor:
                 reads["a"] = tuple(x[ia] for x in reads["a"])
                 reads["b"] = tuple(x[ib] for x in reads["b"])
                 extra = (jnp.asarray(sel, jnp.int32),)
-            hows = tuple(_how(g, s, self.plan, *reads[s]) if s in reads else None for s in slots)
-            if g.kind == "load":
-                fn = _load_fn(g.sig)
-            elif g.kind == "store":
-                fn = _store_fn(g.sig, hows[0])
-            elif g.kind == "matmul":
-                fn = _matmul_fn(g.sig, hows, grid is not None)
-            else:
-                fn = _vector_fn(g.sig, hows)
+            hows = tuple(_how(g, s, self.plan, *reads[s]) if s in reads else None for s in SLOTS[g.kind])
+            fn = _group_fn(g, hows, g.kind == "matmul" and grid is not None)
             args = [(g.reads[s].src, jnp.asarray(rows, jnp.int32), jnp.asarray(offs, jnp.int32))
                     for s, (rows, offs) in reads.items()]
             dram = jnp.asarray(g.dram, jnp.int32) if g.dram is not None else None
@@ -187,30 +232,42 @@ class Executor:
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         p, plan = self.program, self.plan
-        data = np.zeros(plan.data_elems, np.float32)
+        data = {d: np.zeros(plan.data_bytes // d.itemsize, d.numpy) for d in plan.dtypes}
         for ref, x in zip(p.inputs, inputs, strict=True):
-            start = (ref.offset - plan.data_origin) // 4
-            data[start:start + ref.nbytes // 4] = np.asarray(x, np.float32).reshape(-1)
-        data = jnp.asarray(data)
-        values = {}
+            start = (ref.offset - plan.data_origin) // ref.dtype.itemsize
+            data[ref.dtype][start:start + ref.nbytes // ref.dtype.itemsize] = np.asarray(x).reshape(-1)
+        data = {d: jnp.asarray(a) for d, a in data.items()}
+        values, checks = {}, []
         for g, fn, args, extra, dram in self.steps:
             flat = [a for src, rows, offs in args for a in (values[src], rows, offs)]
-            if g.kind == "load" and g.sig[4] == DRAM_CONST:   # weights: the same every run
-                if g.id not in self.const_values:
-                    self.const_values[g.id] = fn(self.const, dram)
-                values[g.id] = self.const_values[g.id]
-            elif g.kind == "load":
-                values[g.id] = fn(data, dram)
+            if g.kind in ("load", "gather"):
+                space, dtype = g.sig[-2], g.sig[-1]
+                mem = self.const[dtype] if space == DRAM_CONST else data[dtype]
+                if g.kind == "gather":
+                    values[g.id], idx = fn(mem, *flat, dram)
+                    checks.append((g, idx))
+                elif space == DRAM_CONST:   # weights: the same every run
+                    if g.id not in self.const_values:
+                        self.const_values[g.id] = fn(mem, dram)
+                    values[g.id] = self.const_values[g.id]
+                else:
+                    values[g.id] = fn(mem, dram)
             elif g.kind == "store":
-                data = fn(data, *flat, dram)
+                dtype = g.sig[-1]
+                data[dtype] = fn(data[dtype], *flat, dram)
             else:
                 values[g.id] = fn(*flat[:6], *extra, *flat[6:])
             for src, _, _ in args:
                 if plan.last_use.get(src) == g.id:
                     del values[src]
-        data = np.asarray(data)
-        return [data[(t.offset - plan.data_origin) // 4:(t.offset - plan.data_origin + t.nbytes) // 4]
-                .reshape(t.shape).copy() for t in p.outputs]
+        for g, idx in checks:   # data-dependent bounds: any bad index discards the run
+            idx = np.asarray(idx)
+            for t in np.flatnonzero(((idx < 0) | (idx >= g.sig[0][3])).any(1))[:1]:
+                check_gather_indices(g.instructions[t], idx[t], g.sig[0][3])
+        host = {d: np.asarray(a) for d, a in data.items()}
+        return [host[t.dtype][(t.offset - plan.data_origin) // t.dtype.itemsize:
+                              (t.offset - plan.data_origin + t.nbytes) // t.dtype.itemsize].reshape(t.shape).copy()
+                for t in p.outputs]
 
 
 def execute(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -17,12 +17,13 @@ list of *groups*, each executed as one batched gather -> compute -> (scatter):
 3. Levels.  A node's level is one more than the levels of the values it
    reads and of the DRAM writes (or reads, for a store) it must follow.
 4. Groups.  Nodes of one level with the same static signature (opcode,
-   shapes, strides, pads) that read from the same producer groups are one
-   group; it runs as one jitted function over all its members.
+   shapes, strides, pads, types) that read from the same producer groups are
+   one group; it runs as one jitted function over all its members.
 
-Programs outside this model (a read spanning two producers, a producer that
-writes a non-contiguous region) raise PlanError, and the simulator falls back
-to the reference interpreter.
+DRAM holds one array per element type; a read of DRAM bytes last written as
+another type is outside the model.  Programs outside it (a read spanning two
+producers, a producer writing a non-contiguous region, bf16, REQUANT) raise
+PlanError, and the simulator falls back to the reference interpreter.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stagec.isa.access import is_dense
-from stagec.isa.instructions import BINARY, REDUCTIONS, AccMode, DType, Opcode
+from stagec.isa.instructions import BINARY, READS_DST, REDUCTIONS, AccMode, DType, Opcode, Space, VectorFunc
 from stagec.isa.program import Program
 from stagec.isa.verify import MULTIPLE, const_bytes, verify
 
@@ -55,20 +56,22 @@ class Read:
 @dataclass
 class Group:
     id: int
-    kind: str                        # load, store, matmul, vector
+    kind: str                        # load, gather, store, matmul, vector
     level: int
     sig: tuple                       # static signature: the jit cache key
-    reads: dict[str, Read]           # slot -> Read ('a','b','init','src1','src2','dram','src')
+    reads: dict[str, Read]           # slot -> Read ('a','b','init','src1','src2','idx','src')
     out_len: int                     # elements per member's value (0 for stores)
     members: list[int] = field(default_factory=list)   # node ids
-    dram: np.ndarray | None = None   # (T,) element bases (stores: where to write)
+    dram: np.ndarray | None = None   # (T,) DRAM element bases
+    instructions: list[int] = field(default_factory=list)   # first instruction of each member
 
 
 @dataclass
 class Plan:
     groups: list[Group]
-    data_origin: int                 # byte address of data element 0
-    data_elems: int
+    data_origin: int                 # byte address where the data part of DRAM starts
+    data_bytes: int
+    dtypes: frozenset                # element types held in DRAM
     last_use: dict[int, int]         # group id -> index of the last group reading it
 
 
@@ -77,11 +80,15 @@ def _patterns(code, i):
     return tuple(tuple(int(s) for s in r[f"{o}_strides"]) for o in "xyz")
 
 
-def _read_dims(op, n, slot):
-    """Iteration dims of a read operand (matching isa.access)."""
-    if op == Opcode.MATMUL:
-        return {"x": (n[0], n[1], n[2]), "y": (n[2], n[3], 1), "z": (n[0], n[1], n[3])}[slot]
-    return (n[0], n[1], n[2])
+def offsets(strides, dims) -> np.ndarray:
+    s0, s1, s2 = (int(s) for s in strides)
+    d0, d1, d2 = (int(d) for d in dims)
+    return (np.arange(d0)[:, None, None] * s0 + np.arange(d1)[None, :, None] * s1
+            + np.arange(d2)[None, None, :] * s2).reshape(-1)
+
+
+def _written_type(code, i) -> DType:
+    return DType(int(code["out_dtype"][i]))
 
 
 def build_plan(program: Program) -> Plan:
@@ -91,8 +98,10 @@ def build_plan(program: Program) -> Plan:
     code = program.code
     N = len(code)
     op = code["opcode"]
-    if N and not ((code["dtype"] == DType.F32) & (code["out_dtype"] == DType.F32)).all():
-        raise PlanError("the batched executor runs fp32 programs")
+    if N and ((code["dtype"] == DType.BF16) | (code["out_dtype"] == DType.BF16)).any():
+        raise PlanError("bf16 is not simulated by the batched executor")
+    if N and ((op == Opcode.VECTOR) & (code["func"] == VectorFunc.REQUANT)).any():
+        raise PlanError("REQUANT is not simulated by the batched executor yet")
     n_arr = code["n"].astype(np.int64)
     mode = code["mode"]
     func = code["func"]
@@ -110,11 +119,12 @@ def build_plan(program: Program) -> Plan:
     # --- nodes: single instructions, or chains accumulating into one region ---------------------
     node_of = np.full(N, -1, np.int64)
     members: list[list[int]] = []
-    init: list[int] = []              # producer instruction of the chain's initial value, or -1
+    init: list[int] = []              # producer instruction of the node's initial dst value, or -1
     acc_mode: list[int] = []
     for i in range(N):
         o = op[i]
-        if o in (Opcode.MATMUL, Opcode.VECTOR) and mode[i] != AccMode.OVERWRITE:
+        computes = o in (Opcode.MATMUL, Opcode.VECTOR)
+        if computes and mode[i] != AccMode.OVERWRITE:
             dst_slot = "z" if o == Opcode.MATMUL else "x"
             p = int(producer[dst_slot][i])
             k = node_of[p] if p >= 0 else -1
@@ -125,21 +135,20 @@ def build_plan(program: Program) -> Plan:
                 acc_mode[k] = int(mode[i])
                 continue
             init.append(p)
+        elif o == Opcode.VECTOR and func[i] in READS_DST:
+            init.append(int(producer["x"][i]))
         else:
             init.append(-1)
         node_of[i] = len(members)
         members.append([i])
-        acc_mode.append(int(mode[i]) if o in (Opcode.MATMUL, Opcode.VECTOR) else 0)
+        acc_mode.append(int(mode[i]) if computes else 0)
 
     # --- levels ---------------------------------------------------------------------------------
     data_origin = const_bytes(program)
-    data_elems = max(program.dram_bytes - data_origin, 0) // 4
-    last_write = np.full(data_elems, -1, np.int64)
-    max_read = np.full(data_elems, -1, np.int64)
+    dram = _DramTracker(program, data_origin, flow.granule)
     n_nodes = len(members)
     level = np.zeros(n_nodes, np.int64)
-    order = sorted(range(n_nodes), key=lambda k: members[k][-1])
-    for k in order:
+    for k in sorted(range(n_nodes), key=lambda k: members[k][-1]):
         lv = 0
         for i in members[k]:
             for slot in "xyz":
@@ -147,16 +156,8 @@ def build_plan(program: Program) -> Plan:
                 if p >= 0 and node_of[p] != k:
                     lv = max(lv, level[node_of[p]] + 1)
         i = members[k][0]
-        if op[i] in (Opcode.LOAD, Opcode.STORE):
-            base = int(code["x_base"][i])
-            if base >= data_origin:
-                idx = (base - data_origin) // 4 + _offsets(code["x_strides"][i], n_arr[i, :3])
-                lv = max(lv, int(last_write[idx].max()) + 1)
-                if op[i] == Opcode.STORE:
-                    lv = max(lv, int(max_read[idx].max()) + 1)
-                    last_write[idx] = lv
-                else:
-                    np.maximum.at(max_read, idx, lv)
+        if op[i] in (Opcode.LOAD, Opcode.GATHER, Opcode.STORE):
+            lv = dram.access(i, lv)
         level[k] = lv
 
     # --- groups ---------------------------------------------------------------------------------
@@ -164,46 +165,50 @@ def build_plan(program: Program) -> Plan:
     row_of = np.full(n_nodes, -1, np.int64)
     groups: list[Group] = []
 
-    def value_ref(p: int, read_base: int):
+    def value_ref(p: int, read_base: int, read_type: DType):
         """(group, row, element offset) of the value produced by instruction p, read from read_base."""
         k = node_of[p]
         head = members[k][-1]
         w_base = int(code["z_base"][head] if op[head] == Opcode.MATMUL else
-                     code["y_base"][head] if op[head] == Opcode.LOAD else code["x_base"][head])
-        return int(group_of[k]), int(row_of[k]), (read_base - w_base) // 4
+                     code["y_base"][head] if op[head] in (Opcode.LOAD, Opcode.GATHER) else code["x_base"][head])
+        written = _written_type(code, head)
+        if written != read_type or (read_base - w_base) % written.itemsize:
+            raise PlanError(f"instruction {p} wrote {written.name} that is read as {read_type.name}")
+        return int(group_of[k]), int(row_of[k]), (read_base - w_base) // written.itemsize
 
     by_level: dict[int, list[int]] = {}
     for k in range(n_nodes):
         by_level.setdefault(int(level[k]), []).append(k)
     for lv in sorted(by_level):
-        buckets: dict[tuple, list[tuple[int, dict]]] = {}
+        buckets: dict[tuple, list[tuple[int, dict, int]]] = {}
         for k in by_level[lv]:
-            key, reads, length = _describe(k, members[k], init[k], acc_mode[k], code, n_arr, func, producer,
+            key, reads, length = _describe(members[k], init[k], acc_mode[k], code, n_arr, func, producer,
                                            value_ref, data_origin)
             buckets.setdefault(key, []).append((k, reads, length))
         for key, entries in buckets.items():
             g = Group(len(groups), key[0], lv, key[1], {}, entries[0][2])
-            if g.kind == "load":
-                # Loads of one level read DRAM no store of that level changes: the same address
-                # means the same value, computed once (the compiler reloads weights per tile).
-                first: dict[int, int] = {}
+            if g.kind in ("load", "gather"):
+                # Reads of one level see DRAM no store of that level changes: the same address (and
+                # indices) means the same value, computed once (the compiler reloads weights per tile).
+                first: dict[tuple, int] = {}
                 unique = []
                 for e in entries:
-                    base = e[1]["dram"][2][0]
-                    if base not in first:
-                        first[base] = len(unique)
+                    key_ = tuple(tuple(v[2]) + tuple(v[1]) + (v[0],) for v in e[1].values())
+                    if key_ not in first:
+                        first[key_] = len(unique)
                         unique.append(e)
-                    group_of[e[0]], row_of[e[0]] = g.id, first[base]
+                    group_of[e[0]], row_of[e[0]] = g.id, first[key_]
                 entries = unique
             for row, (k, _, _) in enumerate(entries):
                 group_of[k], row_of[k] = g.id, row
                 g.members.append(k)
+                g.instructions.append(members[k][0])
             for slot in entries[0][1]:
                 src = entries[0][1][slot][0]
                 rows = np.array([e[1][slot][1] for e in entries], np.int64)
                 offs = np.array([e[1][slot][2] for e in entries], np.int64)
                 g.reads[slot] = Read(src, rows, offs)
-            if g.kind in ("load", "store"):
+            if "dram" in g.reads:
                 g.dram = g.reads.pop("dram").offs[:, 0]
             _check_reads(g, groups)
             groups.append(g)
@@ -213,88 +218,129 @@ def build_plan(program: Program) -> Plan:
         for r in g.reads.values():
             if r.src >= 0:
                 last_use[r.src] = g.id
-    plan = Plan(groups, data_origin, data_elems, last_use)
+    plan = Plan(groups, data_origin, max(program.dram_bytes - data_origin, 0), frozenset(dram.types), last_use)
     program.cache["plan"] = plan
     return plan
 
 
-def _offsets(strides, dims):
-    s0, s1, s2 = (int(s) for s in strides)
-    d0, d1, d2 = (int(d) for d in dims)
-    return (np.arange(d0)[:, None, None] * s0 + np.arange(d1)[None, :, None] * s1
-            + np.arange(d2)[None, None, :] * s2).reshape(-1)
+class _DramTracker:
+    """Levels of DRAM accesses (a load after the stores it reads, a store after the loads and
+    stores of the bytes it overwrites) and the element type of every data byte."""
+
+    def __init__(self, program: Program, origin: int, granule: dict):
+        self.code, self.origin = program.code, origin
+        self.granule = granule[Space.DRAM]
+        size = max(program.dram_bytes - origin, 0) // self.granule
+        self.last_write = np.full(size, -1, np.int64)
+        self.max_read = np.full(size, -1, np.int64)
+        self.dtype = np.full(size, -1, np.int8)
+        self.types = set()
+        for t in (*program.inputs, *program.outputs):
+            self.types.add(t.dtype)
+        for t in program.inputs:
+            self.dtype[(t.offset - origin) // self.granule:(t.offset + t.nbytes - origin) // self.granule] = t.dtype
+
+    def access(self, i: int, lv: int) -> int:
+        r = self.code[i]
+        base = int(r["x_base"])
+        if base < self.origin:   # the constant blob: read-only
+            return lv
+        dtype = DType(int(r["dtype"]))
+        self.types.add(dtype)
+        n = r["n"].astype(np.int64)
+        dims = (n[3], n[1], n[2]) if r["opcode"] == Opcode.GATHER else n[:3]   # a gather may read any row
+        per = dtype.itemsize // self.granule
+        g = (base - self.origin) // self.granule + offsets(r["x_strides"], dims) * per
+        g = (g[:, None] + np.arange(per)).reshape(-1) if per > 1 else g
+        lv = max(lv, int(self.last_write[g].max()) + 1)
+        if r["opcode"] == Opcode.STORE:
+            lv = max(lv, int(self.max_read[g].max()) + 1)
+            self.last_write[g] = lv
+            self.dtype[g] = dtype
+        else:
+            if (self.dtype[g] != dtype).any():
+                raise PlanError(f"instruction {i} reads DRAM as {dtype.name} that was written as another type")
+            np.maximum.at(self.max_read, g, lv)
+        return lv
 
 
 def _same_shape(code, p, i) -> bool:
-    """Can instruction i continue the chain ending at p: same op, shape, strides, destination."""
+    """Can instruction i continue the chain ending at p: same op, shape, strides, types, destination."""
     a, b = code[p], code[i]
     dst = "z_base" if a["opcode"] == Opcode.MATMUL else "x_base"
     return bool(a["opcode"] == b["opcode"] and a["func"] == b["func"] and (a["n"] == b["n"]).all()
-                and a["spaces"] == b["spaces"] and _patterns(code, p) == _patterns(code, i) and a[dst] == b[dst])
+                and a["spaces"] == b["spaces"] and a["dtype"] == b["dtype"] and a["out_dtype"] == b["out_dtype"]
+                and _patterns(code, p) == _patterns(code, i) and a[dst] == b[dst])
 
 
-def _describe(k, mem, init_p, acc, code, n_arr, func, producer, value_ref, data_origin):
+def _describe(mem, init_p, acc, code, n_arr, func, producer, value_ref, data_origin):
     """(bucket key (kind, signature, producer groups), reads {slot: (src, rows[J], offs[J])}, value length)."""
     i = mem[0]
     o = int(code["opcode"][i])
     n = tuple(int(v) for v in n_arr[i])
     pats = _patterns(code, i)
+    dt, odt = DType(int(code["dtype"][i])), DType(int(code["out_dtype"][i]))
     reads = {}
 
-    def local(slot_name, isa_slot):
+    def local(slot_name, isa_slot, read_type):
         rows, offs, src = [], [], None
         for j in mem:
-            g, r, off = value_ref(int(producer[isa_slot][j]), int(code[f"{isa_slot}_base"][j]))
+            g, r, off = value_ref(int(producer[isa_slot][j]), int(code[f"{isa_slot}_base"][j]), read_type)
             src = g if src is None else src
             if g != src:   # members of one chain read from different producer groups
-                src = None
-                break
+                raise PlanError(f"instruction {mem[0]}: a chain reads operand {isa_slot} from several producer groups")
             rows.append(r)
             offs.append(off)
-        if src is None:
-            raise PlanError(f"instruction {mem[0]}: a chain reads operand {isa_slot} from several producer groups")
         reads[slot_name] = (src, rows, offs)
+
+    def dram_base(base: int, dtype: DType):
+        space = DRAM_DATA if base >= data_origin else DRAM_CONST
+        reads["dram"] = (space, [0], [(base - (data_origin if space == DRAM_DATA else 0)) // dtype.itemsize])
+        return space
 
     if o == Opcode.LOAD:
         pad = tuple(int(p) for p in code["pad"][i])
-        base = int(code["x_base"][i])
-        space = DRAM_DATA if base >= data_origin else DRAM_CONST
-        reads["dram"] = (space, [0], [(base - (data_origin if space == DRAM_DATA else 0)) // 4])
+        space = dram_base(int(code["x_base"][i]), dt)
         dims = (n[0] + pad[0] + pad[1], n[1] + pad[2] + pad[3], n[2] + pad[4] + pad[5])
         if not is_dense(pats[1], dims):
             raise PlanError(f"instruction {i}: LOAD writes a non-contiguous local region")
-        sig = (n[:3], pats[0], pad, int(code["mode"][i]), space)
-        length = dims[0] * dims[1] * dims[2]
-        return ("load", sig, ()), reads, length
+        sig = (n[:3], pats[0], pad, int(code["mode"][i]), space, dt)
+        return ("load", sig, ()), reads, dims[0] * dims[1] * dims[2]
+    if o == Opcode.GATHER:
+        local("idx", "z", DType.I32)
+        space = dram_base(int(code["x_base"][i]), dt)
+        if not is_dense(pats[1], n[:3]):
+            raise PlanError(f"instruction {i}: GATHER writes a non-contiguous local region")
+        sig = (n, pats[0], pats[2][0], space, dt)
+        return ("gather", sig, (reads["idx"][0],)), reads, n[0] * n[1] * n[2]
     if o == Opcode.STORE:
-        local("src", "y")
-        base = int(code["x_base"][i])
-        reads["dram"] = (DRAM_DATA, [0], [(base - data_origin) // 4])
-        sig = (n[:3], pats[0], pats[1])
+        local("src", "y", odt)
+        dram_base(int(code["x_base"][i]), dt)
+        sig = (n[:3], pats[0], pats[1], dt)
         return ("store", sig, (reads["src"][0],)), reads, 0
     if o == Opcode.MATMUL:
-        local("a", "x")
-        local("b", "y")
+        local("a", "x", dt)
+        local("b", "y", dt)
         if init_p >= 0:
-            g, r, off = value_ref(init_p, int(code["z_base"][i]))
+            g, r, off = value_ref(init_p, int(code["z_base"][i]), odt)
             reads["init"] = (g, [r], [off])
         if not is_dense(pats[2], (n[0], n[1], n[3])):
             raise PlanError(f"instruction {i}: MATMUL writes a non-contiguous accumulator region")
-        sig = (len(mem), n, pats[0], pats[1][:2], pats[2], init_p >= 0)
+        sig = (len(mem), n, pats[0], pats[1][:2], pats[2], init_p >= 0, dt, odt)
         srcs = (reads["a"][0], reads["b"][0], reads["init"][0] if init_p >= 0 else None)
         return ("matmul", sig, srcs), reads, n[0] * n[1] * n[3]
     # VECTOR
     f = int(func[i])
-    local("src1", "y")
+    local("src1", "y", dt)
     if f in BINARY:
-        local("src2", "z")
+        local("src2", "z", dt)
     if init_p >= 0:
-        g, r, off = value_ref(init_p, int(code["x_base"][i]))
+        g, r, off = value_ref(init_p, int(code["x_base"][i]), odt)
         reads["init"] = (g, [r], [off])
     dims = (n[0], n[1], 1) if f in REDUCTIONS else n[:3]
     if not is_dense(pats[0], dims):
         raise PlanError(f"instruction {i}: vector op writes a non-contiguous local region")
-    sig = (len(mem), f, acc, n[:3], pats[0], pats[1], pats[2] if f in BINARY else None, init_p >= 0)
+    sig = (len(mem), f, acc, n[:3], pats[0], pats[1], pats[2] if f in BINARY else None, init_p >= 0, dt, odt)
     srcs = tuple(reads[s][0] if s in reads else None for s in ("src1", "src2", "init"))
     return ("vector", sig, srcs), reads, dims[0] * dims[1] * dims[2]
 
@@ -304,35 +350,30 @@ def _check_reads(g: Group, groups: list[Group]) -> None:
     for slot, r in g.reads.items():
         if r.src < 0:
             continue
-        length = groups[r.src].out_len
-        lo, hi = read_extent(g, slot)
-        if (r.offs + lo < 0).any() or (r.offs + hi > length).any():
+        rel = read_pattern(g, slot)
+        if (r.offs + rel.min() < 0).any() or (r.offs + rel.max() + 1 > groups[r.src].out_len).any():
             raise PlanError(f"group {g.id} ({g.kind}) reads past the value its producer wrote")
-
-
-def read_extent(g: Group, slot: str) -> tuple[int, int]:
-    """[lo, hi) element span of one member's read pattern relative to its offset."""
-    rel = read_pattern(g, slot)
-    return int(rel.min()), int(rel.max()) + 1
 
 
 def read_pattern(g: Group, slot: str) -> np.ndarray:
     """Element offsets of a read, in the order the compute consumes them."""
     s = g.sig
     if g.kind == "store":
-        n, _, local = s
-        return _offsets(local, n)
+        n, _, local, _ = s
+        return offsets(local, n)
+    if g.kind == "gather":
+        n, _, index_stride, _, _ = s
+        return offsets((index_stride, 0, 0), (n[0], 1, 1))
     if g.kind == "matmul":
-        _, (m1, m0, k, n), pa, pb, pc, _ = s
+        _, (m1, m0, k, n), pa, pb, pc, *_ = s
         if slot == "a":
-            return _offsets(pa, (m1, m0, k))
+            return offsets(pa, (m1, m0, k))
         if slot == "b":
-            return _offsets((*pb, 0), (k, n, 1))
-        return _offsets(pc, (m1, m0, n))
-    _, f, _, n, pd, p1, p2, _ = s
+            return offsets((*pb, 0), (k, n, 1))
+        return offsets(pc, (m1, m0, n))
+    _, f, _, n, pd, p1, p2, *_ = s
     if slot == "src1":
-        return _offsets(p1, n)
+        return offsets(p1, n)
     if slot == "src2":
-        return _offsets(p2, n)
-    dims = (n[0], n[1], 1) if f in REDUCTIONS else n
-    return _offsets(pd, dims)
+        return offsets(p2, n)
+    return offsets(pd, (n[0], n[1], 1) if f in REDUCTIONS else n)

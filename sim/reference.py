@@ -10,9 +10,19 @@ from __future__ import annotations
 import numpy as np
 
 from stagec.isa.access import element_offsets
-from stagec.isa.instructions import REQUANT_RECORD_BYTES, AccMode, DType, Opcode, PadValue, Space, VectorFunc, decode
+from stagec.isa.instructions import (
+    REQUANT_RECORD_BYTES,
+    AccMode,
+    DType,
+    Opcode,
+    Operand,
+    PadValue,
+    Space,
+    VectorFunc,
+    decode,
+)
 from stagec.isa.program import Program
-from stagec.isa.semantics import ACCUMULATE, VECTOR_FUNCS, pad_value, requantize
+from stagec.isa.semantics import ACCUMULATE, VECTOR_FUNCS, convert, pad_value, requantize
 from stagec.isa.verify import verify
 
 
@@ -42,6 +52,17 @@ class _Memories:
         self._view(operand.space, dtype)[idx] = np.asarray(values, dtype.numpy).reshape(-1)
 
 
+class SimulationError(RuntimeError):
+    """A run hit a data-dependent error (a GATHER index outside its table); names the instruction."""
+
+
+def check_gather_indices(index: int, rows: np.ndarray, bound: int) -> None:
+    bad = np.flatnonzero((rows < 0) | (rows >= bound))
+    if bad.size:
+        raise SimulationError(f"instruction {index} (GATHER): index {int(rows[bad[0]])} at position {int(bad[0])} is "
+                              f"outside the table's {bound} rows; the gather did not run")
+
+
 def _check_dtype(ins):
     if DType.BF16 in (ins.dtype, ins.out_dtype):
         raise NotImplementedError("bf16 arithmetic is not simulated yet")
@@ -54,7 +75,7 @@ def execute(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
     for ref, value in zip(program.inputs, inputs, strict=True):
         data = np.ascontiguousarray(value, ref.dtype.numpy).reshape(ref.shape)
         mem.bytes[Space.DRAM][ref.offset:ref.offset + ref.nbytes] = data.view(np.uint8).reshape(-1)
-    for record in program.code:
+    for index, record in enumerate(program.code):
         ins = decode(record)
         _check_dtype(ins)
         n = ins.n
@@ -64,6 +85,13 @@ def execute(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
                           pad_value(PadValue(ins.mode), ins.out_dtype), ins.out_dtype.numpy)
             box[p[0]:p[0] + n[0], p[2]:p[2] + n[1], p[4]:p[4] + n[2]] = mem.read(ins.x, n[:3], ins.dtype)
             mem.write(ins.y, box.shape, ins.out_dtype, box)
+        elif ins.opcode == Opcode.GATHER:
+            rows = mem.read(ins.z, (n[0], 1, 1), DType.I32).reshape(-1)
+            check_gather_indices(index, rows, n[3])
+            for i0, row in enumerate(rows):
+                src = Operand(ins.x.space, ins.x.base + int(row) * ins.x.strides[0] * ins.dtype.itemsize, ins.x.strides)
+                dst = Operand(ins.y.space, ins.y.base + i0 * ins.y.strides[0] * ins.dtype.itemsize, ins.y.strides)
+                mem.write(dst, (1, n[1], n[2]), ins.dtype, mem.read(src, (1, n[1], n[2]), ins.dtype))
         elif ins.opcode == Opcode.STORE:
             mem.write(ins.x, n[:3], ins.dtype, mem.read(ins.y, n[:3], ins.out_dtype))
         elif ins.opcode == Opcode.MATMUL:
@@ -85,7 +113,10 @@ def execute(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
         else:
             func = VectorFunc(ins.func)
             args = [mem.read(o, n[:3], ins.dtype) for o in (ins.y, ins.z) if o is not None]
-            result = VECTOR_FUNCS[func](*args).astype(ins.out_dtype.numpy)
+            if func == VectorFunc.SELECT:
+                result = np.where(args[0] != 0, args[1], mem.read(ins.x, n[:3], ins.out_dtype))
+            else:
+                result = convert(VECTOR_FUNCS[func](*args), ins.out_dtype)
             dims = result.shape
             if ins.mode != AccMode.OVERWRITE:
                 result = ACCUMULATE[AccMode(ins.mode)](mem.read(ins.x, dims, ins.out_dtype), result)

@@ -1,0 +1,93 @@
+"""Indirect DMA (GATHER), comparisons, SELECT and type conversion: batched executor = reference."""
+
+import numpy as np
+import pytest
+
+import stagec
+from stagec.isa import (
+    DType,
+    HardwareConfig,
+    Layer,
+    Operand,
+    Program,
+    Region,
+    Space,
+    TensorRef,
+    VectorFunc,
+    store,
+    vector,
+)
+from stagec.isa import load as load_ins
+from stagec.isa.instructions import encode, gather
+from stagec.lower.tokens import insert_tokens
+from stagec.sim.executor import execute
+from stagec.sim.reference import SimulationError
+from stagec.sim.reference import execute as reference
+
+
+def program(ins, inputs, outputs, blob, dram=4096):
+    p = Program(code=encode(ins), layer_ids=np.zeros(len(ins), np.int32), layers=(Layer("t", "test", (), ()),),
+                inputs=tuple(inputs), outputs=tuple(outputs), regions=(Region("weights", "const", 0, len(blob)),),
+                constants=blob, dram_bytes=dram, hw=HardwareConfig())
+    return insert_tokens(p)
+
+
+def embedding_program(vocab=10, dim=6, tokens=5):
+    table = np.random.default_rng(0).standard_normal((vocab, dim)).astype(np.float32)
+    ids_off, out_off = 1024, 2048
+    ins = [
+        load_ins(Operand(Space.DRAM, ids_off, (0, 0, 1)), Operand(Space.SPAD, 0, (0, 0, 1)), (1, 1, tokens),
+                 dtype=DType.I32),
+        gather(Operand(Space.DRAM, 0, (dim, 0, 1)), Operand(Space.SPAD, 256, (dim, 0, 1)),
+               Operand(Space.SPAD, 0, (1, 0, 0)), (tokens, 1, dim), vocab),
+        store(Operand(Space.DRAM, out_off, (dim, 0, 1)), Operand(Space.SPAD, 256, (dim, 0, 1)), (tokens, 1, dim)),
+    ]
+    return program(ins, [TensorRef("ids", ids_off, DType.I32, (tokens,))],
+                   [TensorRef("emb", out_off, DType.F32, (tokens, dim))], table.tobytes()), table
+
+
+def test_gather_is_an_embedding_lookup():
+    p, table = embedding_program()
+    ids = np.array([3, 0, 9, 3, 7], np.int32)
+    (out,), _ = stagec.simulate(p, ids)
+    np.testing.assert_array_equal(out, table[ids])
+    np.testing.assert_array_equal(reference(p, [ids])[0], table[ids])
+
+
+@pytest.mark.parametrize("run", [execute, reference])
+def test_out_of_range_index_is_an_error_not_a_clamp(run):
+    p, _ = embedding_program()
+    with pytest.raises(SimulationError, match=r"instruction 1 \(GATHER\): index 10 at position 2 is outside the "
+                                              r"table's 10 rows"):
+        run(p, [np.array([1, 2, 10, 0, 0], np.int32)])
+
+
+def test_compare_select_and_convert():
+    n = 12
+    a_off, b_off, m_off, i_off = 512, 1024, 1536, 2048
+    tile = (1, 1, n)
+    s = (0, 0, 1)
+    ins = [
+        load_ins(Operand(Space.DRAM, a_off, s), Operand(Space.SPAD, 0, s), tile),
+        load_ins(Operand(Space.DRAM, b_off, s), Operand(Space.SPAD, 64, s), tile),
+        vector(VectorFunc.CMP_GT, Operand(Space.SPAD, 128, s), Operand(Space.SPAD, 0, s), Operand(Space.SPAD, 64, s),
+               tile),
+        vector(VectorFunc.COPY, Operand(Space.SPAD, 192, s), Operand(Space.SPAD, 64, s), None, tile),
+        vector(VectorFunc.SELECT, Operand(Space.SPAD, 192, s), Operand(Space.SPAD, 128, s),
+               Operand(Space.SPAD, 0, s), tile),                                 # max(a, b) by selection
+        vector(VectorFunc.COPY, Operand(Space.SPAD, 256, s), Operand(Space.SPAD, 192, s), None, tile,
+               dtype=DType.F32, out_dtype=DType.I32),                            # truncating, saturating
+        store(Operand(Space.DRAM, m_off, s), Operand(Space.SPAD, 192, s), tile),
+        store(Operand(Space.DRAM, i_off, s), Operand(Space.SPAD, 256, s), tile, dtype=DType.I32),
+    ]
+    p = program(ins, [TensorRef("a", a_off, DType.F32, (n,)), TensorRef("b", b_off, DType.F32, (n,))],
+                [TensorRef("m", m_off, DType.F32, (n,)), TensorRef("i", i_off, DType.I32, (n,))], b"")
+    a = np.array([1.5, -2.7, 3e10, -3e10, np.nan, 0.4, -0.4, 7, 8, 9, -1, 2], np.float32)
+    b = np.array([2.5, -2.9, 0, -4e10, 1, 0.5, -0.5, 7, -8, 10, -1, 2.5], np.float32)
+    m, i = execute(p, [a, b])
+    expect = np.where(a > b, a, b)
+    np.testing.assert_array_equal(m, expect)
+    assert i.dtype == np.int32
+    assert list(i[:4]) == [2, -2, 2**31 - 1, -(2**31)] and i[4] == 1   # nan > 1 is false: b's 1 was kept
+    for got, ref in zip((m, i), reference(p, [a, b]), strict=True):
+        np.testing.assert_array_equal(got, ref)
