@@ -14,7 +14,7 @@ from types import MappingProxyType
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Literal
 
-from .graph_ir import Graph, Node, OpKind, Step, Value
+from .graph_ir import Graph, Node, OpKind, Step, Value, expr_dtype, storage_dtype
 
 
 class LoweringError(NotImplementedError):
@@ -32,27 +32,32 @@ class GraphBuilder:
 
     def value(self, shape, dtype="float32") -> Value:
         self._next += 1
-        return Value(self._next, tuple(int(d) for d in shape), str(np.dtype(dtype)))
+        return Value(self._next, tuple(int(d) for d in shape), storage_dtype(dtype))
 
     def const(self, array) -> Value:
-        array = np.asarray(array)
-        if id(array) in self._const_ids:
-            return self._const_ids[id(array)]
-        v = self.value(array.shape, array.dtype)
-        self.constants[v.id] = array
-        self._const_ids[id(array)] = v
+        source = np.asarray(array)
+        if id(source) in self._const_ids:   # the same array object (weights used twice): one constant
+            return self._const_ids[id(source)][1]
+        v = self.value(source.shape, source.dtype)
+        self.constants[v.id] = source.astype(v.dtype)
+        self._const_ids[id(source)] = (source, v)   # holding `source` keeps its id from being reused
         return v
 
     def as_value(self, x) -> Value:
         return x if isinstance(x, Value) else self.const(x)
 
-    def emit(self, op: OpKind, inputs, shape, dtype="float32", **attrs) -> Value:
+    def emit(self, op: OpKind, inputs, shape, dtype=None, **attrs) -> Value:
+        inputs = [self.as_value(x) for x in inputs]
+        if dtype is None:
+            # an elementwise result's type follows its steps; every other op keeps its first input's
+            dtype = expr_dtype(attrs["expr"], [v.dtype for v in inputs])[-1] if op == OpKind.ELEMENTWISE \
+                else inputs[0].dtype
         out = self.value(shape, dtype)
         kind = "+".join(dict.fromkeys(s.func for s in attrs["expr"])) if op == OpKind.ELEMENTWISE else op.value
         base = f"{self.scope}/{kind}" if self.scope else kind
         k = self._names.get(base, 0)
         self._names[base] = k + 1
-        self.nodes.append(Node(op, tuple(self.as_value(x) for x in inputs), out, tuple(sorted(attrs.items())),
+        self.nodes.append(Node(op, tuple(inputs), out, tuple(sorted(attrs.items())),
                                f"{base}_{k}" if k else base))
         return out
 
@@ -118,9 +123,10 @@ def _interpret(b: GraphBuilder, jaxpr, consts, args):
                 raise LoweringError(f"Unimplemented primitive in stagec lowering: {name} "
                                     f"(equation `{eqn}`, in {scope or 'the top level'})")
             for v in eqn.outvars:
-                if np.dtype(v.aval.dtype) != np.float32:
-                    raise LoweringError(f"{name} produces {v.aval.dtype}; the accelerator lowering handles float32 "
-                                        f"tensors (equation `{eqn}`, in {scope or 'the top level'})")
+                try:
+                    storage_dtype(v.aval.dtype)
+                except NotImplementedError as e:
+                    raise LoweringError(f"{name}: {e} (equation `{eqn}`, in {scope or 'the top level'})") from None
             b.scope = scope
             outs = RULES[name](b, eqn, *ins)
             outs = outs if eqn.primitive.multiple_results else [outs]
@@ -196,9 +202,79 @@ def integer_pow(b, eqn, x):
     return b.elementwise([x], steps, _out_shape(eqn))
 
 
-@rule("convert_element_type", "copy", "copy_p", "stop_gradient", "reduce_precision", "optimization_barrier")
+@rule("copy", "copy_p", "stop_gradient", "reduce_precision", "optimization_barrier")
 def identity(b, eqn, *xs):
     return list(xs) if eqn.primitive.multiple_results else xs[0]
+
+
+def _dtype_of(x) -> str:
+    return x.dtype if isinstance(x, Value) else storage_dtype(np.asarray(x).dtype)
+
+
+@rule("convert_element_type")
+def convert_element_type(b, eqn, x):
+    to = np.dtype(eqn.params["new_dtype"])
+    src = eqn.invars[0].aval.dtype
+    if to == np.bool_:    # x != 0, held as 0/1
+        steps = (Step("cmp_ne", (0, 1)),) if _dtype_of(x) == "float32" else (Step("cmp_ne", (0, 1)),
+                                                                               Step("to_f32", (2,)))
+        return b.elementwise([x, np.zeros((), src)], steps, _out_shape(eqn))
+    if storage_dtype(to) == _dtype_of(x):
+        return x
+    return b.elementwise([x], (Step("to_" + {"float32": "f32", "int32": "i32"}[storage_dtype(to)], (0,)),),
+                         _out_shape(eqn))
+
+
+_COMPARISONS = {"gt": ("cmp_gt", False), "ge": ("cmp_ge", False), "lt": ("cmp_gt", True), "le": ("cmp_ge", True),
+                "eq": ("cmp_eq", False), "ne": ("cmp_ne", False)}
+
+
+@rule(*_COMPARISONS)
+def compare(b, eqn, x, y):
+    func, swap = _COMPARISONS[eqn.primitive.name]
+    steps = [Step(func, (1, 0) if swap else (0, 1))]
+    if _dtype_of(x) == "int32":   # the result is a boolean, held as float32 0/1
+        steps.append(Step("to_f32", (2,)))
+    return b.elementwise([x, y], steps, _out_shape(eqn))
+
+
+@rule("select_n")
+def select_n(b, eqn, pred, *cases):
+    if len(cases) != 2:
+        raise LoweringError(f"select_n with {len(cases)} cases (equation `{eqn}`)")
+    steps = [Step("select", (0, 1, 2))]
+    if _dtype_of(cases[1]) == "int32" and _dtype_of(pred) == "float32":   # one type per vector instruction
+        steps = [Step("to_i32", (0,)), Step("select", (3, 1, 2))]
+    return b.elementwise([pred, *cases], steps, _out_shape(eqn))
+
+
+@rule("and", "or", "not")
+def logical(b, eqn, *xs):
+    if eqn.invars[0].aval.dtype != np.bool_:
+        raise LoweringError(f"bitwise {eqn.primitive.name} on integers (equation `{eqn}`)")
+    if eqn.primitive.name == "not":   # booleans are 0/1
+        return b.elementwise([np.float32(1.0), xs[0]], (Step("sub", (0, 1)),), _out_shape(eqn))
+    return b.elementwise(list(xs), (Step("mul" if eqn.primitive.name == "and" else "max", (0, 1)),), _out_shape(eqn))
+
+
+@rule("clamp")
+def clamp(b, eqn, lo, x, hi):
+    return b.elementwise([x, lo, hi], (Step("max", (0, 1)), Step("min", (3, 2))), _out_shape(eqn))
+
+
+@rule("gather")
+def gather(b, eqn, table, indices):
+    """Rows of a table by index (embedding lookups, take along axis 0)."""
+    dn = eqn.params["dimension_numbers"]
+    table_shape, batch = np.shape(table), len(np.shape(indices)) - 1
+    rows_form = (tuple(dn.collapsed_slice_dims) == (0,) and tuple(dn.start_index_map) == (0,)
+                 and not tuple(dn.operand_batching_dims) and np.shape(indices)[-1] == 1
+                 and tuple(eqn.params["slice_sizes"]) == (1, *table_shape[1:])
+                 and tuple(dn.offset_dims) == tuple(range(batch, batch + len(table_shape) - 1)))
+    if not rows_form:
+        raise LoweringError(f"gather other than rows of a table (equation `{eqn}`)")
+    idx = reshape_value(b, indices, np.shape(indices)[:-1])
+    return b.emit(OpKind.GATHER, [table, idx], _out_shape(eqn))
 
 
 # --- data movement -----------------------------------------------------------------------------

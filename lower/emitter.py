@@ -21,6 +21,7 @@ from stagec.isa.instructions import (
     PadValue,
     Space,
     VectorFunc,
+    gather,
     load,
     matmul,
     store,
@@ -28,7 +29,7 @@ from stagec.isa.instructions import (
 )
 
 from .memory import ALIGN, LocalAllocator, align
-from .tensors import DramRegion, DramTensor, coalesce
+from .tensors import DTYPE_OF, DramRegion, DramTensor, coalesce
 
 MAX_COUNT = 65535   # u16 iteration counts
 
@@ -43,7 +44,7 @@ class ConstPool:
 
     def place(self, key, array: np.ndarray) -> int:
         if key not in self._placed:
-            data = np.ascontiguousarray(array, np.float32).tobytes()
+            data = np.ascontiguousarray(array).tobytes()
             self._placed[key] = self.size
             self.chunks.append(data + b"\0" * (align(len(data)) - len(data)))
             self.size += align(len(data))
@@ -53,7 +54,7 @@ class ConstPool:
         """A constant as a DramTensor of its logical shape, stored with dims in `order`."""
         order = tuple(range(array.ndim)) if order is None else tuple(order)
         offset = self.place((key, order), np.transpose(array, order))
-        return DramTensor.dense(DramRegion.CONST, offset, array.shape, order)
+        return DramTensor.dense(DramRegion.CONST, offset, array.shape, order, DTYPE_OF[str(array.dtype)])
 
     def blob(self) -> bytes:
         return b"".join(self.chunks)
@@ -89,6 +90,12 @@ class Emitter:
         self._append(load(_dram_operand(src, start, axes), dst, counts, pad=pad, pad_value=pad_value,
                           dtype=src.dtype), src.region)
 
+    def gather(self, table: DramTensor, start, rows: int, width: int, dst: Operand, index: Operand) -> None:
+        """GATHER `rows` rows of a 2-D table (columns from start[1], `width` of them) by the int32
+        indices at `index` into the dense local `dst`."""
+        self._append(gather(_dram_operand(table, start, (0, None, 1)), dst, index, (rows, 1, width), table.shape[0],
+                            dtype=table.dtype), table.region)
+
     def store(self, dst: DramTensor, start, axes, counts, src: Operand) -> None:
         self._append(store(_dram_operand(dst, start, axes), src, counts, dtype=dst.dtype), dst.region)
 
@@ -121,8 +128,8 @@ class Emitter:
         self._append(matmul(a, b, c, m1, m0, k, n, accumulate=accumulate))
 
     def vector(self, func: VectorFunc, dst: Operand, src1: Operand, src2: Operand | None, counts, *,
-               acc: AccMode = AccMode.OVERWRITE) -> None:
-        self._append(vector(func, dst, src1, src2, counts, acc=acc))
+               acc: AccMode = AccMode.OVERWRITE, dtype: DType = DType.F32, out_dtype: DType | None = None) -> None:
+        self._append(vector(func, dst, src1, src2, counts, acc=acc, dtype=dtype, out_dtype=out_dtype))
 
 
 def _dram_operand(t: DramTensor, start, axes) -> Operand:

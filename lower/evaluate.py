@@ -16,6 +16,10 @@ STEP_FUNCS = {
     "exp": jnp.exp, "log": jnp.log, "recip": lambda x: 1.0 / x, "rsqrt": lax.rsqrt, "sqrt": jnp.sqrt,
     "tanh": jnp.tanh, "erf": lax.erf, "sigmoid": lax.logistic,
     "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "max": jnp.maximum, "min": jnp.minimum,
+    "cmp_gt": lambda a, b: (a > b).astype(a.dtype), "cmp_ge": lambda a, b: (a >= b).astype(a.dtype),
+    "cmp_eq": lambda a, b: (a == b).astype(a.dtype), "cmp_ne": lambda a, b: (a != b).astype(a.dtype),
+    "select": lambda p, f, t: jnp.where(p != 0, t, f),
+    "to_f32": lambda x: x.astype(jnp.float32), "to_i32": lambda x: jnp.trunc(x).astype(jnp.int32),
 }
 
 
@@ -63,13 +67,14 @@ EVAL_RULES = {
     OpKind.PAD: lambda n, x: lax.pad(x, jnp.float32(n.attr("value")),
                                      [(lo, hi, 0) for lo, hi in zip(n.attr("lo"), n.attr("hi"), strict=True)]),
     OpKind.CONCAT: lambda n, *xs: jnp.concatenate(xs, n.attr("axis")),
+    OpKind.GATHER: lambda n, table, idx: jnp.take(table, idx, axis=0),
 }
 
 
 def evaluate(graph: Graph, *inputs) -> list[np.ndarray]:
     env = {vid: jnp.asarray(a) for vid, a in graph.constants.items()}
     for v, a in zip(graph.inputs, inputs, strict=True):
-        env[v.id] = jnp.asarray(a, jnp.float32)
+        env[v.id] = jnp.asarray(a, v.dtype)
     for node in graph.nodes:
         env[node.output.id] = EVAL_RULES[node.op](node, *[env[v.id] for v in node.inputs])
     return [np.asarray(env[v.id]) for v in graph.outputs]

@@ -5,7 +5,8 @@
     MATMUL       a[B,M,K], b[B,K,N], e*          epilogue              (B may be absent: a[M,K], b[K,N])
     ELEMENTWISE  i*   (numpy-broadcast to out)   expr
     REDUCE       x                               func (sum|max|min), axes
-    POOL         x[N,C,H,W]                      func (max|sum), window, strides, padding, dilation
+    POOL         x[...,H,W]                      func (max|sum), window, strides, padding, dilation
+    GATHER       table[R,...], idx[...] (int32)  (rows of the table: an embedding lookup)
     BROADCAST    x                               dims (out axis of each input axis)      - a view
     RESHAPE      x                                                                       - a view if it can be
     TRANSPOSE    x                               perm                                    - a view
@@ -13,6 +14,7 @@
     PAD          x                               lo, hi, value
     CONCAT       x*                              axis
 
+Values are float32 or int32; booleans are float32 0/1 (a comparison's result).
 `expr` is a tuple of Steps; a step's argument k < len(inputs) names input k,
 k >= len(inputs) names step k - len(inputs); the last step is the result.  An
 `epilogue` is an expr whose input 0 is the CONV/MATMUL result and whose other
@@ -35,6 +37,7 @@ class OpKind(enum.StrEnum):
     ELEMENTWISE = "elementwise"
     REDUCE = "reduce"
     POOL = "pool"
+    GATHER = "gather"
     BROADCAST = "broadcast"
     RESHAPE = "reshape"
     TRANSPOSE = "transpose"
@@ -50,8 +53,8 @@ MOVEMENT_OPS = frozenset({OpKind.BROADCAST, OpKind.RESHAPE, OpKind.TRANSPOSE, Op
 
 @dataclass(frozen=True)
 class Step:
-    func: str                 # a VectorFunc name, lower case (add, mul, relu, exp, recip, ...)
-    args: tuple[int, ...]
+    func: str                 # a VectorFunc name, lower case (add, mul, relu, exp, recip, cmp_gt, ...),
+    args: tuple[int, ...]     # or select(pred, on_false, on_true), to_f32, to_i32 (conversions)
 
 
 Expr = tuple[Step, ...]
@@ -130,6 +133,27 @@ def _ty(v: Value) -> str:
 
 def _ty_of(a: np.ndarray) -> str:
     return f"{a.dtype}[{','.join(map(str, a.shape))}]"
+
+
+CONVERSIONS = {"to_f32": "float32", "to_i32": "int32"}
+
+
+def storage_dtype(dtype) -> str:
+    """How a JAX element type is held: floats as float32, booleans as float32 0/1, integers as int32."""
+    dt = np.dtype(dtype)
+    if dt == np.bool_ or dt == np.float32:
+        return "float32"
+    if np.issubdtype(dt, np.integer):
+        return "int32"
+    raise NotImplementedError(f"element type {dt} is not lowered yet (float32, int32 and bool are)")
+
+
+def expr_dtype(expr: Expr, input_dtypes) -> list[str]:
+    """The dtype of every input and step value of an expr."""
+    dtypes = list(input_dtypes)
+    for s in expr:
+        dtypes.append(CONVERSIONS.get(s.func) or dtypes[s.args[2] if s.func == "select" else s.args[0]])
+    return dtypes
 
 
 def expr_inputs(node: Node) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from .graph_ir import Graph, Node, OpKind
-from .tensors import DramRegion, DramTensor
+from .tensors import DTYPE_OF, DramRegion, DramTensor
 
 ALWAYS_VIEWS = frozenset({OpKind.BROADCAST, OpKind.TRANSPOSE, OpKind.SLICE})
 
@@ -65,9 +65,10 @@ def assign_layout(graph: Graph) -> Layout:
     copies = set()
     outputs = {v.id for v in graph.outputs}
     for vid, arr in graph.constants.items():
-        placements[vid] = Placement(vid, DramTensor.dense(DramRegion.CONST, 0, arr.shape))
+        placements[vid] = Placement(vid, DramTensor.dense(DramRegion.CONST, 0, arr.shape,
+                                                          dtype=DTYPE_OF[str(arr.dtype)]))
     for v in graph.inputs:
-        placements[v.id] = Placement(v.id, DramTensor.dense(DramRegion.DATA, 0, v.shape))
+        placements[v.id] = Placement(v.id, DramTensor.dense(DramRegion.DATA, 0, v.shape, dtype=DTYPE_OF[v.dtype]))
     for node in graph.nodes:
         out = node.output
         view = None
@@ -80,7 +81,8 @@ def assign_layout(graph: Graph) -> Layout:
         if node.op in ALWAYS_VIEWS | {OpKind.RESHAPE}:
             copies.add(node.name)
         order = None if out.id in outputs else _order(node, placements)
-        placements[out.id] = Placement(out.id, DramTensor.dense(DramRegion.DATA, 0, out.shape, order))
+        placements[out.id] = Placement(out.id, DramTensor.dense(DramRegion.DATA, 0, out.shape, order,
+                                                                DTYPE_OF[out.dtype]))
     return Layout(MappingProxyType(placements), frozenset(copies))
 
 

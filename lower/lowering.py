@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stagec.isa.config import HardwareConfig
-from stagec.isa.instructions import DType, Operand, encode
+from stagec.isa.instructions import Operand, encode
 from stagec.isa.program import Layer, Program, Region, RegionKind, TensorRef
 
 from .emitter import Emitter
@@ -24,9 +24,9 @@ from .layout import ALWAYS_VIEWS, Layout, view_of
 from .matrix import as_conv, emit_conv
 from .memory import Interval, align, allocate_by_liveness
 from .schedule import Schedule, node_problem
-from .tensors import DramRegion, DramTensor
+from .tensors import DTYPE_OF, DramRegion, DramTensor
 from .tokens import insert_tokens
-from .vector import COPY, emit_elementwise, emit_reduce
+from .vector import COPY, emit_elementwise, emit_gather, emit_reduce
 from .window import emit_window
 
 LOWERINGS: dict[OpKind, Callable[[LowerContext, Node], None]] = {}
@@ -131,6 +131,11 @@ def lower_elementwise(ctx: LowerContext, node: Node) -> None:
     emit_elementwise(ctx.em, node.attr("expr"), [ctx.tensor(v) for v in node.inputs], ctx.tensor(node.output))
 
 
+@register(OpKind.GATHER)
+def lower_gather(ctx: LowerContext, node: Node) -> None:
+    emit_gather(ctx.em, ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1]), ctx.tensor(node.output))
+
+
 @register(OpKind.REDUCE)
 def lower_reduce(ctx: LowerContext, node: Node) -> None:
     emit_reduce(ctx.em, node.attr("func"), ctx.tensor(node.inputs[0]), node.attr("axes"), ctx.tensor(node.output))
@@ -222,7 +227,7 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
     inputs, outputs = [], []
     for kind, values, refs in ((RegionKind.INPUT, graph.inputs, inputs), (RegionKind.OUTPUT, graph.outputs, outputs)):
         for i, v in enumerate(values):
-            ref = TensorRef(f"{kind.value}{i}", data_base + offsets[v.id], DType.F32, v.shape)
+            ref = TensorRef(f"{kind.value}{i}", data_base + offsets[v.id], DTYPE_OF[v.dtype], v.shape)
             refs.append(ref)
             regions.append(Region(ref.name, kind, ref.offset, ref.nbytes))
     regions.append(Region("activations", RegionKind.INTERMEDIATE, data_base + arena, peak))

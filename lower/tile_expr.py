@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stagec.isa.instructions import Operand, Space, VectorFunc
+from stagec.isa.instructions import DType, Operand, Space, VectorFunc
 
-from .graph_ir import Expr
+from .graph_ir import CONVERSIONS, Expr
+from .tensors import DTYPE_OF
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class LocalTile:
     space: Space
     base: int
     extent: tuple[int, int, int]
+    dtype: DType = DType.F32
 
     def operand(self, counts) -> Operand:
         e0, e1, e2 = self.extent
@@ -51,7 +53,10 @@ def plan(expr: Expr, n_inputs: int, writable: frozenset[int]) -> ExprPlan:
     slot_of = {k: ("arg", k) for k in writable}   # value -> storage slot (writable ones only)
     free, dst, temps = [], [], 0
     for j, step in enumerate(expr):
-        chosen = next((slot_of[a] for a in step.args if a in slot_of and last_use.get(a) == j), None)
+        # select(pred, on_false, on_true) first copies on_false to its destination: only that tile
+        # may be overwritten in place
+        candidates = step.args[1:2] if step.func == "select" else step.args
+        chosen = next((slot_of[a] for a in candidates if a in slot_of and last_use.get(a) == j), None)
         for a in step.args:   # values dying here free their temporaries for later steps
             if a in slot_of and last_use.get(a) == j and slot_of[a] != chosen and slot_of[a][0] == "tmp":
                 free.append(slot_of[a])
@@ -70,13 +75,23 @@ def emit(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTi
     """Emit one vector instruction per step over the box `counts`; returns the result's tile."""
     values = list(args)
     for step, (kind, k) in zip(expr, p.dst, strict=True):
-        out = args[k] if kind == "arg" else temps[k]
-        out = LocalTile(out.space, out.base, tuple(counts))
-        if step.func == "copy" and values[step.args[0]] == out:   # a copy onto itself is no instruction
-            values.append(out)
-            continue
-        srcs = [values[a].operand(counts) for a in step.args]
-        em.vector(VectorFunc[step.func.upper()], out.operand(counts), srcs[0], srcs[1] if len(srcs) > 1 else None,
-                  counts)
+        slot = args[k] if kind == "arg" else temps[k]
+        src = [values[a] for a in step.args]
+        out_type = DTYPE_OF[CONVERSIONS[step.func]] if step.func in CONVERSIONS else src[-1 if step.func == "select"
+                                                                                            else 0].dtype
+        out = LocalTile(slot.space, slot.base, tuple(counts), out_type)
+        if step.func == "select":   # out = on_false, then on_true where pred
+            pred, on_false, on_true = src
+            if on_false != out:
+                em.vector(VectorFunc.COPY, out.operand(counts), on_false.operand(counts), None, counts,
+                          dtype=on_false.dtype)
+            em.vector(VectorFunc.SELECT, out.operand(counts), pred.operand(counts), on_true.operand(counts), counts,
+                      dtype=out_type)
+        elif step.func == "copy" and src[0] == out:   # a copy onto itself is no instruction
+            pass
+        else:
+            func = VectorFunc.COPY if step.func in CONVERSIONS else VectorFunc[step.func.upper()]
+            em.vector(func, out.operand(counts), src[0].operand(counts), src[1].operand(counts) if len(src) > 1
+                      else None, counts, dtype=src[0].dtype, out_dtype=out_type)
         values.append(out)
     return values[-1]

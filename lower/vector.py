@@ -12,6 +12,7 @@ import numpy as np
 from stagec.isa.instructions import AccMode, Operand, Space, VectorFunc
 
 from . import tile_expr
+from .emitter import MAX_COUNT
 from .graph_ir import Expr, Step
 from .schedule import FP32, map_vector, tiles
 from .tensors import DramTensor, coalesce
@@ -61,7 +62,7 @@ def emit_elementwise(em, expr: Expr, inputs: list[DramTensor], out: DramTensor) 
                     args = []
                     for i, src in enumerate(srcs):
                         extent = tuple(c if s else 1 for c, s in zip(counts, src.strides, strict=True))
-                        tile = tile_expr.LocalTile(Space.SPAD, in_buf[buf][i], extent)
+                        tile = tile_expr.LocalTile(Space.SPAD, in_buf[buf][i], extent, src.dtype)
                         em.load(src, start, (0, 1, 2), extent, tile.operand(extent))
                         args.append(tile)
                     temps = [tile_expr.LocalTile(Space.SPAD, b, counts) for b in tmp_buf[buf]]
@@ -106,3 +107,31 @@ def emit_reduce(em, func: str, x: DramTensor, axes: tuple[int, ...], out: DramTe
                         first = False
                 o = DramTensor(out.region, o_off, (1 << 30,) * 3, kin_o + (0,), out.dtype)
                 em.store(o, (a0, a1, 0), (0, 1, 2), (t0, t1, 1), dst)
+
+
+def emit_gather(em, table: DramTensor, indices: DramTensor, out: DramTensor) -> None:
+    """out[i, ...] = table[indices[i], ...]: the indices into the scratchpad, then indirect DMA of
+    the rows (the table's rows bound the indices, checked when they run)."""
+    rows = table.shape[0]
+    if rows > MAX_COUNT:
+        raise ValueError(f"{em.layer_name}: a table of {rows} rows exceeds GATHER's {MAX_COUNT}")
+    row = table.reshape((rows, table.size // rows))
+    idx = indices.reshape((indices.size,))
+    dst = out.reshape((indices.size, table.size // rows))
+    if row is None or idx is None or dst is None:
+        raise ValueError(f"{em.layer_name}: gather operands must be row-contiguous views")
+    width = row.shape[1]
+    m = map_vector((indices.size, 1, width), 2, em.hw, em.layer_name)
+    bufs = 2 if m.double_buffer else 1
+    spad = em.spad()
+    idx_buf = [spad.alloc(m.tile_oh * FP32) for _ in range(bufs)]
+    row_buf = [spad.alloc(m.tile_oh * m.tile_o * FP32) for _ in range(bufs)]
+    k = 0
+    for a0, t0 in tiles(indices.size, m.tile_oh):
+        ib = idx_buf[k % bufs]
+        em.load(idx, (a0,), (None, None, 0), (1, 1, t0), Operand(Space.SPAD, ib, (0, 0, 1)))
+        for a2, t2 in tiles(width, m.tile_o):
+            rb = row_buf[k % bufs]
+            k += 1
+            em.gather(row, (0, a2), t0, t2, Operand(Space.SPAD, rb, (t2, 0, 1)), Operand(Space.SPAD, ib, (1, 0, 0)))
+            em.store(dst, (a0, a2), (0, None, 1), (t0, 1, t2), Operand(Space.SPAD, rb, (t2, 0, 1)))

@@ -8,9 +8,11 @@
 """
 
 from stagec.isa import HardwareConfig, Program, VerificationError
+from stagec.sim.reference import SimulationError
 
 from .api import compile, load, simulate  # noqa: A004
 from .report import Report
 
-__all__ = ["HardwareConfig", "Program", "Report", "VerificationError", "compile", "load", "simulate"]
+__all__ = ["HardwareConfig", "Program", "Report", "SimulationError", "VerificationError", "compile", "load",
+           "simulate"]
 __version__ = "0.1.0"

@@ -128,3 +128,23 @@ def test_transformer_block_in_jax():
     (out,), _ = stagec.simulate(stagec.compile(block, (x,)), x)
     assert rel_err(out, jax.jit(block)(x)) < 1e-4
     assert not np.isnan(jnp.asarray(out)).any()
+
+
+def test_embedding_masks_and_integer_ops():
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((50, 8)).astype(np.float32)
+
+    def f(ids, mask):
+        e = jnp.take(table, ids, axis=0, mode="fill")                 # GATHER by runtime token ids
+        s = jnp.where((mask > 0)[..., None], e * 2.0, -1e9)           # comparisons, select
+        additive = (1.0 - mask.astype(jnp.float32)) * -10000.0        # int -> float conversion
+        return s.sum(-1) + additive + jnp.maximum(ids, 3).astype(jnp.float32)
+
+    ids = rng.integers(0, 50, (2, 7)).astype(np.int32)
+    mask = (rng.random((2, 7)) > 0.3).astype(np.int32)
+    program = stagec.compile(f, (ids, mask))
+    assert any(layer.op == "gather" for layer in program.layers)
+    (out,), _ = stagec.simulate(program, ids, mask)
+    np.testing.assert_allclose(out, jax.jit(f)(ids, mask), rtol=1e-6)
+    with pytest.raises(stagec.SimulationError, match=r"\(GATHER\): index 50 at position 3 is outside the table's 50"):
+        stagec.simulate(program, np.where(np.arange(14).reshape(2, 7) == 3, 50, ids).astype(np.int32), mask)
