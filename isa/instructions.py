@@ -174,8 +174,11 @@ class Operand:
     strides: tuple[int, int, int] = (0, 0, 0)
 
     def __post_init__(self):
-        object.__setattr__(self, "space", Space(self.space))
-        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides) + (0,) * (3 - len(self.strides)))
+        if type(self.space) is not Space:
+            object.__setattr__(self, "space", Space(self.space))
+        s = self.strides
+        if not (type(s) is tuple and len(s) == 3 and all(type(v) is int for v in s)):   # the emitter's hot path
+            object.__setattr__(self, "strides", tuple(int(v) for v in s) + (0,) * (3 - len(s)))
 
 
 @dataclass(frozen=True)

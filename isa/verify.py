@@ -353,29 +353,34 @@ class DataflowWalk:
         self.mems = {Space.DRAM: _Memory(p.dram_bytes, self.granule[Space.DRAM], consts, inputs),
                      Space.SPAD: _Memory(p.hw.scratchpad_bytes, self.granule[Space.SPAD], 0, []),
                      Space.ACC: _Memory(p.hw.accumulator_bytes, self.granule[Space.ACC], 0, [])}
-        self.by_instr = [[] for _ in range(n)]
-        self.extent = {}
-        for a in accs:
+        # Every (instruction, access) pair, sorted by instruction with reads (incl. accumulate) before
+        # the write they feed, and the granule extent of each, as plain lists: step() only indexes.
+        parts = []
+        for k, a in enumerate(accs):
             lo, hi = a.extent()
-            dense = dense_patterns(a.strides, a.dims)
-            self.extent[id(a)] = (lo, hi, dense)
-            for i in np.flatnonzero(a.valid):
-                if not (a.space[i] == Space.DRAM and not a.write and a.base[i] < consts):  # constants: read-only
-                    self.by_instr[i].append(a)
-        for lst in self.by_instr:
-            lst.sort(key=lambda a: a.write)   # reads (incl. accumulate) before the write they feed
+            const_read = (a.space == Space.DRAM) & (a.base < consts) & (not a.write)   # the blob is read-only
+            rows = np.flatnonzero(a.valid & ~const_read)
+            gran = np.array([self.granule[s] for s in Space])[a.space[rows]]
+            start = np.where(a.space[rows] == Space.DRAM, consts, 0)
+            parts.append(np.stack([rows, np.full(len(rows), k), np.full(len(rows), int(a.write)), a.space[rows],
+                                   (lo[rows] - start) // gran, -(-(hi[rows] - start) // gran),
+                                   dense_patterns(a.strides, a.dims)[rows]], 1))
+        table = np.concatenate(parts) if parts else np.zeros((0, 7), np.int64)
+        table = table[np.lexsort((table[:, 2], table[:, 0]))]
+        self.accs = accs
+        self.entries = table[:, 1:].tolist()
+        self.first = np.searchsorted(table[:, 0], np.arange(n + 1)).tolist()
         self.producer = {slot: np.full(n, -1, np.int64) for slot in "xyz"}
 
     def step(self, i: int) -> np.ndarray:
         """Conflicts of instruction i: (4,) latest conflicting index per queue, -1 none."""
         q = int(self.queue[i])
         needs = [-1, -1, -1, -1]
-        for a in self.by_instr[i]:
-            space = Space(int(a.space[i]))
+        for k, write, space, g0, g1, dense in self.entries[self.first[i]:self.first[i + 1]]:
+            a = self.accs[k]
+            space = Space(space)
             mem = self.mems[space]
-            elo, ehi, dense = self.extent[id(a)]
-            g0, g1 = (int(elo[i]) - mem.base) // mem.granule, -(-(int(ehi[i]) - mem.base) // mem.granule)
-            if not a.write:
+            if not write:
                 mem.readers.add(q)
                 single = mem.runs.single(g0, g1)
                 if single is not None:   # one producer covers the whole extent: exact, no element pass
@@ -395,7 +400,7 @@ class DataflowWalk:
                 if space != Space.DRAM:
                     self.producer[a.operand][i] = writers[0] if len(writers) == 1 else MULTIPLE
             else:
-                if dense[i]:
+                if dense:
                     writers = mem.runs.covering(g0, g1)
                     if writers is None:
                         writers = np.unique(mem.writer[g0:g1])

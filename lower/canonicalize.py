@@ -39,7 +39,7 @@ class GraphBuilder:
         if id(source) in self._const_ids:   # the same array object (weights used twice): one constant
             return self._const_ids[id(source)][1]
         v = self.value(source.shape, source.dtype)
-        self.constants[v.id] = source.astype(v.dtype)
+        self.constants[v.id] = source.astype(v.dtype, copy=False)
         self._const_ids[id(source)] = (source, v)   # holding `source` keeps its id from being reused
         return v
 

@@ -116,6 +116,10 @@ class Emitter:
         inner = fill + shape[lead:]
         inner_d, inner_l = (0,) * len(fill) + dram_s[lead:], (0,) * len(fill) + local_s[lead:]
         item, origin = t.dtype.itemsize, t.address(start)
+        if not lead and max(inner) <= MAX_COUNT:   # the common case: one DMA
+            op(DramTensor(t.region, origin, inner, inner_d, t.dtype), (0, 0, 0), (0, 1, 2), inner,
+               Operand(space, base, inner_l))
+            return
         for idx in np.ndindex(*shape[:lead]):
             for n, org in _split_counts(inner):
                 od = _dot(idx, dram_s) + _dot(org, inner_d)

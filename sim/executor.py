@@ -257,7 +257,7 @@ class Executor:
                 data[dtype] = fn(data[dtype], *flat, dram)
             else:
                 values[g.id] = fn(*flat[:6], *extra, *flat[6:])
-            for src, _, _ in args:
+            for src in {src for src, _, _ in args}:
                 if plan.last_use.get(src) == g.id:
                     del values[src]
         for g, idx in checks:   # data-dependent bounds: any bad index discards the run
