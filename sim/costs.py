@@ -131,17 +131,39 @@ def instruction_shapes(code: np.ndarray) -> InstructionShapes:
         transcendental=is_vec & np.isin(code["func"], list(TRANSCENDENTAL)), is_vector=is_vec)
 
 
-def unit_cycles(shapes: InstructionShapes, hw: HardwareConfig, xp=np):
+@dataclass(frozen=True)
+class UnitParameters:
+    """The hardware fields the duration formulas read, all as values: with JAX arrays here, one compiled
+    timing serves every array shape and dataflow (a HardwareConfig's structural fields are static)."""
+
+    array_rows: object
+    array_cols: object
+    vector_lanes: object
+    weight_stationary: object
+    dma_bandwidth_bytes_per_cycle: object
+    dma_latency_cycles: object
+    vector_cycles_per_transcendental: object
+
+
+def unit_parameters(hw: HardwareConfig) -> UnitParameters:
+    return UnitParameters(hw.array_rows, hw.array_cols, hw.vector_lanes, hw.dataflow == "weight_stationary",
+                          hw.dma_bandwidth_bytes_per_cycle, hw.dma_latency_cycles,
+                          hw.vector_cycles_per_transcendental)
+
+
+def unit_cycles(shapes: InstructionShapes, p: UnitParameters, xp=np):
     """(occupancy, transfer) per instruction, as the timing simulator charges them.
 
     occupancy: cycles a MATMUL or VECTOR instruction holds its unit; for a DMA, its latency.
     transfer: cycles a DMA holds the shared DRAM channel (0 for the rest).
     """
     m, k, n = (shapes.matmul_mkn[:, j] for j in range(3))
-    matrix = xp.where(shapes.is_matmul, matmul_cycles(m, k, n, hw.array_rows, hw.array_cols, hw.dataflow, xp), 0.0)
-    vector = vector_cycles(shapes.vector_elements, hw.vector_lanes, transcendental=shapes.transcendental,
+    ws = matmul_cycles(m, k, n, p.array_rows, p.array_cols, "weight_stationary", xp)
+    os_ = matmul_cycles(m, k, n, p.array_rows, p.array_cols, "output_stationary", xp)
+    matrix = xp.where(shapes.is_matmul, xp.where(p.weight_stationary, ws, os_), 0.0)
+    vector = vector_cycles(shapes.vector_elements, p.vector_lanes, transcendental=shapes.transcendental,
                            reduce_length=shapes.vector_reduce,
-                           cycles_per_transcendental=hw.vector_cycles_per_transcendental, xp=xp)
-    occupancy = xp.where(shapes.is_dma, hw.dma_latency_cycles, xp.where(shapes.is_vector, vector, matrix))
-    transfer = dma_transfer_cycles(shapes.dram_bytes, hw.dma_bandwidth_bytes_per_cycle, xp)
+                           cycles_per_transcendental=p.vector_cycles_per_transcendental, xp=xp)
+    occupancy = xp.where(shapes.is_dma, p.dma_latency_cycles, xp.where(shapes.is_vector, vector, matrix))
+    transfer = dma_transfer_cycles(shapes.dram_bytes, p.dma_bandwidth_bytes_per_cycle, xp)
     return occupancy, transfer

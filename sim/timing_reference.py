@@ -17,13 +17,13 @@ import numpy as np
 from stagec.isa.config import HardwareConfig
 from stagec.isa.instructions import Queue
 
-from .costs import instruction_shapes, unit_cycles
+from .costs import instruction_shapes, unit_cycles, unit_parameters
 
 
 def reference_times(code: np.ndarray, hw: HardwareConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, grant, end) of every instruction."""
     shapes = instruction_shapes(code)
-    occupancy, transfer = unit_cycles(shapes, hw)
+    occupancy, transfer = unit_cycles(shapes, unit_parameters(hw))
     queues = [deque(np.flatnonzero(shapes.queue == q).tolist()) for q in range(len(Queue))]
     channels = {(s, d): deque() for s in range(len(Queue)) for d in range(len(Queue)) if s != d}
     queue_end = [0.0] * len(Queue)
