@@ -14,14 +14,16 @@ queues.  Each instruction holds its queue from `start` to `end`:
 every token it pops being pushed.
 
 How it is computed without a per-instruction Python loop: a list scheduler in
-one `lax.fori_loop`.  Each step looks at the four queue heads, takes the one
-that can start earliest, and times it.  Steps therefore visit instructions in
-order of start time, which is what lets the DRAM channel be served first come,
-first served (a program-order walk would make a LOAD wait for a STORE that comes
-before it in the program but is issued later, and undo double buffering).  The
-step touches only scalars (dynamic slices, no gathers), about 0.1 us on a CPU
-core.  Times are float32: exact for integers below 2**24 cycles, a relative
-error near 1e-7 above.
+one `lax.fori_loop` over runs (a run is a stretch of one queue's instructions
+that only its first may wait in: a DMA alone, or a MATMUL/VECTOR that pops with
+the ones after it that do not; inside a run, times are a cumulative sum).  Each
+step looks at the four queue heads, takes the run that can start earliest, and
+times it.  Steps therefore visit runs in order of start time, which is what lets
+the DRAM channel be served first come, first served (a program-order walk would
+make a LOAD wait for a STORE that comes before it in the program but is issued
+later, and undo double buffering).  The step touches only scalars (dynamic
+slices, no gathers), about 0.1 us on a CPU core.  Times are float32: exact for
+integers below 2**24 cycles, a relative error near 1e-7 above.
 
 Differentiable: `schedule` has a custom VJP.  Start times are maxima of end
 times, so a gradient flows along the predecessor that set each maximum (the
