@@ -14,7 +14,8 @@ Three tables, in one run:
      own number when it ran.  Differences come from tiling (each tile pays the array's fill and
      drain), not from the per-fold formula, which matches SCALE-Sim exactly (tests/test_timing.py).
 
-Writes experiments/results/bench_timing.json.  Times are medians on a shared machine: read the ratios.
+Writes experiments/results/bench_timing.json and ResNet-18's report plots under
+experiments/results/resnet18_32x32/.  Times are medians on a shared machine: read the ratios.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from workloads import resnet18  # noqa: E402
 
 import stagec  # noqa: E402
 from stagec.isa import HardwareConfig, Opcode  # noqa: E402
+from stagec.plots import write_plots  # noqa: E402
+from stagec.report import make_report  # noqa: E402
 from stagec.sim.costs import matmul_cycles  # noqa: E402
 from stagec.sim.timing import program_times, timeline  # noqa: E402
 
@@ -153,6 +156,9 @@ def main():
               f"{r['scalesim_formula']:>10} {measured:>10} {r['stagec_over_formula']:>14.2f}")
     total = sum(r["stagec_cycles"] for r in layers) / sum(r["scalesim_formula"] for r in layers)
     print(f"{'all matrix layers':<34} {'':>16} {'':>10} {'':>10} {'':>10} {total:>14.2f}")
+
+    plots = write_plots(make_report(program), RESULTS / "resnet18_32x32", "ResNet-18, 32x32")
+    print("plots: " + ", ".join(str(p) for p in plots if p.suffix == ".png"))
 
     (RESULTS / "bench_timing.json").write_text(json.dumps(
         {"machine": platform.platform(), "jax": jax.__version__, "hw": hw.to_dict(), "throughput": speed,
