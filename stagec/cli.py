@@ -13,6 +13,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--hw", help="hardware config (YAML or JSON); default: the built-in edge accelerator")
     dis = sub.add_parser("disasm", help="print a saved program as assembly")
     dis.add_argument("program")
+    rep = sub.add_parser("report", help="time a program and write its report (table, JSON) and plots (PNG, SVG)")
+    rep.add_argument("program", nargs="?", help="a saved program; default: the bundled hand-keypoint network")
+    rep.add_argument("--hw", help="hardware config (YAML or JSON) to compile the demo for")
+    rep.add_argument("--out", default="stagec-report", help="output folder (default: ./stagec-report)")
     args = parser.parse_args(argv)
 
     from stagec.isa import HardwareConfig
@@ -25,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
 
         from .api import load
         sys.stdout.write(disassemble(load(args.program)))
+    if args.command == "report":
+        from .report_cli import run_report
+        run_report(args.program, args.hw, args.out)
     return 0
 
 

@@ -1,16 +1,53 @@
-"""What a simulation reports: per-layer and total instructions, bytes and cycles."""
+"""What a simulation reports: cycles, utilization, bytes, energy and roofline, per layer and in total.
+
+Per-layer time comes in two forms, because the queues let layers overlap:
+`span_cycles` is from the layer's first instruction starting to its last one
+ending; `cycles` is the layer's exclusive share of the timeline (how far the
+latest end moves while this layer finishes), so per-layer `cycles` add up to
+the total.  Roofline: a layer cannot beat max(MACs / peak MACs per cycle,
+compulsory DRAM bytes / bandwidth), where compulsory bytes are every input
+(weights included) read once and the output written once; `achieved_over_bound`
+is span / bound (1.0 = on the roofline).
+
+`Report.to_dict()` keys (all JSON-ready numbers, strings, lists and dicts):
+
+    hw                  the hardware config (HardwareConfig.to_dict)
+    cycles              total cycles (last instruction's end)
+    latency_s           cycles / clock_hz
+    clock_hz
+    instructions        unit -> instruction count (units: load, matrix, vector, store)
+    busy_cycles         unit -> cycles the unit was running an instruction
+    array_utilization   MACs / (peak MACs per cycle x cycles)
+    bytes               level -> {"read": bytes, "write": bytes} (levels: dram, scratchpad, accumulator)
+    actions             action -> count (MACs by mode, vector ops, bytes per level and direction)
+    energy_pj           component -> pJ (mac, vector, scratchpad, accumulator, dram, leakage), "total"
+    area_mm2            component -> mm^2 (array, scratchpad, accumulator, vector, fixed), "total"
+    roofline_cycles     sum of the layers' roofline bounds
+    cycles_over_roofline  cycles / roofline_cycles
+    layers              list of per-layer records:
+        name, op, in_shapes, out_shape, macs, instructions (unit -> count),
+        start_cycle, end_cycle, span_cycles, cycles, busy_cycles (unit -> cycles),
+        array_utilization (MACs / (peak x span)), bytes (level -> read/write), actions,
+        energy_pj (component -> pJ, leakage over the layer's `cycles`, "total"),
+        roofline: {compute_cycles, memory_cycles, bound_cycles, bound ("compute" or "memory"),
+                   compulsory_bytes, achieved_over_bound}
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from stagec.isa.instructions import Queue
-from stagec.isa.program import Program
-from stagec.sim.timing import dram_bytes, instruction_cycles, queue_of
+from stagec.isa.config import HardwareConfig
+from stagec.isa.instructions import Opcode, Queue
+from stagec.isa.program import Layer, Program
+from stagec.sim.costs import ITEMSIZE
+from stagec.sim.energy import ActionCounts, area_mm2, counts_of, energy_pj
+from stagec.sim.timing import Timeline, timeline
 
 UNITS = tuple(q.name.lower() for q in Queue)
+LEVELS = ("dram", "scratchpad", "accumulator")
 
 
 @dataclass(frozen=True)
@@ -21,71 +58,158 @@ class LayerReport:
     out_shape: tuple
     macs: int
     instructions: dict          # unit -> count
-    dram_read_bytes: int
-    dram_write_bytes: int
+    start_cycle: float
+    end_cycle: float
+    cycles: float               # exclusive share of the timeline; adds up to Report.cycles
     busy_cycles: dict           # unit -> cycles
+    actions: ActionCounts       # totals
+    energy_pj: dict             # component -> pJ
+    roofline: dict
+
+    @property
+    def span_cycles(self) -> float:
+        return self.end_cycle - self.start_cycle
+
+    def array_utilization(self, hw: HardwareConfig) -> float:
+        return self.macs / (hw.peak_macs_per_cycle * self.span_cycles) if self.span_cycles > 0 else 0.0
+
+    def to_dict(self, hw: HardwareConfig) -> dict:
+        return {
+            "name": self.name, "op": self.op, "in_shapes": [list(s) for s in self.in_shapes],
+            "out_shape": list(self.out_shape), "macs": self.macs, "instructions": self.instructions,
+            "start_cycle": self.start_cycle, "end_cycle": self.end_cycle, "span_cycles": self.span_cycles,
+            "cycles": self.cycles, "busy_cycles": self.busy_cycles, "array_utilization": self.array_utilization(hw),
+            "bytes": _bytes(self.actions), "actions": self.actions.to_dict(),
+            "energy_pj": {**self.energy_pj, "total": sum(self.energy_pj.values())}, "roofline": self.roofline,
+        }
 
 
 @dataclass(frozen=True)
 class Report:
-    """Simulation report.  `cycles` is the busiest unit's total: exact when the units overlap
-    perfectly, a lower bound otherwise (`serial_cycles` is the upper bound)."""
+    """Simulation report; `summary()` prints it, `to_dict()` has it as data, `stagec.plots` draws it."""
 
     layers: tuple[LayerReport, ...]
-    instructions: dict
-    busy_cycles: dict
+    hw: HardwareConfig
+    instructions: dict          # unit -> count
+    busy_cycles: dict           # unit -> cycles
     cycles: float
-    serial_cycles: float
-    dram_read_bytes: int
-    dram_write_bytes: int
-    clock_hz: float
+    actions: ActionCounts       # totals
+    energy_pj: dict             # component -> pJ
+    area_mm2: dict              # component -> mm^2
+    timeline: Timeline = field(repr=False)
+    layer_ids: np.ndarray = field(repr=False)   # layer of each instruction (-1: none)
+
+    @property
+    def clock_hz(self) -> float:
+        return float(self.hw.clock_hz)
 
     @property
     def latency_s(self) -> float:
         return self.cycles / self.clock_hz
 
+    @property
+    def array_utilization(self) -> float:
+        macs = sum(layer.macs for layer in self.layers)
+        return macs / (self.hw.peak_macs_per_cycle * self.cycles) if self.cycles > 0 else 0.0
+
+    @property
+    def roofline_cycles(self) -> float:
+        return sum(layer.roofline["bound_cycles"] for layer in self.layers)
+
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["latency_s"] = self.latency_s
-        return d
+        """The report as JSON-ready data; the keys are listed in this module's docstring."""
+        return {
+            "hw": self.hw.to_dict(), "cycles": self.cycles, "latency_s": self.latency_s, "clock_hz": self.clock_hz,
+            "instructions": self.instructions, "busy_cycles": self.busy_cycles,
+            "array_utilization": self.array_utilization, "bytes": _bytes(self.actions),
+            "actions": self.actions.to_dict(),
+            "energy_pj": {**self.energy_pj, "total": sum(self.energy_pj.values())},
+            "area_mm2": {**self.area_mm2, "total": sum(self.area_mm2.values())},
+            "roofline_cycles": self.roofline_cycles,
+            "cycles_over_roofline": self.cycles / self.roofline_cycles if self.roofline_cycles else None,
+            "layers": [layer.to_dict(self.hw) for layer in self.layers],
+        }
 
     def summary(self) -> str:
-        head = f"{'layer':<34} {'op':<11} {'output':<16} {'instr':>7} {'DRAM KiB':>9} {'MMACs':>8} {'cycles':>10}"
+        head = (f"{'layer':<30} {'op':<9} {'MMACs':>8} {'cycles':>10} {'span':>10} {'util%':>6} "
+                f"{'bound':>4} {'x bound':>7} {'DRAM KiB':>9} {'energy uJ':>9}")
         lines = [head, "-" * len(head)]
         for layer in self.layers:
-            lines.append(f"{layer.name[:34]:<34} {layer.op:<11} {'x'.join(map(str, layer.out_shape)):<16} "
-                         f"{sum(layer.instructions.values()):>7} "
-                         f"{(layer.dram_read_bytes + layer.dram_write_bytes) / 1024:>9.1f} {layer.macs / 1e6:>8.2f} "
-                         f"{max(layer.busy_cycles.values()):>10.0f}")
+            roof = layer.roofline
+            lines.append(
+                f"{layer.name[:30]:<30} {layer.op[:9]:<9} {layer.macs / 1e6:>8.2f} {layer.cycles:>10.0f} "
+                f"{layer.span_cycles:>10.0f} {100 * layer.array_utilization(self.hw):>6.1f} "
+                f"{roof['bound'][:3]:>4} {roof['achieved_over_bound'] or 0:>7.2f} "
+                f"{(layer.actions.dram_read_bytes + layer.actions.dram_write_bytes) / 1024:>9.1f} "
+                f"{sum(layer.energy_pj.values()) / 1e6:>9.2f}")
         lines.append("-" * len(head))
-        lines.append(f"instructions per unit: {self.instructions}")
-        lines.append(f"busy cycles per unit:  {({k: int(v) for k, v in self.busy_cycles.items()})}")
-        lines.append(f"cycles: {self.cycles:.0f} (busiest unit) .. {self.serial_cycles:.0f} (no overlap); "
-                     f"{self.latency_s * 1e3:.3f} ms at {self.clock_hz / 1e9:g} GHz; "
-                     f"DRAM read {self.dram_read_bytes / 2**20:.2f} MiB, "
-                     f"written {self.dram_write_bytes / 2**20:.2f} MiB")
+        total_pj = sum(self.energy_pj.values())
+        b = _bytes(self.actions)
+        lines += [
+            f"cycles: {self.cycles:.0f} = {self.latency_s * 1e3:.3f} ms at {self.clock_hz / 1e9:g} GHz; "
+            f"{self.cycles / self.roofline_cycles if self.roofline_cycles else float('nan'):.2f}x the sum of "
+            f"per-layer roofline bounds ({self.roofline_cycles:.0f}); array utilization "
+            f"{100 * self.array_utilization:.1f}%",
+            "instructions per unit: " + ", ".join(f"{u} {c}" for u, c in self.instructions.items()),
+            "busy cycles per unit:  " + ", ".join(f"{u} {c:.0f}" for u, c in self.busy_cycles.items()),
+            "bytes:  " + "; ".join(f"{lvl} read {v['read'] / 2**20:.2f} MiB, written {v['write'] / 2**20:.2f} MiB"
+                                   for lvl, v in b.items()),
+            f"energy: {total_pj / 1e6:.2f} uJ = " + ", ".join(
+                f"{k} {100 * v / total_pj if total_pj else 0:.0f}%" for k, v in self.energy_pj.items()),
+            f"area:   {sum(self.area_mm2.values()):.2f} mm^2 = " + ", ".join(
+                f"{k} {v:.2f}" for k, v in self.area_mm2.items()),
+        ]
         return "\n".join(lines)
 
 
+def _bytes(actions: ActionCounts) -> dict:
+    return {lvl: {"read": getattr(actions, f"{lvl}_read_bytes"), "write": getattr(actions, f"{lvl}_write_bytes")}
+            for lvl in LEVELS}
+
+
 def make_report(program: Program) -> Report:
-    code = program.code
-    q = queue_of(code)
-    cycles = instruction_cycles(code, program.hw)
-    read, write = dram_bytes(code)
+    """Time `program` on the config it was compiled for, count its actions, and assemble the report."""
+    hw = program.hw
+    tl = timeline(program)
+    counts = counts_of(program)
     ids = program.layer_ids
     n_layers = len(program.layers)
-    # per (layer, unit) sums in one pass
-    key = np.where(ids >= 0, ids, n_layers) * 4 + q
-    counts = np.bincount(key, minlength=(n_layers + 1) * 4).reshape(-1, 4)
-    busy = np.bincount(key, weights=cycles, minlength=(n_layers + 1) * 4).reshape(-1, 4)
-    rd = np.bincount(np.where(ids >= 0, ids, n_layers), weights=read, minlength=n_layers + 1)
-    wr = np.bincount(np.where(ids >= 0, ids, n_layers), weights=write, minlength=n_layers + 1)
+    group = np.where(ids >= 0, ids, n_layers)       # instructions of no layer go to one extra group
+    key = group * 4 + tl.queue
+    shape = (n_layers + 1, 4)
+    count = np.bincount(key, minlength=shape[0] * 4).reshape(shape)
+    busy = np.bincount(key, weights=tl.end - tl.start, minlength=shape[0] * 4).reshape(shape)
+    first = np.full(n_layers + 1, np.inf)
+    last = np.zeros(n_layers + 1)
+    np.minimum.at(first, group, tl.start)
+    np.maximum.at(last, group, tl.end)
+    first = np.where(np.isfinite(first), first, 0.0)
+    frontier = np.maximum.accumulate(last[:n_layers]) if n_layers else last[:0]
+    exclusive = np.diff(frontier, prepend=0.0)
+    layer_counts = counts.by_group(ids, n_layers)
+    itemsize = np.zeros(n_layers + 1, np.int64)    # DRAM element size of the layer's tensors (its LOADs')
+    loads = program.code["opcode"] == Opcode.LOAD
+    np.maximum.at(itemsize, group[loads], ITEMSIZE[program.code["dtype"][loads]])
     layers = tuple(
         LayerReport(layer.name, layer.op, layer.in_shapes, layer.out_shape, layer.macs,
-                    dict(zip(UNITS, map(int, counts[i]), strict=True)), int(rd[i]), int(wr[i]),
-                    dict(zip(UNITS, map(float, busy[i]), strict=True)))
+                    dict(zip(UNITS, map(int, count[i]), strict=True)), float(first[i]), float(last[i]),
+                    float(exclusive[i]), dict(zip(UNITS, map(float, busy[i]), strict=True)), layer_counts[i],
+                    {k: float(v) for k, v in energy_pj(layer_counts[i], exclusive[i], hw).items()},
+                    _roofline(layer, hw, itemsize[i], last[i] - first[i]))
         for i, layer in enumerate(program.layers))
-    unit_busy = busy.sum(0)
-    return Report(layers, dict(zip(UNITS, map(int, counts.sum(0)), strict=True)),
-                  dict(zip(UNITS, map(float, unit_busy), strict=True)), float(unit_busy.max(initial=0.0)),
-                  float(cycles.sum()), int(read.sum()), int(write.sum()), float(program.hw.clock_hz))
+    total = counts.total()
+    return Report(layers, hw, dict(zip(UNITS, map(int, count.sum(0)), strict=True)),
+                  dict(zip(UNITS, map(float, busy.sum(0)), strict=True)), tl.cycles, total,
+                  {k: float(v) for k, v in energy_pj(total, tl.cycles, hw).items()},
+                  {k: float(v) for k, v in area_mm2(hw).items()}, tl, ids)
+
+
+def _roofline(layer: Layer, hw: HardwareConfig, itemsize: int, span: float) -> dict:
+    """The layer's roofline bound: compute (MACs / peak) or memory (compulsory bytes / bandwidth)."""
+    elements = sum(int(np.prod(s)) for s in layer.in_shapes) + int(np.prod(layer.out_shape))
+    compulsory = elements * (int(itemsize) or 4)
+    compute, memory = layer.macs / hw.peak_macs_per_cycle, compulsory / hw.dma_bandwidth_bytes_per_cycle
+    bound = max(compute, memory)
+    return {"compute_cycles": compute, "memory_cycles": memory, "bound_cycles": bound,
+            "bound": "compute" if compute >= memory else "memory", "compulsory_bytes": compulsory,
+            "achieved_over_bound": span / bound if bound > 0 else None}

@@ -1,0 +1,169 @@
+"""How long one instruction takes: the per-instruction duration formulas, for numpy or jax.numpy.
+
+These are the formulas the timing simulator (`sim.timing`) charges each
+instruction and the ones an analytical cost model should reuse, so the two
+agree by construction.  Every function takes `xp` (numpy or jax.numpy): with
+numpy they give exact host numbers, with jax.numpy they trace, so gradients
+flow through the continuous hardware fields.
+
+Matrix unit (per MATMUL tile of M x K times K x N on an R x C array), after
+SCALE-Sim (A. Samajdar et al., "A Systematic Methodology for Characterizing
+Scalability of DNN Accelerators using SCALE-Sim", ISPASS 2020; code at
+github.com/scalesim-project, `scalesim/compute/systolic_compute_{ws,os}.py`):
+
+  weight stationary: a K x N weight fold sits in the array (rows along the
+      reduction, columns along output channels) and the M input rows stream
+      through.  ceil(K/R) * ceil(N/C) folds, each 2R + C + M - 2 cycles:
+      R to preload the weights, M streamed rows, R + C - 2 of skew fill and drain.
+  output stationary: each PE holds one output of an M x N fold while K streams
+      through.  ceil(M/R) * ceil(N/C) folds, each R + C + K - 2 cycles (SCALE-Sim's
+      code: K operand cycles plus R + C - 2 of skew; the paper's closed form
+      charges one more R per fold to shift the outputs out, the code overlaps it).
+
+A fold that does not fill the array costs as much as one that does (unused PEs
+idle), as in SCALE-Sim.
+
+DMA (LOAD, STORE): a fixed latency, then the bytes over the DRAM bandwidth.
+The transfer is kept fractional (no ceiling), so cycles are differentiable in
+the bandwidth.
+
+Vector unit: ceil(elements / lanes) lane groups, each one cycle, or
+`vector_cycles_per_transcendental` for exp, log, rsqrt, ...; a reduction adds
+ceil(log2(length)) cycles for the tree that combines the lanes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from stagec.isa.config import HardwareConfig
+from stagec.isa.instructions import QUEUE_OF, REDUCTIONS, TRANSCENDENTAL, DType, Opcode
+
+ITEMSIZE = np.zeros(256, np.int64)
+for _d in DType:
+    ITEMSIZE[_d] = _d.itemsize
+
+QUEUE_OF_OPCODE = np.zeros(256, np.int8)
+for _op, _q in QUEUE_OF.items():
+    QUEUE_OF_OPCODE[_op] = _q
+
+
+# --- the formulas --------------------------------------------------------------------------------
+
+def matmul_folds(m, k, n, rows: int, cols: int, dataflow: str, xp=np):
+    """Folds of an M x K x N matmul on a rows x cols array (SCALE-Sim's row_fold * col_fold)."""
+    if dataflow == "weight_stationary":
+        return xp.ceil(k / rows) * xp.ceil(n / cols)
+    if dataflow == "output_stationary":
+        return xp.ceil(m / rows) * xp.ceil(n / cols)
+    raise ValueError(f"unknown dataflow {dataflow!r}; expected weight_stationary or output_stationary")
+
+
+def matmul_fold_cycles(m, k, n, rows: int, cols: int, dataflow: str, xp=np):
+    """Cycles of one fold (SCALE-Sim's per-fold demand-matrix length)."""
+    if dataflow == "weight_stationary":
+        return 2 * rows + cols + m - 2
+    if dataflow == "output_stationary":
+        return rows + cols + k - 2
+    raise ValueError(f"unknown dataflow {dataflow!r}; expected weight_stationary or output_stationary")
+
+
+def matmul_cycles(m, k, n, rows: int, cols: int, dataflow: str, xp=np):
+    """Cycles of an M x K x N matmul tile on the array: folds x per-fold cycles.
+
+    >>> int(matmul_cycles(196, 576, 64, 32, 32, "weight_stationary"))   # 18 folds of 2*32+32+196-2
+    5220
+    """
+    return matmul_folds(m, k, n, rows, cols, dataflow, xp) * matmul_fold_cycles(m, k, n, rows, cols, dataflow, xp)
+
+
+def dma_transfer_cycles(nbytes, bandwidth_bytes_per_cycle, xp=np):
+    """Cycles the DRAM channel is busy moving `nbytes` (fractional, hence differentiable)."""
+    return xp.asarray(nbytes) / bandwidth_bytes_per_cycle
+
+
+def dma_cycles(nbytes, hw: HardwareConfig, xp=np):
+    """A DMA instruction alone: latency, then the transfer."""
+    return hw.dma_latency_cycles + dma_transfer_cycles(nbytes, hw.dma_bandwidth_bytes_per_cycle, xp)
+
+
+def vector_cycles(elements, lanes: int, *, transcendental=False, reduce_length=1,
+                  cycles_per_transcendental=1.0, xp=np):
+    """Cycles of a vector instruction over `elements` (reductions: over runs of `reduce_length`)."""
+    groups = xp.ceil(xp.asarray(elements) / lanes)
+    per_group = xp.where(transcendental, cycles_per_transcendental, 1.0)
+    tree = xp.where(xp.asarray(reduce_length) > 1, xp.ceil(xp.log2(xp.maximum(reduce_length, 1))), 0.0)
+    return groups * per_group + tree
+
+
+# --- the formulas applied to an instruction stream -----------------------------------------------
+
+@dataclass(frozen=True)
+class InstructionShapes:
+    """The static (hardware-independent) numbers of each instruction that the formulas need."""
+
+    queue: np.ndarray            # (N,) Queue
+    is_dma: np.ndarray           # (N,) LOAD or STORE
+    dram_bytes: np.ndarray       # (N,) bytes a DMA moves over the DRAM channel
+    matmul_mkn: np.ndarray       # (N, 3) M, K, N of each MATMUL (0 elsewhere)
+    is_matmul: np.ndarray
+    vector_elements: np.ndarray  # (N,) elements a VECTOR instruction processes
+    vector_reduce: np.ndarray    # (N,) reduction length (1 for elementwise)
+    transcendental: np.ndarray   # (N,) bool
+    is_vector: np.ndarray
+
+
+def instruction_shapes(code: np.ndarray) -> InstructionShapes:
+    op = code["opcode"]
+    n = code["n"].astype(np.int64)
+    elems = n[:, 0] * n[:, 1] * n[:, 2]
+    is_dma = (op == Opcode.LOAD) | (op == Opcode.STORE)
+    is_mm, is_vec = op == Opcode.MATMUL, op == Opcode.VECTOR
+    reduction = is_vec & np.isin(code["func"], list(REDUCTIONS))
+    return InstructionShapes(
+        queue=QUEUE_OF_OPCODE[op].astype(np.int32), is_dma=is_dma,
+        dram_bytes=np.where(is_dma, elems * ITEMSIZE[code["dtype"]], 0),
+        matmul_mkn=np.where(is_mm[:, None], np.stack([n[:, 0] * n[:, 1], n[:, 2], n[:, 3]], 1), 0),
+        is_matmul=is_mm, vector_elements=np.where(is_vec, elems, 0),
+        vector_reduce=np.where(reduction, n[:, 2], 1),
+        transcendental=is_vec & np.isin(code["func"], list(TRANSCENDENTAL)), is_vector=is_vec)
+
+
+@dataclass(frozen=True)
+class UnitParameters:
+    """The hardware fields the duration formulas read, all as values: with JAX arrays here, one compiled
+    timing serves every array shape and dataflow (a HardwareConfig's structural fields are static)."""
+
+    array_rows: object
+    array_cols: object
+    vector_lanes: object
+    weight_stationary: object
+    dma_bandwidth_bytes_per_cycle: object
+    dma_latency_cycles: object
+    vector_cycles_per_transcendental: object
+
+
+def unit_parameters(hw: HardwareConfig) -> UnitParameters:
+    return UnitParameters(hw.array_rows, hw.array_cols, hw.vector_lanes, hw.dataflow == "weight_stationary",
+                          hw.dma_bandwidth_bytes_per_cycle, hw.dma_latency_cycles,
+                          hw.vector_cycles_per_transcendental)
+
+
+def unit_cycles(shapes: InstructionShapes, p: UnitParameters, xp=np):
+    """(occupancy, transfer) per instruction, as the timing simulator charges them.
+
+    occupancy: cycles a MATMUL or VECTOR instruction holds its unit; for a DMA, its latency.
+    transfer: cycles a DMA holds the shared DRAM channel (0 for the rest).
+    """
+    m, k, n = (shapes.matmul_mkn[:, j] for j in range(3))
+    ws = matmul_cycles(m, k, n, p.array_rows, p.array_cols, "weight_stationary", xp)
+    os_ = matmul_cycles(m, k, n, p.array_rows, p.array_cols, "output_stationary", xp)
+    matrix = xp.where(shapes.is_matmul, xp.where(p.weight_stationary, ws, os_), 0.0)
+    vector = vector_cycles(shapes.vector_elements, p.vector_lanes, transcendental=shapes.transcendental,
+                           reduce_length=shapes.vector_reduce,
+                           cycles_per_transcendental=p.vector_cycles_per_transcendental, xp=xp)
+    occupancy = xp.where(shapes.is_dma, p.dma_latency_cycles, xp.where(shapes.is_vector, vector, matrix))
+    transfer = dma_transfer_cycles(shapes.dram_bytes, p.dma_bandwidth_bytes_per_cycle, xp)
+    return occupancy, transfer
