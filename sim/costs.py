@@ -23,7 +23,7 @@ github.com/scalesim-project, `scalesim/compute/systolic_compute_{ws,os}.py`):
 A fold that does not fill the array costs as much as one that does (unused PEs
 idle), as in SCALE-Sim.
 
-DMA (LOAD, STORE): a fixed latency, then the bytes over the DRAM bandwidth.
+DMA (LOAD, GATHER, STORE): a fixed latency, then the bytes over the DRAM bandwidth.
 The transfer is kept fractional (no ceiling), so cycles are differentiable in
 the bandwidth.
 
@@ -105,7 +105,7 @@ class InstructionShapes:
     """The static (hardware-independent) numbers of each instruction that the formulas need."""
 
     queue: np.ndarray            # (N,) Queue
-    is_dma: np.ndarray           # (N,) LOAD or STORE
+    is_dma: np.ndarray           # (N,) LOAD, GATHER or STORE
     dram_bytes: np.ndarray       # (N,) bytes a DMA moves over the DRAM channel
     matmul_mkn: np.ndarray       # (N, 3) M, K, N of each MATMUL (0 elsewhere)
     is_matmul: np.ndarray
@@ -119,7 +119,7 @@ def instruction_shapes(code: np.ndarray) -> InstructionShapes:
     op = code["opcode"]
     n = code["n"].astype(np.int64)
     elems = n[:, 0] * n[:, 1] * n[:, 2]
-    is_dma = (op == Opcode.LOAD) | (op == Opcode.STORE)
+    is_dma = (op == Opcode.LOAD) | (op == Opcode.STORE) | (op == Opcode.GATHER)
     is_mm, is_vec = op == Opcode.MATMUL, op == Opcode.VECTOR
     reduction = is_vec & np.isin(code["func"], list(REDUCTIONS))
     return InstructionShapes(

@@ -23,7 +23,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from stagec.isa.config import HardwareConfig
-from stagec.isa.instructions import BINARY, REDUCTIONS, REQUANT_RECORD_BYTES, AccMode, DType, Opcode, Space, VectorFunc
+from stagec.isa.instructions import (
+    BINARY,
+    READS_DST,
+    REDUCTIONS,
+    REQUANT_RECORD_BYTES,
+    AccMode,
+    DType,
+    Opcode,
+    Space,
+    VectorFunc,
+)
 from stagec.isa.program import Program
 
 from .costs import ITEMSIZE
@@ -75,13 +85,14 @@ def action_counts(code: np.ndarray, hw: HardwareConfig) -> ActionCounts:
     counts = {name: np.zeros(len(code)) for name in ACTIONS}
     reads, writes = [], []      # (mask, space, bytes) of local-memory traffic
 
-    load, store = op == Opcode.LOAD, op == Opcode.STORE
+    load, store, gather = op == Opcode.LOAD, op == Opcode.STORE, op == Opcode.GATHER
     pad = code["pad"].astype(np.int64)
-    padded = np.prod(n[:, :3] + pad[:, 0::2] + pad[:, 1::2], axis=1).astype(np.float64)
-    counts["dram_read_bytes"] += np.where(load, elems * size_in, 0)
+    padded = np.prod(n[:, :3] + np.where(load[:, None], pad[:, 0::2] + pad[:, 1::2], 0), axis=1).astype(np.float64)
+    counts["dram_read_bytes"] += np.where(load | gather, elems * size_in, 0)
     counts["dram_write_bytes"] += np.where(store, elems * size_in, 0)
-    writes.append((load, space["y"], padded * size_out))
+    writes.append((load | gather, space["y"], padded * size_out))
     reads.append((store, space["y"], elems * size_out))
+    reads.append((gather, space["z"], n[:, 0].astype(np.float64) * 4))   # the int32 row indices
 
     mm = op == Opcode.MATMUL
     m, k, nn = (n[:, 0] * n[:, 1]).astype(np.float64), n[:, 2].astype(np.float64), n[:, 3].astype(np.float64)
@@ -107,7 +118,7 @@ def action_counts(code: np.ndarray, hw: HardwareConfig) -> ActionCounts:
     out = np.where(reduction, n[:, 0] * n[:, 1], elems).astype(np.float64)
     counts["vector_ops"] += np.where(vec, elems, 0)
     writes.append((vec, space["x"], out * size_out))
-    reads.append((vec & accumulate, space["x"], out * size_out))
+    reads.append((vec & (accumulate | np.isin(func, list(READS_DST))), space["x"], out * size_out))
     reads.append((vec, space["y"], _distinct(code, "y", n) * size_in))
     params = np.where(func == VectorFunc.REQUANT, REQUANT_RECORD_BYTES, size_in)
     reads.append((vec & np.isin(func, list(BINARY)), space["z"], _distinct(code, "z", n) * params))

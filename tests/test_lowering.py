@@ -89,7 +89,8 @@ def test_fusion_saves_the_round_trips_it_should():
     tensor = x.numel() * 4
     # Unfused, every elementwise op (bias a, relu, bias b, BN mul, BN add, residual add, relu) writes
     # its result and the next op reads it back: at least 2 tensors of traffic per op removed.
-    saved = (ru.dram_read_bytes + ru.dram_write_bytes) - (rf.dram_read_bytes + rf.dram_write_bytes)
+    saved = (ru.actions.dram_read_bytes + ru.actions.dram_write_bytes
+             - rf.actions.dram_read_bytes - rf.actions.dram_write_bytes)
     assert saved >= 2 * 5 * tensor
     ops = [layer.op for layer in fused.layers]
     assert ops == ["conv", "conv"]   # bias, BN, ReLU and the residual add ride on the two convs
