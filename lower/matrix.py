@@ -41,7 +41,7 @@ class Epilogue:
         size = tile[0] * tile[1] * tile[2] * FP32
         self.resident = {}
         for k, e in enumerate(extras if expr else ()):
-            if e.strides[0] == e.strides[2] == e.strides[3] == 0:
+            if all(e.strides[a] == 0 or e.shape[a] == 1 for a in (0, 2, 3)):   # as schedule.node_problem counts
                 base = spad.alloc(e.shape[1] * FP32)
                 em.load(e, (0, 0, 0, 0), OUT_AXES, (1, 1, e.shape[1]), Operand(Space.SPAD, base, (0, 0, 1)))
                 self.resident[k] = base

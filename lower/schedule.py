@@ -87,11 +87,51 @@ def _grid(**axes) -> dict[str, np.ndarray]:
     return {k: v.reshape(-1) for k, v in zip(axes, mesh, strict=True)}
 
 
+def conv_footprint(p: ConvProblem, th, tw, to, tc, double_buffer, resident, extras=(0, 0), xp=np):
+    """(scratchpad bytes, accumulator bytes) a matrix-unit mapping occupies, as lower.matrix
+    allocates them: input halos, weights (tiles or all of them), epilogue operand tiles and
+    per-channel epilogue vectors; accumulator tiles.  Works on arrays of candidates."""
+    tile_extras, channel_extras = extras
+    bufs = 1 + double_buffer
+    ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
+    iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
+    weights = xp.where(resident, p.kh * p.kw * p.c * p.o, bufs * p.kh * p.kw * tc * to) * FP32
+    spad = bufs * ih * iw * tc * FP32 + weights + bufs * tile_extras * th * tw * to * FP32 + channel_extras * p.o * FP32
+    return spad, bufs * th * tw * to * FP32
+
+
+def window_footprint(p: ConvProblem, th, tw, to, double_buffer, extras=(0, 0), weighted=True, xp=np):
+    """(scratchpad, accumulator) bytes of a depthwise/pooling mapping (lower.window's buffers)."""
+    tile_extras, channel_extras = extras
+    bufs = 1 + double_buffer
+    ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
+    iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
+    out_tile = th * tw * to * FP32
+    spad = bufs * (ih * iw * to * FP32 + (p.kh * p.kw * to * FP32 if weighted else 0) + tile_extras * out_tile)
+    return spad + channel_extras * p.o * FP32, bufs * out_tile
+
+
+def fits(p: ConvProblem, spad, acc, th, tw, hw: HardwareConfig):
+    """Which candidates fit the memories (and the DMA's halo limit)."""
+    ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
+    iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
+    return (spad <= hw.scratchpad_bytes) & (acc <= hw.accumulator_bytes) & (np.maximum(ih, iw) <= MAX_HALO)
+
+
+def footprint(kind: str, p: ConvProblem, m: TileMapping, extras=(0, 0)) -> tuple[int, int]:
+    """(scratchpad, accumulator) bytes of one mapping of a node of `kind` (see node_problem)."""
+    if kind == "matrix":
+        spad, acc = conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, int(m.double_buffer),
+                                   m.weights_resident, extras)
+    else:
+        spad, acc = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, int(m.double_buffer), extras,
+                                     kind == "depthwise")
+    return int(spad), int(acc)
+
+
 def _pick(p: ConvProblem, g: dict, spad: np.ndarray, acc: np.ndarray, cost: np.ndarray, hw: HardwareConfig,
           layer: str, resident=None) -> TileMapping:
-    ih = (g["th"] - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
-    iw = (g["tw"] - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
-    ok = (spad <= hw.scratchpad_bytes) & (acc <= hw.accumulator_bytes) & (np.maximum(ih, iw) <= MAX_HALO)
+    ok = fits(p, spad, acc, g["th"], g["tw"], hw)
     if not ok.any():
         k = int(np.argmin(spad + acc))
         raise TilingError(f"{layer}: no tiling fits: the smallest tile needs {int(spad[k])} bytes of scratchpad "
@@ -106,7 +146,7 @@ def _dma_cycles(hw: HardwareConfig, count, nbytes):
     return count * hw.dma_latency_cycles + nbytes / hw.dma_bandwidth_bytes_per_cycle
 
 
-def map_conv(p: ConvProblem, hw: HardwareConfig, extras: int = 0, layer: str = "conv") -> TileMapping:
+def map_conv(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), layer: str = "conv") -> TileMapping:
     """Default mapping on the matrix unit: the candidate tiling (sizes from a small grid per dim)
     that fits and minimizes an analytic estimate: the busiest of array, DMA and vector unit,
     plus a small charge per instruction."""
@@ -114,14 +154,12 @@ def map_conv(p: ConvProblem, hw: HardwareConfig, extras: int = 0, layer: str = "
               res=np.array([1, 0]))
     g["tc"] = np.where(g["res"] == 1, p.c, g["tc"])   # resident weights: one channel tile
     th, tw, to, tc, db, res = g["th"], g["tw"], g["to"], g["tc"], g["db"], g["res"]
-    bufs = 1 + db
+    spad, acc = conv_footprint(p, th, tw, to, tc, db, res == 1, extras)
     ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
     iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
     m = th * tw
     w_all = p.kh * p.kw * p.c * p.o * FP32
     w_tile = p.kh * p.kw * tc * to * FP32
-    spad = bufs * ih * iw * tc * FP32 + np.where(res == 1, w_all, bufs * w_tile) + bufs * extras * m * to * FP32
-    acc = bufs * m * to * FP32
     n_sp = p.n * -(-p.oh // th) * -(-p.ow // tw)
     n_o, n_c = -(-p.o // to), -(-p.c // tc)
     fold = p.kw if p.dilation[1] == 1 else 1
@@ -134,29 +172,28 @@ def map_conv(p: ConvProblem, hw: HardwareConfig, extras: int = 0, layer: str = "
     halo_loads = n_sp * n_c * np.where(n_c > 1, n_o, 1)
     w_loads = np.where(res == 1, 1, n_sp * n_o * n_c)
     tiles_out = n_sp * n_o
-    dma = _dma_cycles(hw, halo_loads + w_loads + tiles_out * (1 + extras),
+    dma = _dma_cycles(hw, halo_loads + w_loads + tiles_out * (1 + extras[0]),
                       halo_loads * ih * iw * tc * FP32 + np.where(res == 1, w_all, w_loads * w_tile)
-                      + tiles_out * (1 + extras) * m * to * FP32)
-    instructions = n_mm + halo_loads + w_loads + tiles_out * (1 + 2 * extras)
-    cost = np.maximum(mm, dma) + 8.0 * instructions
+                      + tiles_out * (1 + extras[0]) * m * to * FP32)
+    instructions = n_mm + halo_loads + w_loads + tiles_out * (1 + 2 * extras[0])
+    # double buffering overlaps the DMA with the array; single buffering serializes them
+    cost = np.where(db == 1, np.maximum(mm, dma), mm + dma) + 8.0 * instructions
     return _pick(p, g, spad, acc, cost, hw, layer, res)
 
 
-def map_window(p: ConvProblem, hw: HardwareConfig, extras: int = 0, weighted: bool = True,
+def map_window(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), weighted: bool = True,
                layer: str = "window") -> TileMapping:
     """Default mapping of depthwise conv / pooling on the vector unit (channels as lanes)."""
     g = _grid(th=_sizes(p.oh), tw=_sizes(p.ow), to=_sizes(p.o), tc=np.array([1]), db=np.array([1, 0]))
     th, tw, to, db = g["th"], g["tw"], g["to"], g["db"]
-    bufs = 1 + db
+    spad, acc = window_footprint(p, th, tw, to, db, extras, weighted)
     ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
     iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
     out_tile = th * tw * to * FP32
-    spad = bufs * (ih * iw * to * FP32 + (p.kh * p.kw * to * FP32 if weighted else 0) + extras * out_tile)
-    acc = bufs * out_tile
     tiles_out = p.n * -(-p.oh // th) * -(-p.ow // tw) * -(-p.o // to)
     vec = tiles_out * p.kh * p.kw * -(-(th * tw * to) // hw.vector_lanes)
-    dma = _dma_cycles(hw, tiles_out * (2 + extras), tiles_out * (ih * iw * to * FP32 + (1 + extras) * out_tile))
-    cost = np.maximum(vec, dma) + 8.0 * tiles_out * (2 + p.kh * p.kw)
+    dma = _dma_cycles(hw, tiles_out * (2 + extras[0]), tiles_out * (ih * iw * to * FP32 + (1 + extras[0]) * out_tile))
+    cost = np.where(db == 1, np.maximum(vec, dma), vec + dma) + 8.0 * tiles_out * (2 + p.kh * p.kw)
     return _pick(p, g, spad, acc, cost, hw, layer)
 
 
@@ -186,18 +223,24 @@ def tiles(total: int, tile: int):
 
 # --- the schedule stage -----------------------------------------------------------------------
 
-def node_problem(node) -> tuple[str, ConvProblem, int] | None:
-    """(kind, problem, epilogue tiles) of a node that runs as a convolution, else None.
+def node_problem(node) -> tuple[str, ConvProblem, tuple[int, int]] | None:
+    """(kind, problem, epilogue operands) of a node that runs as a convolution, else None.
 
-    kind is 'matrix' (conv/matmul on the array), 'depthwise' or 'pool' (vector unit, per channel).
+    kind is 'matrix' (conv/matmul on the array), 'depthwise' or 'pool' (vector unit, per channel);
+    the epilogue operands are (full tiles: operands and temporaries, per-channel vectors).
     """
     from .graph_ir import OpKind
     from .tile_expr import plan
 
-    def epilogue_tiles(first_extra: int) -> int:
+    def epilogue(channel_axis: int) -> tuple[int, int]:
         expr = node.attr("epilogue")
-        extras = len(node.inputs) - first_extra
-        return extras + (plan(expr, extras + 1, frozenset(range(extras + 1))).temps if expr else 0)
+        extras = node.inputs[2:]
+        out = node.output.shape
+        axis = channel_axis % len(out)
+        per_channel = sum(1 for v in extras
+                          if all(d == 1 for i, d in enumerate((1,) * (len(out) - len(v.shape)) + v.shape) if i != axis))
+        temps = plan(expr, len(extras) + 1, frozenset(range(len(extras) + 1))).temps if expr else 0
+        return len(extras) - per_channel + temps, per_channel
 
     if node.op == OpKind.CONV:
         (n, c, h, w), (o, cg, kh, kw) = node.inputs[0].shape, node.inputs[1].shape
@@ -205,14 +248,14 @@ def node_problem(node) -> tuple[str, ConvProblem, int] | None:
         kind = "depthwise" if cg == 1 and o == g else "matrix"
         return kind, ConvProblem(n, c if kind == "depthwise" else cg, h, w, o if kind == "depthwise" else o // g,
                                  kh, kw, node.attr("stride"), node.attr("padding"), node.attr("dilation")), \
-            epilogue_tiles(2)
+            epilogue(1)
     if node.op == OpKind.MATMUL:
         (m, k), nn = node.inputs[0].shape[-2:], node.inputs[1].shape[-1]
-        return "matrix", ConvProblem(1, k, 1, m, nn), epilogue_tiles(2)
+        return "matrix", ConvProblem(1, k, 1, m, nn), epilogue(-1)
     if node.op == OpKind.POOL:
         *_, c, h, w = node.inputs[0].shape
         (kh, kw), stride = node.attr("window"), node.attr("strides")
-        return "pool", ConvProblem(1, c, h, w, c, kh, kw, stride, node.attr("padding"), node.attr("dilation")), 0
+        return "pool", ConvProblem(1, c, h, w, c, kh, kw, stride, node.attr("padding"), node.attr("dilation")), (0, 0)
     return None
 
 
@@ -229,15 +272,27 @@ class Schedule:
         return "schedule {\n" + "\n".join(f"  {name}: {m}" for name, m in self.mappings) + "\n}"
 
 
-def make_schedule(graph, hw: HardwareConfig) -> Schedule:
+def make_schedule(graph, hw: HardwareConfig, mappings: dict | None = None) -> Schedule:
+    """A mapping per conv-shaped node: `mappings[node name]` where given (checked to fit), else the
+    default mapper's."""
+    mappings = dict(mappings or {})
     out = []
     for node in graph.nodes:
         found = node_problem(node)
         if found is None:
             continue
-        kind, p, extra = found
-        if kind == "matrix":
-            out.append((node.name, map_conv(p, hw, extra, node.name)))
+        kind, p, extras = found
+        if node.name in mappings:
+            m = mappings.pop(node.name)
+            spad, acc = footprint(kind, p, m, extras)
+            if not fits(p, spad, acc, m.tile_oh, m.tile_ow, hw):
+                raise TilingError(f"{node.name}: mapping {m} needs {spad} bytes of scratchpad (have "
+                                  f"{hw.scratchpad_bytes}) and {acc} of accumulator (have {hw.accumulator_bytes})")
+        elif kind == "matrix":
+            m = map_conv(p, hw, extras, node.name)
         else:
-            out.append((node.name, map_window(p, hw, extra, kind == "depthwise", node.name)))
+            m = map_window(p, hw, extras, kind == "depthwise", node.name)
+        out.append((node.name, m))
+    if mappings:
+        raise KeyError(f"mappings for layers the graph does not have: {sorted(mappings)}")
     return Schedule(tuple(out))

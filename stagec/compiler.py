@@ -58,11 +58,12 @@ def trace(model_or_fn, example_args):
 
 
 def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=None,  # noqa: A001
-            fuse: bool = True) -> Program:
+            fuse: bool = True, mappings: dict | None = None) -> Program:
     """Compile a PyTorch model or JAX function for the accelerator.
 
     `fuse=False` skips the fusion passes (every elementwise op then round-trips through DRAM),
-    to measure what fusion saves.
+    to measure what fusion saves.  `mappings` ({layer name: lower.schedule.TileMapping}) replaces
+    the default mapper's choice for those layers (the names are the schedule dump's).
 
     >>> import torch, stagec
     >>> program = stagec.compile(torch.nn.Linear(8, 4), (torch.randn(2, 8),))
@@ -83,7 +84,7 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
         out(name, graph)
     layout = assign_layout(graph)
     out("layout", layout)
-    schedule = make_schedule(graph, hw)
+    schedule = make_schedule(graph, hw, mappings)
     out("schedule", schedule)
     name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
         model_or_fn, "__name__", "function")
