@@ -1,0 +1,66 @@
+"""Scaled dot-product attention, kept whole for the later stages.
+
+The frontend leaves `aten.scaled_dot_product_attention` out of the decomposition table, and this
+rule is one `jax.jit` function, so the traced jaxpr holds each attention as ONE call equation
+(primitive `jit`, `params["name"] == "scaled_dot_product_attention"`) instead of ~13 mask and
+softmax fragments. Its body (batch dims B = all but the last two; r = rank - 1):
+
+    jit[name=scaled_dot_product_attention, jaxpr={ lambda ; q k v [mask]. let
+        s = dot_general[dimension_numbers=(([r], [r]), (B, B)), precision=HIGHEST] q k     # q @ k^T
+        s = mul s scale                                                 # scale: a literal
+        # one of, when a mask is given or is_causal:
+        #   boolean keep-mask:  m = broadcast_in_dim mask; f = broadcast_in_dim -inf; s = select_n m f s
+        #   additive float mask: s = add s mask
+        #   causal: as the boolean mask, with a constant lower-triangular mask
+        mx = reduce_max[axes=(r,)] s; mx = broadcast_in_dim mx; d = sub s mx; e = exp d
+        z = reduce_sum[axes=(r,)] e; z = broadcast_in_dim z; p = div e z    # softmax over keys
+        o = dot_general[dimension_numbers=(([r], [r-1]), (B, B)), precision=HIGHEST] p v  # p @ v
+      in (o,) }] q k v [mask]
+
+q, k, v are (..., L, E), (..., S, E), (..., S, Ev); 16-bit inputs arrive converted to float32
+(convert_element_type before the call) and the result is converted back after it. Grouped-query
+attention (enable_gqa) repeats k and v across heads before the call.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .registry import aten, register, widen
+from .rules_norm import softmax
+
+HIGHEST = lax.Precision.HIGHEST
+
+
+@partial(jax.jit, static_argnames=("scale", "is_causal"))
+def scaled_dot_product_attention(q, k, v, mask, *, scale: float, is_causal: bool):
+    # NOTE: the interpreter traces with jit disabled (so jnp's own jitted helpers inline); this body
+    # does the same, keeping one flat call equation for the lowering to match.
+    with jax.disable_jit():
+        r = q.ndim - 1
+        batch = tuple(range(r - 1))
+        s = lax.dot_general(q, k, (((r,), (r,)), (batch, batch)), precision=HIGHEST) * scale
+        if is_causal:
+            mask = np.tril(np.ones(s.shape[-2:], bool))
+        if mask is not None and mask.dtype == jnp.bool_:
+            s = jnp.where(mask, s, -jnp.inf)
+        elif mask is not None:
+            s = s + mask
+        return lax.dot_general(softmax(s, r), v, (((r,), (r - 1,)), (batch, batch)), precision=HIGHEST)
+
+
+@register(aten.scaled_dot_product_attention.default)
+def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    if dropout_p:
+        raise NotImplementedError(f"attention dropout (dropout_p={dropout_p}) at inference")
+    if enable_gqa:
+        k, v = (jnp.repeat(t, q.shape[-3] // t.shape[-3], axis=-3) for t in (k, v))
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    with jax.disable_jit(False):
+        return scaled_dot_product_attention(widen(q), widen(k), widen(v), attn_mask, scale=scale, is_causal=is_causal)
