@@ -1,25 +1,27 @@
 """Scaled dot-product attention, kept whole for the later stages.
 
 The frontend leaves `aten.scaled_dot_product_attention` out of the decomposition table, and this
-rule is one `jax.jit` function, so the traced jaxpr holds each attention as ONE call equation
-(primitive `jit`, `params["name"] == "scaled_dot_product_attention"`) instead of ~13 mask and
-softmax fragments. Its body (batch dims B = all but the last two; r = rank - 1):
+rule is one `jax.jit` function, so each attention is ONE equation of the traced jaxpr: primitive
+`jit` (`pjit` in older JAX), `params["name"] == "scaled_dot_product_attention"`, `params["jaxpr"]`
+a ClosedJaxpr. For q (..., L, E), k (..., S, E), v (..., S, Ev), B the batch axes (all but the last
+two; B = [0, 1] for (batch, heads, L, E)) and r = rank - 1, the equation and its body are exactly:
 
-    jit[name=scaled_dot_product_attention, jaxpr={ lambda ; q k v [mask]. let
-        s = dot_general[dimension_numbers=(([r], [r]), (B, B)), precision=HIGHEST] q k     # q @ k^T
-        s = mul s scale                                                 # scale: a literal
-        # one of, when a mask is given or is_causal:
-        #   boolean keep-mask:  m = broadcast_in_dim mask; f = broadcast_in_dim -inf; s = select_n m f s
-        #   additive float mask: s = add s mask
-        #   causal: as the boolean mask, with a constant lower-triangular mask
-        mx = reduce_max[axes=(r,)] s; mx = broadcast_in_dim mx; d = sub s mx; e = exp d
-        z = reduce_sum[axes=(r,)] e; z = broadcast_in_dim z; p = div e z    # softmax over keys
-        o = dot_general[dimension_numbers=(([r], [r-1]), (B, B)), precision=HIGHEST] p v  # p @ v
-      in (o,) }] q k v [mask]
+    o = jit[name=scaled_dot_product_attention, jaxpr={ lambda [causal]; q k v [mask]. let
+          s = dot_general[dimension_numbers=(([r], [r]), (B, B)), precision=HIGHEST] q k   # q @ k^T
+          s = mul s <scale literal>                                          # 1/sqrt(E) unless given
+          # boolean keep-mask (True = attend), or is_causal with `causal`, a constant lower-
+          # triangular bool[L, S] held in the call's ClosedJaxpr consts:
+          m = broadcast_in_dim mask; f = broadcast_in_dim -inf; s = select_n m f s
+          # or an additive float mask:
+          s = add s mask
+          mx = reduce_max[axes=(r,)] s; mx = broadcast_in_dim mx; d = sub s mx; e = exp d
+          z = reduce_sum[axes=(r,)] e; z = broadcast_in_dim z; p = div e z         # softmax over keys
+          o = dot_general[dimension_numbers=(([r], [r-1]), (B, B)), precision=HIGHEST] p v  # p @ v
+        in (o,) }] q k v [mask]
 
-q, k, v are (..., L, E), (..., S, E), (..., S, Ev); 16-bit inputs arrive converted to float32
-(convert_element_type before the call) and the result is converted back after it. Grouped-query
-attention (enable_gqa) repeats k and v across heads before the call.
+There is no mask operand without a mask (nor with is_causal). 16-bit q, k, v are converted to
+float32 before the call and the result back after it (PyTorch computes attention in float32);
+grouped-query attention (enable_gqa) repeats k and v across heads before the call.
 """
 
 from __future__ import annotations

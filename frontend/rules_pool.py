@@ -29,7 +29,9 @@ def _window(x, init, op, kernel, stride, padding, dilation, ceil_mode):
     for n, k, s, p, d in zip(x.shape[-2:], kernel, stride, padding, dilation, strict=True):
         last_start = (_output_size(n, k, s, p, d, ceil_mode) - 1) * s
         pads.append((p, max(p, last_start + d * (k - 1) + 1 - n - p)))
-    return lax.reduce_window(x, jnp.asarray(init, x.dtype), op, (1, 1) + tuple(kernel), (1, 1) + tuple(stride),
+    # NOTE: a numpy init value (not a jnp array) lets lax recognize the monoid: reduce_window_max/sum,
+    # not the generic reduce_window with a body jaxpr
+    return lax.reduce_window(x, np.array(init, x.dtype), op, (1, 1) + tuple(kernel), (1, 1) + tuple(stride),
                              [(0, 0)] * (x.ndim - 2) + pads, window_dilation=(1, 1) + tuple(dilation))
 
 

@@ -122,7 +122,7 @@ def aten_calls(ep: torch.export.ExportedProgram) -> list[torch.fx.Node]:
 
 
 def nearest_supported(op) -> list[str]:
-    """The supported ops whose names are closest to `op`'s (aten.cumprod -> aten.cumsum)."""
+    """The supported ops whose names are closest to `op`'s (aten.cumprod -> aten.prod), by difflib."""
     if not isinstance(op, torch._ops.OpOverload):
         return []
     names = {o._opname: str(o) for o in ATEN_RULES}

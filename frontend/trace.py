@@ -5,6 +5,7 @@ save them) and the helpers that flatten a call's inputs and rebuild the model's 
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, replace
 
@@ -37,8 +38,12 @@ class TracedModel:
 
     def __call__(self, *args, **kwargs):
         """Evaluate the jaxpr with JAX on the model's own inputs; returns the model's own output structure."""
-        outputs = jax.jit(jaxpr_as_fun(self.closed))(*flatten_inputs(self, args, kwargs))
+        outputs = self._jitted(*flatten_inputs(self, args, kwargs))
         return unflatten_outputs(self.out_tree, [np.asarray(o) for o in outputs])
+
+    @functools.cached_property
+    def _jitted(self):
+        return jax.jit(jaxpr_as_fun(self.closed))
 
 
 def _as_tuple(args) -> tuple:
@@ -97,10 +102,12 @@ def flatten_inputs(traced_or_in_tree: TracedModel | str, args, kwargs=None) -> l
         raise ValueError(f"inputs have structure {spec}, but the model was traced with {expected}")
     arrays = []
     for i, (path, leaf) in enumerate(with_paths):
+        constants = record["constants"]
+        if _is_array(leaf) == (str(i) in constants) or (str(i) in constants and _constant(leaf) != constants[str(i)]):
+            traced_with = repr(constants[str(i)]) if str(i) in constants else "a tensor"
+            raise ValueError(f"{_leaf_name(path)} is {'a tensor' if _is_array(leaf) else repr(leaf)}, but the model "
+                             f"was traced with {traced_with} (non-tensor inputs are fixed at trace time)")
         if not _is_array(leaf):
-            if _constant(leaf) != record["constants"].get(str(i)):
-                raise ValueError(f"{_leaf_name(path)} is {leaf!r}, but the model was traced with "
-                                 f"{record['constants'].get(str(i))!r} (non-tensor inputs are fixed at trace time)")
             continue
         array = to_numpy(leaf)
         if traced is not None:

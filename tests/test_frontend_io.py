@@ -68,6 +68,10 @@ def test_inputs_that_differ_from_the_trace_are_named():
         flatten_inputs(traced, (args[0], torch.randn(2, 4, 8)), kwargs)
     with pytest.raises(ValueError, match=r"kwargs\['scale'\] is 3.0, but the model was traced with 2.0"):
         flatten_inputs(traced, args, {**kwargs, "scale": 3.0})
+    with pytest.raises(ValueError, match=r"kwargs\['scale'\] is a tensor, but the model was traced with 2.0"):
+        flatten_inputs(traced, args, {**kwargs, "scale": torch.tensor(2.0)})
+    with pytest.raises(ValueError, match=r"args\[0\] is 7, but the model was traced with a tensor"):
+        flatten_inputs(traced, (7, args[1]), kwargs)
     with pytest.raises(ValueError, match="structure"):
         flatten_inputs(traced, args, {"mask": kwargs["mask"]})
 

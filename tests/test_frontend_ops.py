@@ -283,6 +283,40 @@ def test_every_rule_has_an_op_test():
     assert not untested, f"rules no op-level test reaches: {sorted(untested)}"
 
 
+# The jaxpr primitives the ATen rules emit: what the lowering must handle (or reject by name). A rule
+# that starts emitting another primitive fails here, so the change is seen and the lowering told.
+EMITTED_PRIMITIVES = {
+    # elementwise math
+    "abs", "neg", "sign", "floor", "ceil", "round", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "logistic",
+    "tanh", "erf", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "atan2",
+    "add", "sub", "mul", "div", "rem", "pow", "integer_pow", "square", "max", "min",
+    # comparisons, logic, select, casts
+    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "not", "select_n", "convert_element_type",
+    # reductions
+    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_or", "argmax", "argmin", "cumsum",
+    # contractions and windows
+    "dot_general", "conv_general_dilated", "reduce_window_max", "reduce_window_sum",
+    # data movement, indexing, creation
+    "reshape", "transpose", "broadcast_in_dim", "squeeze", "slice", "concatenate", "pad", "rev", "tile", "gather",
+    "iota",
+    # attention, one call (rules_attention.py)
+    "jit",
+}
+
+
+def primitives(jaxpr) -> set[str]:
+    return {eqn.primitive.name for eqn in jaxpr.eqns} | {
+        name for eqn in jaxpr.eqns for p in eqn.params.values() if hasattr(p, "jaxpr") for name in primitives(p.jaxpr)}
+
+
+def test_rules_emit_only_the_documented_primitives():
+    used = set()
+    for family in FAMILIES:
+        fn, inputs, ep = exported_family(family)
+        used |= primitives(trace_exported(ep, inputs).closed.jaxpr)
+    assert used <= EMITTED_PRIMITIVES, f"undocumented primitives: {sorted(used - EMITTED_PRIMITIVES)}"
+
+
 def test_bfloat16_model_matches_pytorch_in_bfloat16():
     def block(x, w, ln_w):
         h = F.layer_norm(x @ w, (8,), ln_w)
