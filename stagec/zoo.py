@@ -45,9 +45,6 @@ def build(name: str, reduced: bool = False) -> Example:
     return ZOO[name](reduced)
 
 
-_NORMS = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm, torch.nn.GroupNorm)
-
-
 def load_example(spec: str, reduced: bool = False) -> Example:
     """A zoo model by name, or `path/to/file.py:factory` whose factory() returns (model, args) or
     (model, args, kwargs): what `stagec ops` takes."""
@@ -67,6 +64,9 @@ def load_example(spec: str, reduced: bool = False) -> Example:
     return model, args if isinstance(args, tuple) else (args,), (kwargs[0] if kwargs else {})
 
 
+_NORMS = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm, torch.nn.GroupNorm)
+
+
 def _instantiate(model_class, config) -> torch.nn.Module:
     torch.manual_seed(0)
     model = model_class(config).eval()
@@ -84,6 +84,8 @@ def _instantiate(model_class, config) -> torch.nn.Module:
     return model
 
 
+# NOTE: example inputs are made on the CPU explicitly, so that under `with torch.device("meta")` (a
+# model's size without allocating its weights, as the tests check it) they stay real tensors.
 def _images(size: int, channels: int = 3) -> tuple:
     return (torch.randn(1, channels, size, size, generator=torch.Generator().manual_seed(1), device="cpu"),)
 
@@ -154,7 +156,7 @@ def segformer_b0(reduced: bool = False) -> Example:
     dims = dict(num_encoder_blocks=2, hidden_sizes=[8, 16], depths=[1, 1], num_attention_heads=[1, 2],
                 sr_ratios=[4, 2], patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2],
                 decoder_hidden_size=16) if reduced else {}      # the config's defaults are b0
-    config = hf.SegformerConfig(**dims, num_labels=10 if reduced else ADE20K_CLASSES)
+    config = hf.SegformerConfig(**dims, num_labels=10 if reduced else ADE20K_CLASSES, attn_implementation="sdpa")
     return _instantiate(hf.SegformerForSemanticSegmentation, config), _images(32 if reduced else 512), {}
 
 
