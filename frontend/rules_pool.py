@@ -23,16 +23,26 @@ def _output_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int
     return out - 1 if ceil_mode and (out - 1) * s >= n + p else out
 
 
+def _axis_window(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool):
+    """(window, stride, (low, high) padding, dilation) of one pooled axis; the high padding is what
+    ceil mode's last window needs."""
+    out = _output_size(n, k, s, p, d, ceil_mode)
+    if out == 1 and d == 1 and k - p >= n:
+        # One window over the whole axis (EfficientNet pools with a 1280-wide kernel in ceil mode):
+        # the padding adds only identity elements, so it is the window of the axis itself.
+        return n, 1, (0, 0), 1
+    return k, s, (p, max(p, (out - 1) * s + d * (k - 1) + 1 - n - p)), d
+
+
 def _window(x, init, op, kernel, stride, padding, dilation, ceil_mode):
-    """reduce_window over the last two axes, with the high-side padding that ceil mode needs."""
-    pads = []
-    for n, k, s, p, d in zip(x.shape[-2:], kernel, stride, padding, dilation, strict=True):
-        last_start = (_output_size(n, k, s, p, d, ceil_mode) - 1) * s
-        pads.append((p, max(p, last_start + d * (k - 1) + 1 - n - p)))
+    """reduce_window over the last two axes, as PyTorch's pooling windows them."""
+    windows, strides, pads, dilations = zip(*[_axis_window(*axis, ceil_mode) for axis in zip(
+        x.shape[-2:], kernel, stride, padding, dilation, strict=True)], strict=True)
+    lead = x.ndim - 2
     # NOTE: a numpy init value (not a jnp array) lets lax recognize the monoid: reduce_window_max/sum,
     # not the generic reduce_window with a body jaxpr
-    return lax.reduce_window(x, np.array(init, x.dtype), op, (1, 1) + tuple(kernel), (1, 1) + tuple(stride),
-                             [(0, 0)] * (x.ndim - 2) + pads, window_dilation=(1, 1) + tuple(dilation))
+    return lax.reduce_window(x, np.array(init, x.dtype), op, (1,) * lead + windows, (1,) * lead + strides,
+                             [(0, 0)] * lead + list(pads), window_dilation=(1,) * lead + dilations)
 
 
 @register(aten.max_pool2d_with_indices.default)

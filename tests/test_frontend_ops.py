@@ -343,6 +343,14 @@ def test_attention_is_one_call_named_scaled_dot_product_attention():
     assert rel_err(jaxpr_as_fun(closed)(q.numpy(), k.numpy(), v.numpy(), mask.numpy())[0], ref.numpy()) < 1e-6
 
 
+def test_pooling_window_larger_than_its_input_is_the_input():
+    """EfficientNet's pooler, AvgPool2d(1280, ceil_mode=True) on 7x7, is one 7x7 window, not 1280x1280."""
+    x = randn(1, 2, 7, 7)
+    closed = trace_torch(Fn(lambda x: F.avg_pool2d(x, 1280, ceil_mode=True)), (x,)).closed
+    (pool,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "reduce_window_sum"]
+    assert pool.params["window_dimensions"] == (1, 1, 7, 7) and pool.params["padding"][2:] == ((0, 0), (0, 0))
+
+
 def test_traced_jaxpr_has_no_call_but_attention():
     """jnp's own jitted helpers (where, clip, take...) are inlined: only attention stays a call."""
     fn, inputs = FAMILIES["compare_and_select"]
