@@ -1,29 +1,37 @@
-"""PyTorch -> ClosedJaxpr: torch.export, core-ATen decompositions, then the ATen rule table.
+"""torch.export -> core ATen -> a JAX function: export with one-line errors, rule checks that name
+the model's source line, and the interpreter over the exported graph.
 
-The exported graph is walked by one interpreter loop (env, read, write, table
-lookup); tracing that loop with `jax.make_jaxpr` gives a ClosedJaxpr whose
-inputs are the flattened user tensors and whose consts are the model's
-parameters and buffers.
+The exported graph is walked by one interpreter loop (env, read, write, table lookup); tracing that
+loop with `jax.make_jaxpr` (trace.py) gives a ClosedJaxpr whose inputs are the flattened user
+tensors and whose consts are the model's parameters and buffers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import operator
 import os
 import re
+import traceback
 import warnings
 
 import jax
-import numpy as np
 import torch
-from jax.extend.core import ClosedJaxpr
+from jax import lax
 
 from .aten import ATEN_RULES
+from .registry import jax_dtype, to_numpy
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
-SUPPORTED_OPS_HINT = "stagec.frontend.supported_ops() (or `stagec ops`) lists the supported ops"
+_NOT_THE_MODEL = (os.path.dirname(torch.__file__), os.path.dirname(__file__))   # torch's frames and ours
+SUPPORTED_OPS_HINT = "stagec.frontend.supported_ops() (or `stagec ops MODEL`) lists the supported ops"
+# (what the exporter's message says, the hint for it); the last is the fallback
+EXPORT_HINTS = [
+    ("data-dependent", "the model branches on tensor values (if/while on a tensor, .item()): express that with "
+                       "torch.where, or torch.cond for whole branches"),
+    ("", "the model must run eagerly on these example inputs and give one graph for them"),
+]
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -38,15 +46,31 @@ def supported_ops() -> list[str]:
     return sorted({str(op) for op in ATEN_RULES})
 
 
-def source_line(node: torch.fx.Node) -> str:
-    """The model's own source line for an exported node ('file.py:12: code'), or '<unknown>'."""
-    trace = node.meta.get("stack_trace") or ""
+@functools.cache
+def decompositions() -> dict:
+    """Core-ATen decompositions, except scaled_dot_product_attention: later stages see attention whole."""
+    table = torch.export.default_decompositions()
+    del table[torch.ops.aten.scaled_dot_product_attention.default]
+    return table
+
+
+def user_frame(trace: str) -> str | None:
+    """The innermost frame of a Python stack trace in the model's code ('file.py:12: code')."""
     frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', trace)
-    user = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
+    user = [f for f in frames if not f[0].startswith(_NOT_THE_MODEL)]
     if not (user or frames):
-        return "<unknown source line>"
+        return None
     path, line, code = (user or frames)[-1]
     return f"{path}:{line}: {code.strip()}"
+
+
+def source_line(node: torch.fx.Node) -> str:
+    """The model's own source line for an exported node ('file.py:12: code')."""
+    return user_frame(node.meta.get("stack_trace") or "") or "<unknown source line>"
+
+
+def in_training_mode(model: torch.nn.Module) -> bool:
+    return any(m.training for m in model.modules())
 
 
 @contextlib.contextmanager
@@ -62,26 +86,63 @@ def inference_mode(model: torch.nn.Module):
 
 
 def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> torch.export.ExportedProgram:
-    """torch.export + run_decompositions(), in inference mode, with a one-line reason on failure."""
+    """torch.export + core-ATen decompositions, in inference mode, with a one-line reason on failure."""
     with inference_mode(model), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)   # torch.export's own deprecation noise
         try:
             ep = torch.export.export(model, tuple(args), kwargs=kwargs or {})
         except Exception as e:  # noqa: BLE001 - the exporter raises many types; keep its reason
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ExportError(f"torch.export failed: {first} (hint: models with data-dependent control flow "
-                              "or dynamic shapes need torch.cond / fixed shapes to export)") from e
-        return ep.run_decompositions()
+            raise ExportError(_export_failure(str(e), "".join(traceback.format_tb(e.__traceback__)))) from e
+        ep = ep.run_decompositions(decompositions())
+    _check_static_shapes(ep)
+    return ep
 
 
-def _check_rules(ep: torch.export.ExportedProgram) -> None:
-    names = supported_ops()
+def _export_failure(message: str, stack: str) -> str:
+    """The exporter's reason in one line, where in the model it failed, and a hint."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    reason = lines[0] if lines else "no reason given"
+    where = user_frame(message) or user_frame(stack)   # torch quotes the model's line for guards it cannot decide
+    hint = next(h for pattern, h in EXPORT_HINTS if pattern in message)
+    return f"torch.export failed: {reason}{f' (at {where})' if where else ''}; hint: {hint}"
+
+
+def _check_static_shapes(ep: torch.export.ExportedProgram) -> None:
     for node in ep.graph.nodes:
-        if node.op == "call_function" and node.target is not operator.getitem and node.target not in ATEN_RULES:
-            near = difflib.get_close_matches(str(node.target), names, n=3, cutoff=0.5)
-            hint = f"; nearest supported: {', '.join(near)}" if near else ""
-            raise UnsupportedOpError(f"ATen op {node.target} has no stagec rule, at {source_line(node)}{hint}. "
-                                     f"{SUPPORTED_OPS_HINT}")
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and not all(isinstance(n, int) for n in value.shape):
+            raise ExportError(f"the shape of {node.target}'s result depends on tensor values {tuple(value.shape)}, "
+                              f"at {source_line(node)}; stagec compiles static shapes (hint: keep every element "
+                              "and mask it, e.g. torch.where(mask, x, 0), instead of x[mask] or nonzero)")
+
+
+def aten_calls(ep: torch.export.ExportedProgram) -> list[torch.fx.Node]:
+    """The graph's ATen op calls (not the getitems that unpack multi-output ops)."""
+    return [n for n in ep.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+
+
+def nearest_supported(op) -> list[str]:
+    """The supported ops whose names are closest to `op`'s (aten.cumprod -> aten.prod), by difflib."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return []
+    names = {o._opname: str(o) for o in ATEN_RULES}
+    near = difflib.get_close_matches(op._opname, list(names), n=3, cutoff=0.6)
+    return sorted({names[n] for n in near})
+
+
+def check_rules(ep: torch.export.ExportedProgram) -> None:
+    """Every ATen op of the graph has a rule, or one error lists each missing op once, where it is used."""
+    missing = {}
+    for node in aten_calls(ep):
+        if node.target not in ATEN_RULES:
+            missing.setdefault(node.target, node)
+    if missing:
+        lines = []
+        for op, node in missing.items():
+            near = nearest_supported(op)
+            lines.append(f"ATen op {op} has no stagec rule, at {source_line(node)}"
+                         + (f"; nearest supported: {', '.join(near)}" if near else ""))
+        raise UnsupportedOpError("\n".join(lines + [SUPPORTED_OPS_HINT]))
 
 
 def scope_name(node: torch.fx.Node) -> str:
@@ -91,59 +152,67 @@ def scope_name(node: torch.fx.Node) -> str:
     return path.replace("L['self'].", "") or node.name
 
 
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().contiguous().numpy()
+def _conform(node: torch.fx.Node, value, recorded):
+    """A rule's result in the dtype torch.export recorded (torch's type promotion is the reference);
+    a shape that differs from the record is a bug in the rule."""
+    if value is None or not isinstance(recorded, torch.Tensor):
+        return value
+    if tuple(value.shape) != tuple(recorded.shape):
+        raise RuntimeError(f"stagec bug: the rule for {node.target} gave shape {tuple(value.shape)}, "
+                           f"torch.export recorded {tuple(recorded.shape)}, at {source_line(node)}")
+    dtype = jax_dtype(recorded.dtype)
+    return value if value.dtype == dtype else lax.convert_element_type(value, dtype)
+
+
+def _call_rule(node: torch.fx.Node, args, kwargs):
+    try:
+        with jax.named_scope(scope_name(node)):
+            result = ATEN_RULES[node.target](*args, **kwargs)
+            recorded = node.meta.get("val")
+            if isinstance(result, tuple):
+                return tuple(_conform(node, v, r) for v, r in zip(result, recorded, strict=True))
+            return _conform(node, result, recorded)
+    except (NotImplementedError, TypeError, ValueError) as e:
+        raise UnsupportedOpError(f"ATen op {node.target} at {source_line(node)}: {e}") from e
+
+
+def _unpack(node: torch.fx.Node, results, index: int):
+    """getitem on a multi-output op; an output stagec does not compute may be unpacked but not read."""
+    if results[index] is None and node.users:
+        producer = node.args[0]
+        raise UnsupportedOpError(f"output {index} of ATen op {producer.target} (e.g. max-pool indices) is not "
+                                 f"computed by stagec, at {source_line(producer)}")
+    return results[index]
 
 
 def interpret(ep: torch.export.ExportedProgram):
-    """The exported graph as a function of the flattened user inputs (for jax tracing)."""
-    sig = ep.graph_signature
+    """The exported graph as a function of the flattened user tensors (for jax tracing)."""
     state = {**ep.state_dict, **ep.constants}
-    lifted = {}
-    for spec in sig.input_specs:
+    inputs = {}    # placeholder name -> lifted weight / constant user input; tensor user inputs come in order
+    for spec in ep.graph_signature.input_specs:
         if spec.target is not None and spec.target in state:
-            lifted[spec.arg.name] = _to_numpy(state[spec.target])
+            inputs[spec.arg.name] = to_numpy(state[spec.target])
+        elif isinstance(spec.arg, torch.export.graph_signature.ConstantArgument):
+            inputs[spec.arg.name] = spec.arg.value
     nodes = list(ep.graph.nodes)
 
-    def fn(*user_inputs):
+    def fn(*user_tensors):
         env = {}
-        users = iter(user_inputs)
+        tensors = iter(user_tensors)
         for node in nodes:
             if node.op == "placeholder":
-                env[node.name] = lifted[node.name] if node.name in lifted else next(users)
+                env[node.name] = inputs[node.name] if node.name in inputs else next(tensors)
             elif node.op == "call_function":
                 args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
                 if node.target is operator.getitem:
-                    env[node.name] = args[0][args[1]]
-                    continue
-                try:
-                    with jax.named_scope(scope_name(node)):
-                        env[node.name] = ATEN_RULES[node.target](*args, **kwargs)
-                except (NotImplementedError, TypeError, ValueError) as e:
-                    raise UnsupportedOpError(f"ATen op {node.target} at {source_line(node)}: {e}") from e
+                    env[node.name] = _unpack(node, *args)
+                else:
+                    env[node.name] = _call_rule(node, args, kwargs)
             elif node.op == "output":
-                return [env[a.name] for a in node.args[0]]
+                outputs = node.args[0]
+                constants = [o for o in outputs if not isinstance(o, torch.fx.Node)]
+                if constants:
+                    raise UnsupportedOpError(f"the model returns non-tensor values {constants}; return tensors only")
+                return [env[o.name] for o in outputs]
         raise AssertionError("exported graph has no output node")
     return fn
-
-
-def from_torch(model: torch.nn.Module, example_args, example_kwargs=None) -> ClosedJaxpr:
-    """Trace a PyTorch model into a ClosedJaxpr over its flattened input tensors.
-
-    >>> import torch
-    >>> cj = from_torch(torch.nn.Linear(4, 2), (torch.randn(3, 4),))
-    >>> [v.aval.shape for v in cj.jaxpr.invars]
-    [(3, 4)]
-    """
-    args = tuple(example_args) if isinstance(example_args, (tuple, list)) else (example_args,)
-    ep = export(model, args, example_kwargs)
-    _check_rules(ep)
-    flat, _ = torch.utils._pytree.tree_flatten((args, example_kwargs or {}))
-    tensors = [_to_numpy(t) for t in flat if isinstance(t, torch.Tensor)]
-    return jax.make_jaxpr(interpret(ep))(*tensors)
-
-
-def from_jax(fn, example_args) -> ClosedJaxpr:
-    """Trace a plain JAX function (the compiler is JAX-hosted) into a ClosedJaxpr."""
-    args = tuple(example_args) if isinstance(example_args, (tuple, list)) else (example_args,)
-    return jax.make_jaxpr(lambda *xs: jax.tree_util.tree_leaves(fn(*xs)))(*[np.asarray(a) for a in args])

@@ -17,7 +17,22 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("program", nargs="?", help="a saved program; default: the bundled hand-keypoint network")
     rep.add_argument("--hw", help="hardware config (YAML or JSON) to compile the demo for")
     rep.add_argument("--out", default="stagec-report", help="output folder (default: ./stagec-report)")
+    ops = sub.add_parser("ops", help="a model's ATen ops, with counts and whether stagec supports each "
+                                     "(exit status 1 if any is unsupported)")
+    ops.add_argument("model", help="a zoo model (stagec.zoo.ZOO, e.g. resnet18) or path/to/file.py:factory, "
+                                   "where factory() returns (model, args) or (model, args, kwargs)")
+    ops.add_argument("--reduced", action="store_true", help="the zoo model's small configuration")
     args = parser.parse_args(argv)
+    if args.command == "ops":
+        from stagec.frontend import ExportError, coverage, format_coverage
+
+        from .zoo import load_example
+        try:
+            rows = coverage(*load_example(args.model, args.reduced))
+        except (ValueError, FileNotFoundError, ExportError) as e:
+            parser.exit(2, f"stagec ops: {e}\n")
+        sys.stdout.write(format_coverage(rows))
+        return 0 if all(row.supported for row in rows) else 1
 
     from stagec.isa import HardwareConfig
     if args.command == "demo":

@@ -6,7 +6,7 @@ from helpers import rel_err
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 from torch import nn
 
-from stagec.frontend import UnsupportedOpError, from_jax, from_torch, supported_ops
+from stagec.frontend import ExportError, UnsupportedOpError, from_jax, from_torch, supported_ops, trace_torch
 
 
 def run(cj, *xs):
@@ -58,29 +58,18 @@ def test_adaptive_pool_uneven_windows():
 
 
 def test_training_mode_model_is_traced_for_inference_and_left_alone():
-    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4))
+    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.Dropout(0.5))
     model.train()
+    model[0].eval()    # a mix of modes must come back as it was
     x = torch.randn(3, 2, 6, 6)
-    cj = from_torch(model, (x,))
-    assert model.training and model[1].training
+    traced = trace_torch(model, (x,))
+    cj = traced.closed
+    assert "traced in inference mode" in traced.note and "training mode" in traced.note
+    assert model.training and model[1].training and model[2].training and not model[0].training
     model.eval()
     with torch.no_grad():
         ref = model(x).numpy()
     np.testing.assert_allclose(run(cj, x)[0], ref, rtol=1e-5, atol=1e-5)
-
-
-class Cumsum(nn.Module):
-    def forward(self, x):
-        return torch.cumsum(x, dim=1)   # no rule for this op
-
-
-def test_unsupported_op_names_op_line_and_list():
-    with pytest.raises(UnsupportedOpError) as e:
-        from_torch(Cumsum(), (torch.randn(2, 3),))
-    msg = str(e.value)
-    assert "aten.cumsum.default" in msg
-    assert "test_frontend.py" in msg and "torch.cumsum(x, dim=1)" in msg
-    assert "supported_ops()" in msg and "stagec ops" in msg
 
 
 def test_supported_ops_lists_the_table():
@@ -97,3 +86,121 @@ def test_plain_jax_function():
     x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
     cj = from_jax(f, (x,))
     np.testing.assert_allclose(run(cj, x)[0], np.maximum(x @ w, 0), rtol=1e-6)
+
+
+# --- errors a user can act on ------------------------------------------------------------------
+
+class Cumprod(nn.Module):
+    def forward(self, x):
+        y = torch.cumprod(x, dim=1)   # no rule for this op
+        return torch.cumprod(y, dim=0) + torch.sort(x).values
+
+
+def test_unsupported_op_names_op_line_and_nearest_supported():
+    with pytest.raises(UnsupportedOpError) as e:
+        from_torch(Cumprod(), (torch.randn(2, 3),))
+    lines = str(e.value).splitlines()
+    cumprod = [line for line in lines if "aten.cumprod.default" in line]
+    assert len(cumprod) == 1     # each missing op once, at its first use
+    assert "test_frontend.py" in cumprod[0] and "torch.cumprod(x, dim=1)" in cumprod[0]
+    assert "nearest supported: aten.prod." in cumprod[0]
+    assert any("aten.sort.default" in line and "torch.sort(x)" in line for line in lines)
+    assert "supported_ops()" in lines[-1] and "stagec ops" in lines[-1]
+
+
+class DataDependentBranch(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x
+
+
+def test_export_failure_is_one_line_with_the_model_line_and_a_hint():
+    with pytest.raises(ExportError) as e:
+        from_torch(DataDependentBranch(), (torch.randn(2, 3),))
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("torch.export failed: Could not guard on data-dependent expression")
+    assert "test_frontend.py" in msg and "if x.sum() > 0" in msg
+    assert "hint:" in msg and "torch.where" in msg
+
+
+class MaskedSelect(nn.Module):
+    def forward(self, x):
+        return x[x > 0] * 2
+
+
+def test_value_dependent_shape_is_an_export_error_naming_the_line():
+    with pytest.raises(ExportError) as e:
+        from_torch(MaskedSelect(), (torch.randn(2, 3),))
+    assert "depends on tensor values" in str(e.value) and "x[x > 0]" in str(e.value)
+    assert "static shapes" in str(e.value)
+
+
+class PoolIndices(nn.Module):
+    def forward(self, x):
+        values, indices = nn.functional.max_pool2d(x, 2, return_indices=True)
+        return values + indices
+
+
+def test_reading_an_output_stagec_does_not_compute_names_it():
+    with pytest.raises(UnsupportedOpError) as e:
+        from_torch(PoolIndices(), (torch.randn(1, 1, 4, 4),))
+    assert "output 1 of ATen op aten.max_pool2d_with_indices.default" in str(e.value)
+    assert "return_indices=True" in str(e.value)
+
+
+class AttentionDropout(nn.Module):
+    def forward(self, q):
+        return nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+
+
+def test_rule_rejecting_its_arguments_names_op_and_line():
+    with pytest.raises(UnsupportedOpError) as e:
+        from_torch(AttentionDropout(), (torch.randn(1, 2, 3, 4),))
+    assert "aten.scaled_dot_product_attention.default" in str(e.value)
+    assert "dropout_p=0.5" in str(e.value) and "test_frontend.py" in str(e.value)
+
+
+# --- the torch2jax tracer --------------------------------------------------------------------------
+
+class SmallCnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * 4 * 4, 5))
+
+    def forward(self, x):
+        features = self.features(x)
+        return {"logits": self.head(features), "features": features}
+
+
+def test_both_tracers_agree_on_a_model_both_handle():
+    torch.manual_seed(0)
+    model = SmallCnn().eval()
+    model.features[1].running_mean.uniform_(-1, 1)
+    model.features[1].running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 8, 8)
+    by_export, by_torch2jax = trace_torch(model, (x,)), trace_torch(model, (x,), tracer="torch2jax")
+    assert by_export.out_tree == by_torch2jax.out_tree and by_export.in_tree == by_torch2jax.in_tree
+    with torch.no_grad():
+        ref = model(x)
+    for out in (by_export(x), by_torch2jax(x)):
+        assert set(out) == {"logits", "features"}
+        assert rel_err(out["logits"], ref["logits"].numpy()) < 1e-5
+        assert rel_err(out["features"], ref["features"].numpy()) < 1e-5
+    assert isinstance(from_torch(model, (x,), tracer="torch2jax"), ClosedJaxpr)
+
+
+class TorchRelu(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def test_torch2jax_gaps_are_named_and_point_to_export():
+    with pytest.raises(NotImplementedError) as e:
+        trace_torch(TorchRelu(), (torch.randn(2),), tracer="torch2jax")
+    assert "torch2jax cannot trace" in str(e.value) and "torch.relu" in str(e.value)
+    assert "tracer='export'" in str(e.value)
+    with pytest.raises(ValueError, match="unknown tracer 'jit'"):
+        trace_torch(TorchRelu(), (torch.randn(2),), tracer="jit")
