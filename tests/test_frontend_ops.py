@@ -4,6 +4,7 @@ so one export covers many rules and a mismatch names the result that differs."""
 
 import functools
 import operator
+import zlib
 
 import jax
 import numpy as np
@@ -199,7 +200,7 @@ def movement(x, y):   # x (2, 3, 5, 1), y (4, 6)
             "tril": torch.tril(y), "clone": y.clone(), "contiguous": y.t().contiguous(), "im2col": F.unfold(x, (2, 1))}
 
 
-def indexing(x, table, idx, ids):   # x (3, 5, 4); idx int64 values in [-3, 3); ids in [0, 10)
+def indexing(x, table, idx, ids):   # x (3, 5, 4); idx int64 values in [-2, 3); ids in [0, 10)
     return {"index": x[:, idx.abs()], "index_negative": x[idx], "index_2d": x[idx.abs()[:, None], idx.abs()],
             "index_separated": x[idx, :, idx.abs()], "index_select": torch.index_select(x, 1, idx.abs()),
             "gather": torch.gather(x, 2, ids[:3, :4, None] % 4),
@@ -256,7 +257,7 @@ FAMILIES = {
     "pooling": (pooling, lambda: (randn(2, 3, 7, 9), randn(2, 3, 7))),
     "resizing": (resizing, lambda: (randn(1, 2, 3, 5), randn(2, 3, 5))),
     "movement": (movement, lambda: (randn(2, 3, 5, 1), randn(4, 6))),
-    "indexing": (indexing, lambda: (randn(3, 5, 4), randn(10, 6), ints(-3, 3, 4), ints(0, 10, 3, 5))),
+    "indexing": (indexing, lambda: (randn(3, 5, 4), randn(10, 6), ints(-2, 3, 4), ints(0, 10, 3, 5))),
     "creation": (creation, lambda: (randn(2, 3),)),
     "convolutions": (convolutions, lambda: (randn(2, 4, 9), randn(6, 4, 3), randn(1, 4, 6, 7))),
     "attention": (attention, lambda: (randn(2, 3, 5, 8), randn(2, 3, 6, 8), randn(2, 3, 6, 4), randn(5, 6) > -0.5,
@@ -267,6 +268,7 @@ FAMILIES = {
 @functools.cache
 def exported_family(family):
     fn, inputs = FAMILIES[family]
+    gen.manual_seed(zlib.crc32(family.encode()))   # the same inputs whatever order the tests run in
     inputs = inputs()
     return fn, inputs, export(Fn(fn), inputs)
 
