@@ -47,7 +47,7 @@ def main():
     program = stagec.compile(model, (x,))
     compile_s = time.perf_counter() - t
     t = time.perf_counter()
-    (out,), _ = stagec.simulate(program, xn)
+    out, _ = stagec.simulate(program, xn)
     first_sim_s = time.perf_counter() - t
 
     cj = from_torch(model, (x,))

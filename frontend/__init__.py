@@ -16,8 +16,17 @@ output structure beside the jaxpr:
 
 from .coverage import OpCount, coverage, format_coverage
 from .torch_export import ExportError, UnsupportedOpError, supported_ops
-from .trace import TracedModel, flatten_inputs, from_jax, from_torch, trace_exported, trace_torch, unflatten_outputs
+from .trace import (
+    TracedModel,
+    flatten_inputs,
+    from_jax,
+    from_torch,
+    trace_exported,
+    trace_jax,
+    trace_torch,
+    unflatten_outputs,
+)
 
 __all__ = ["ExportError", "OpCount", "TracedModel", "UnsupportedOpError", "coverage", "flatten_inputs",
-           "format_coverage", "from_jax", "from_torch", "supported_ops", "trace_exported", "trace_torch",
-           "unflatten_outputs"]
+           "format_coverage", "from_jax", "from_torch", "supported_ops", "trace_exported", "trace_jax",
+           "trace_torch", "unflatten_outputs"]

@@ -185,7 +185,15 @@ def from_torch(model: torch.nn.Module, args, kwargs=None, *, tracer: str = "expo
     return trace_torch(model, args, kwargs, tracer=tracer).closed
 
 
+def trace_jax(fn, example_args) -> TracedModel:
+    """Trace a plain JAX function of positional arrays (the compiler is JAX-hosted); its output
+    structure (JAX containers are torch pytree nodes too) is recorded like a model's."""
+    arrays = tuple(np.asarray(a) for a in _as_tuple(example_args))
+    closed = jax.make_jaxpr(lambda *xs: jax.tree_util.tree_leaves(fn(*xs)))(*arrays)
+    out_spec = pytree.tree_structure(jax.tree_util.tree_map(lambda _: 0, jax.eval_shape(fn, *arrays)))
+    return _traced(closed, out_spec, arrays, {})
+
+
 def from_jax(fn, example_args) -> ClosedJaxpr:
     """Trace a plain JAX function (the compiler is JAX-hosted) into a ClosedJaxpr."""
-    arrays = [np.asarray(a) for a in _as_tuple(example_args)]
-    return jax.make_jaxpr(lambda *xs: jax.tree_util.tree_leaves(fn(*xs)))(*arrays)
+    return trace_jax(fn, example_args).closed

@@ -142,7 +142,9 @@ def assemble(text: str) -> Program:
     blob, instructions, layer_ids, layer = [], [], [], -1
     in_text = False
     for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split(";", 1)[0].strip()
+        line = raw.strip()
+        if not line.startswith((".hw", ".layer", ".meta")):   # JSON directives may hold ';' themselves
+            line = line.split(";", 1)[0].strip()
         if not line:
             continue
         try:

@@ -4,7 +4,7 @@
     >>> model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU())
     >>> x = torch.randn(1, 3, 16, 16)
     >>> program = stagec.compile(model, (x,))          # torch.export -> jaxpr -> instructions
-    >>> (y,), report = stagec.simulate(program, x)     # run on the simulated accelerator
+    >>> y, report = stagec.simulate(program, x)        # run on the simulated accelerator
 """
 
 from stagec.isa import HardwareConfig, Program, VerificationError

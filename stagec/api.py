@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stagec.frontend import flatten_inputs, unflatten_outputs
 from stagec.isa import Program, verify
 from stagec.sim.executor import execute
 
@@ -25,21 +26,28 @@ def _host(x, ref, i: int) -> np.ndarray:
     return x.astype(ref.dtype.numpy, copy=False)
 
 
-def simulate(program: Program, *inputs) -> tuple[list[np.ndarray], Report]:
+def simulate(program: Program, *args, **kwargs) -> tuple[object, Report]:
     """Execute `program` on the simulated accelerator: (outputs, report).
 
-    The program is verified first (a failing program raises, it never runs);
-    outputs come out of simulated DRAM after the program's stores.
+    Inputs and outputs have the compiled model's own structure (positional and keyword
+    inputs; a tensor, tuple, dict or ModelOutput back); a program with no recorded structure
+    takes its input arrays in order and returns a list.  The program is verified first (a
+    failing program raises, it never runs); outputs come out of simulated DRAM after the
+    program's stores.
 
     >>> import torch, stagec
     >>> lin = torch.nn.Linear(8, 4)
     >>> x = torch.randn(2, 8)
-    >>> (y,), report = stagec.simulate(stagec.compile(lin, (x,)), x)
+    >>> y, report = stagec.simulate(stagec.compile(lin, (x,)), x)
     >>> bool(abs(y - lin(x).detach().numpy()).max() < 1e-5)
     True
     """
     if not isinstance(program, Program):
         raise TypeError(f"simulate takes a Program (from stagec.compile or stagec.load), not {type(program).__name__}")
+    meta = program.metadata
+    inputs = flatten_inputs(meta["in_tree"], args, kwargs) if "in_tree" in meta else list(args)
+    if kwargs and "in_tree" not in meta:
+        raise TypeError("this program records no input structure: pass its inputs positionally")
     if len(inputs) != len(program.inputs):
         raise ValueError(f"the program takes {len(program.inputs)} input(s), got {len(inputs)}")
     verify(program)
@@ -47,6 +55,9 @@ def simulate(program: Program, *inputs) -> tuple[list[np.ndarray], Report]:
                                                                                     strict=True))])
     if "report" not in program.cache:
         program.cache["report"] = make_report(program)
+    if "out_tree" in meta:   # booleans were held as 0/1 numbers
+        outputs = unflatten_outputs(meta["out_tree"], [o.astype(dt) for o, dt in zip(outputs, meta["out_dtypes"],
+                                                                                      strict=True)])
     return outputs, program.cache["report"]
 
 

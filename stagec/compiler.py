@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 from pathlib import Path
 
 import torch
 
-from stagec.frontend import from_jax, from_torch
+from stagec.frontend import TracedModel, trace_jax, trace_torch
 from stagec.isa import HardwareConfig, Program, disassemble, verify
 from stagec.lower.canonicalize import canonicalize
 from stagec.lower.layout import assign_layout
@@ -48,18 +49,21 @@ class _Dump:
             print(f"==== {stage} ====\n{text}")
 
 
-def trace(model_or_fn, example_args):
+def trace(model_or_fn, example_args, kwargs=None) -> TracedModel:
     """The frontend: a torch.nn.Module through torch.export, a JAX function through make_jaxpr."""
     if isinstance(model_or_fn, torch.nn.Module):
-        return from_torch(model_or_fn, example_args)
+        return trace_torch(model_or_fn, example_args, kwargs)
     if callable(model_or_fn):
-        return from_jax(model_or_fn, example_args)
+        if kwargs:
+            raise TypeError("a JAX function is compiled with positional arrays only")
+        return trace_jax(model_or_fn, example_args)
     raise TypeError(f"compile takes a torch.nn.Module or a JAX function, not {type(model_or_fn).__name__}")
 
 
 def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=None,  # noqa: A001
-            fuse: bool = True, mappings: dict | None = None) -> Program:
-    """Compile a PyTorch model or JAX function for the accelerator.
+            fuse: bool = True, mappings: dict | None = None, kwargs: dict | None = None) -> Program:
+    """Compile a PyTorch model (called with `example_args` and `kwargs`) or a JAX function for the
+    accelerator; `stagec.simulate` then takes and returns the model's own input and output structure.
 
     `fuse=False` skips the fusion passes (every elementwise op then round-trips through DRAM),
     to measure what fusion saves.  `mappings` ({layer name: lower.schedule.TileMapping}) replaces
@@ -74,7 +78,10 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     if not isinstance(hw, HardwareConfig):
         raise TypeError(f"hw must be a HardwareConfig, not {type(hw).__name__}")
     out = _Dump(dump)
-    closed = trace(model_or_fn, example_args)
+    traced = trace(model_or_fn, example_args, kwargs)
+    if traced.note:
+        warnings.warn(traced.note, stacklevel=2)
+    closed = traced.closed
     out("jaxpr", closed)
     graph = canonicalize(closed)
     out("graph", graph)
@@ -88,7 +95,9 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     out("schedule", schedule)
     name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
         model_or_fn, "__name__", "function")
-    program = lower_to_program(graph, layout, schedule, hw, {"model": name})
+    meta = {"model": name, "in_tree": traced.in_tree, "out_tree": traced.out_tree, "note": traced.note,
+            "out_dtypes": [str(v.aval.dtype) for v in closed.jaxpr.outvars]}
+    program = lower_to_program(graph, layout, schedule, hw, meta)
     out("program", lambda: disassemble(program))
     verify(program)   # cached: the token-inserting walk verified the program
     return program

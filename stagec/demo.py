@@ -21,7 +21,7 @@ def run_demo(hw=None) -> float:
     t0 = time.perf_counter()
     program = compile(model, (image,), hw=hw)
     t1 = time.perf_counter()
-    (out,), report = simulate(program, image)
+    out, report = simulate(program, image)
     t2 = time.perf_counter()
     with torch.no_grad():
         ref = model(image).numpy()

@@ -14,7 +14,7 @@ from stagec.sim.reference import execute as reference_execute
 
 def check(model, x, hw=None, reference=False):
     program = stagec.compile(model, (x,), hw=hw)
-    (out,), report = stagec.simulate(program, x)
+    out, report = stagec.simulate(program, x)
     with torch.no_grad():
         ref = model(x).numpy()
     assert out.shape == ref.shape
@@ -99,5 +99,5 @@ def test_jax_function():
     def f(x):
         return jax.nn.relu(x @ w) * 2.0 - 1.0
     x = np.random.default_rng(1).standard_normal((3, 6)).astype(np.float32)
-    (y,), _ = stagec.simulate(stagec.compile(f, (x,)), x)
+    y, _ = stagec.simulate(stagec.compile(f, (x,)), x)
     assert rel_err(y, np.maximum(x @ w, 0) * 2 - 1) < 1e-5

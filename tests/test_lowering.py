@@ -17,7 +17,7 @@ from stagec.lower.schedule import TilingError
 
 def run(model, x, hw=None, fuse=True):
     program = stagec.compile(model, (x,), hw=hw, fuse=fuse)
-    (out,), report = stagec.simulate(program, x)
+    out, report = stagec.simulate(program, x)
     with torch.no_grad():
         ref = model(x).numpy()
     assert rel_err(out, ref) < 1e-4
@@ -126,7 +126,7 @@ def test_transformer_block_in_jax():
         return x + (jax.nn.gelu(y, approximate=True) + jax.nn.silu(y) + jax.nn.hard_swish(y)) @ w["down"]
 
     x = rng.standard_normal((s, d)).astype(np.float32)
-    (out,), _ = stagec.simulate(stagec.compile(block, (x,)), x)
+    out, _ = stagec.simulate(stagec.compile(block, (x,)), x)
     assert rel_err(out, jax.jit(block)(x)) < 1e-4
     assert not np.isnan(jnp.asarray(out)).any()
 
@@ -145,7 +145,7 @@ def test_embedding_masks_and_integer_ops():
     mask = (rng.random((2, 7)) > 0.3).astype(np.int32)
     program = stagec.compile(f, (ids, mask))
     assert any(layer.op == "gather" for layer in program.layers)
-    (out,), _ = stagec.simulate(program, ids, mask)
+    out, _ = stagec.simulate(program, ids, mask)
     np.testing.assert_allclose(out, jax.jit(f)(ids, mask), rtol=1e-6)
     with pytest.raises(stagec.SimulationError, match=r"\(GATHER\): index 50 at position 3 is outside the table's 50"):
         stagec.simulate(program, np.where(np.arange(14).reshape(2, 7) == 3, 50, ids).astype(np.int32), mask)
