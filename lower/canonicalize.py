@@ -264,17 +264,44 @@ def clamp(b, eqn, lo, x, hi):
 
 @rule("gather")
 def gather(b, eqn, table, indices):
-    """Rows of a table by index (embedding lookups, take along axis 0)."""
-    dn = eqn.params["dimension_numbers"]
-    table_shape, batch = np.shape(table), len(np.shape(indices)) - 1
-    rows_form = (tuple(dn.collapsed_slice_dims) == (0,) and tuple(dn.start_index_map) == (0,)
-                 and not tuple(dn.operand_batching_dims) and np.shape(indices)[-1] == 1
-                 and tuple(eqn.params["slice_sizes"]) == (1, *table_shape[1:])
-                 and tuple(dn.offset_dims) == tuple(range(batch, batch + len(table_shape) - 1)))
-    if not rows_form:
-        raise LoweringError(f"gather other than rows of a table (equation `{eqn}`)")
-    idx = reshape_value(b, indices, np.shape(indices)[:-1])
-    return b.emit(OpKind.GATHER, [table, idx], _out_shape(eqn))
+    """XLA gathers of whole slices by index (embedding lookups, take, advanced indexing): the
+    indexed dims of the table become one row dim, the index vectors one flat row number, and the
+    rest is a GATHER of rows."""
+    dn, sizes = eqn.params["dimension_numbers"], tuple(eqn.params["slice_sizes"])
+    shape, ishape = np.shape(table), np.shape(indices)
+    indexed = tuple(dn.start_index_map)
+    rest = [d for d in range(len(shape)) if d not in indexed]
+    if (tuple(dn.operand_batching_dims) or sorted(dn.collapsed_slice_dims) != sorted(indexed)
+            or any(sizes[d] != 1 for d in indexed) or any(sizes[d] != shape[d] for d in rest)):
+        raise LoweringError(f"gather of partial slices (equation `{eqn}`)")
+    rows = math.prod(shape[d] for d in indexed)
+    width = math.prod(shape[d] for d in rest)
+    flat = reshape_value(b, transpose_value(b, table, list(indexed) + rest), (rows, width))
+    batch = ishape[:-1]
+    parts = [reshape_value(b, _slice_last(b, indices, k), batch) for k in range(len(indexed))]
+    row = parts[0]
+    for k in range(1, len(indexed)):   # row-major: row = ((i0 * d1) + i1) * d2 + i2 ...
+        row = b.elementwise([row, np.int32(shape[indexed[k]]), parts[k]], (Step("mul", (0, 1)), Step("add", (3, 2))),
+                            batch)
+    out = b.emit(OpKind.GATHER, [flat, row], (*batch, width))
+    out = reshape_value(b, out, (*batch, *(shape[d] for d in rest)))
+    # XLA puts the slice dims at offset_dims among the batch dims
+    offset = list(dn.offset_dims)
+    order = [d for d in range(len(batch) + len(rest)) if d not in offset]
+    perm = [0] * (len(batch) + len(rest))
+    for i, d in enumerate(order):
+        perm[d] = i
+    for i, d in enumerate(offset):
+        perm[d] = len(batch) + i
+    return transpose_value(b, out, perm)
+
+
+def _slice_last(b, x, k):
+    if not isinstance(x, Value):
+        return np.asarray(x)[..., k]
+    shape = x.shape
+    return b.emit(OpKind.SLICE, [x], (*shape[:-1], 1), start=(0,) * (len(shape) - 1) + (k,),
+                  limit=shape[:-1] + (k + 1,), step=(1,) * len(shape))
 
 
 # --- data movement -----------------------------------------------------------------------------
