@@ -13,27 +13,18 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 import warnings
 from pathlib import Path
 
 import jax
 from jax.extend.core import jaxpr_as_fun
+from timing_utils import median_time
 
 import stagec
 from stagec import zoo
 from stagec.frontend import flatten_inputs, trace_torch
 from stagec.sim.energy import action_counts
-
-
-def median_time(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def dram_bytes(program) -> int:
