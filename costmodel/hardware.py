@@ -1,0 +1,70 @@
+"""The hardware as the cost model sees it: a HardwareConfig whose structural fields are numbers.
+
+HardwareConfig keeps the array shape, memory sizes and dataflow static (they decide the
+compiled program's shapes); co-design needs them continuous.  `HardwarePoint` holds those as
+arrays (the dataflow as the probability of weight-stationary) next to the config, whose own
+leaves (bandwidth, energy and area tables) stay differentiable; every other field reads
+through to the config, so `sim.energy`'s formulas take a HardwarePoint as they take a config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stagec.isa.config import HardwareConfig
+from stagec.sim.energy import area_mm2
+
+
+@dataclass(frozen=True)
+class HardwarePoint:
+    array_rows: object
+    array_cols: object
+    scratchpad_bytes: object
+    accumulator_bytes: object
+    vector_lanes: object
+    weight_stationary: object
+    config: HardwareConfig
+
+    def __getattr__(self, name):
+        # NOTE: only reached for names not defined above: the config's continuous fields.
+        return getattr(self.config, name)
+
+
+jax.tree_util.register_dataclass(HardwarePoint, data_fields=[f.name for f in fields(HardwarePoint)], meta_fields=[])
+
+
+def hardware_point(hw: HardwareConfig) -> HardwarePoint:
+    """`hw` with its structural fields as float32 numbers."""
+    return HardwarePoint(*(np.float32(v) for v in (hw.array_rows, hw.array_cols, hw.scratchpad_bytes,
+                                                    hw.accumulator_bytes, hw.vector_lanes,
+                                                    hw.dataflow == "weight_stationary")),
+                         jax.tree.map(np.float32, hw))
+
+
+def area(hw: HardwarePoint):
+    """Total area (mm^2): sim.energy's area table applied to the (possibly fractional) fields."""
+    return sum(area_mm2(hw).values())
+
+
+def buildable(point: HardwarePoint, base: HardwareConfig) -> HardwareConfig:
+    """The nearest buildable config: array sides, memories and lanes rounded to powers of two
+    (in log space), memories to at least their bank counts, the dataflow to the likelier one."""
+    def pow2(v, lo):
+        return max(lo, 1 << int(round(float(np.log2(max(float(v), 1.0))))))
+
+    # float32 leaves back to the few digits a config is written with
+    continuous = {f.name: float(f"{float(getattr(point.config, f.name)):.6g}") for f in fields(HardwareConfig)
+                  if not f.metadata["static"]}
+    return base.replace(**continuous, array_rows=pow2(point.array_rows, 1), array_cols=pow2(point.array_cols, 1),
+                        scratchpad_bytes=pow2(point.scratchpad_bytes, 64 * base.scratchpad_banks),
+                        accumulator_bytes=pow2(point.accumulator_bytes, 64 * base.accumulator_banks),
+                        vector_lanes=pow2(point.vector_lanes, 1),
+                        dataflow="weight_stationary" if float(point.weight_stationary) >= 0.5 else "output_stationary")
+
+
+def as_jnp(point: HardwarePoint) -> HardwarePoint:
+    return jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), point)

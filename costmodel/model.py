@@ -1,0 +1,211 @@
+"""The closed-form cost of one layer: latency, energy and footprint as JAX functions of
+(layer, mapping, hardware, constants, smooth).
+
+It models the loop nest lower.matrix / lower.window emit (DESIGN.md's schedule stage), in the
+style of Timeloop/MAESTRO: count each unit's work from the tile sizes, then compose the units.
+
+  counts   tiles per dim (full ones and a remainder), DMAs and their bytes per queue (halo
+           reloads per output-channel tile when the reduction is split, weights per tile or
+           once when resident), MATMUL cycles with SCALE-Sim's per-fold formula (sim.costs),
+           vector lane groups of the taps and the fused epilogue, stores.
+  overlap  double-buffered: the busiest of the load queue, store queue, DRAM channel, array
+           and vector unit, plus one output tile's pipeline fill and drain; single-buffered:
+           the stages in series, less the next tile's load overlapping this tile's epilogue
+           and store.  Resident weights and per-channel epilogue vectors load first.
+  energy   the same action counts sim.energy takes from the instruction stream, times the
+           config's energy table, plus leakage over the latency.
+  capacity lower.schedule's footprint (the one definition mapper, compiler and tuner share),
+           as a violation to penalize.
+
+Every discrete step goes through costmodel.smooth, so `smooth=0` is the exact model and
+`smooth>0` its relaxation; the two switches of a mapping (double buffering, weight
+residency) enter linearly, so probabilities between 0 and 1 mix the candidates' costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+
+from stagec.lower.schedule import FP32, MAX_HALO, conv_footprint, window_footprint
+from stagec.sim.costs import matmul_fold_cycles
+from stagec.sim.energy import ActionCounts, energy_pj
+
+from . import smooth as sm
+from .hardware import HardwarePoint
+from .problem import KINDS, LayerShape, MappingArrays
+
+MATRIX, DEPTHWISE, POOL = (KINDS.index(k) for k in ("matrix", "depthwise", "pool"))
+
+
+@dataclass(frozen=True)
+class CostConstants:
+    """The model's free constants (fitted to the simulator by costmodel.calibrate).
+
+    fill: share of one output tile's stage sum a double-buffered pipeline pays to fill and drain;
+    overlap: share of the next load a single-buffered nest hides under the epilogue and store;
+    per_instruction: cycles of issue overhead per instruction.
+    """
+
+    fill: object = 1.0
+    overlap: object = 1.0
+    per_instruction: object = 0.0
+
+
+jax.tree_util.register_dataclass(CostConstants, data_fields=[f.name for f in fields(CostConstants)], meta_fields=[])
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer's cost: cycles, energy (pJ), scratchpad/accumulator bytes it occupies,
+    `violation` (0 when legal: the relative overshoot of every capacity limit, summed),
+    and the instruction count."""
+
+    cycles: object
+    energy_pj: object
+    spad_bytes: object
+    acc_bytes: object
+    violation: object
+    instructions: object
+
+
+jax.tree_util.register_dataclass(LayerCost, data_fields=[f.name for f in fields(LayerCost)], meta_fields=[])
+
+
+def _problem(L: LayerShape):
+    """The attributes lower.schedule's footprints read, from a LayerShape."""
+    return SimpleNamespace(stride=(L.stride_h, L.stride_w), dilation=(L.dilation_h, L.dilation_w), kh=L.kh,
+                           kw=L.kw, c=L.c, o=L.o)
+
+
+def _tile_sum(f, *dims):
+    """sum over the tile grid of f(sizes...): dims are (sizes, counts) pairs from smooth.tile_sizes."""
+    grids = jnp.meshgrid(*(d[0] for d in dims), indexing="ij")
+    weights = jnp.meshgrid(*(d[1] for d in dims), indexing="ij")
+    w = 1.0
+    for x in weights:
+        w = w * x
+    return jnp.sum(w * f(*grids))
+
+
+def _valid_extent(L_dim, out, tiles, stride, dilation, k, pad_lo):
+    """Input rows (or columns) the halo LOADs of one tile row read in all, padding excluded:
+    every tile's halo, less the padding before the first and past the last."""
+    ext = (k - 1) * dilation + 1
+    halos = _tile_sum(lambda t: (t - 1) * stride + ext, tiles)
+    overflow = jnp.maximum(0.0, (out - 1) * stride - pad_lo + ext - L_dim)
+    return jnp.maximum(halos - pad_lo - overflow, 1.0), halos
+
+
+def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConstants = CostConstants(),
+               smooth=0.0) -> LayerCost:
+    """Cost of `L` under mapping `m` on `hw` (scalars; vmap for batches).  smooth=0: exact."""
+    s = smooth
+    matrix = L.kind == MATRIX
+    oh, ow = L.oh, L.ow
+    hs = sm.tile_sizes(oh, m.tile_oh, s)
+    ws = sm.tile_sizes(ow, m.tile_ow, s)
+    os_ = sm.tile_sizes(L.o, m.tile_o, s)
+    # a window op's channel tile is its output tile (lower.window); the matrix unit's reduces
+    cs = sm.tile_sizes(L.c, jnp.where(matrix, m.tile_c, L.c), s)
+    n_h, n_w, n_o, n_c = (jnp.sum(d[1]) for d in (hs, ws, os_, cs))
+    n_sp = L.n * n_h * n_w
+    tiles_out = n_sp * n_o
+    pixels = L.n * _tile_sum(lambda a, b: a * b, hs, ws)          # sum of m = th * tw over spatial tiles
+    out_elems = pixels * _tile_sum(lambda o: o, os_)
+    channels = _tile_sum(lambda c: c, cs)
+    fold = jnp.where(L.dilation_w == 1, L.kw, 1.0)
+    taps_mm = L.kh * jnp.ceil(L.kw / fold)
+    taps = L.kh * L.kw
+    db, res = m.double_buffer, jnp.where(matrix, m.weights_resident, 0.0)
+    bw, lat = hw.dma_bandwidth_bytes_per_cycle, hw.dma_latency_cycles
+
+    # --- DMA: (instructions, bytes) per kind of transfer
+    rows, rows_padded = _valid_extent(L.h, oh, hs, L.stride_h, L.dilation_h, L.kh, L.pad_top)
+    cols, cols_padded = _valid_extent(L.w, ow, ws, L.stride_w, L.dilation_w, L.kw, L.pad_left)
+    reload = jnp.where(matrix, 1.0 + (n_o - 1.0) * jnp.clip(n_c - 1.0, 0.0, 1.0), n_o)
+    halo_n = n_sp * jnp.where(matrix, n_c, 1.0) * reload
+    halo_b = L.n * rows * cols * jnp.where(matrix, channels * reload, L.o) * FP32
+    w_all = taps * L.c * L.o * FP32
+    w_n = jnp.where(matrix, (1.0 - res) * n_sp * n_o * n_c, jnp.where(L.kind == DEPTHWISE, n_o, 0.0))
+    w_b = jnp.where(matrix, (1.0 - res) * n_sp * w_all, jnp.where(L.kind == DEPTHWISE, taps * L.o * FP32, 0.0))
+    ex_n, ex_b = tiles_out * L.tile_loads, L.tile_loads * out_elems * FP32
+    first_n = res + L.channel_extras
+    first_b = res * w_all + L.channel_extras * L.o * FP32
+    store_n, store_b = tiles_out, out_elems * FP32
+    startup = first_n * lat + first_b / bw
+    load_q = (halo_n + w_n + ex_n) * lat + (halo_b + w_b + ex_b) / bw
+    store_q = store_n * lat + store_b / bw
+    channel = (first_b + halo_b + w_b + ex_b + store_b) / bw
+
+    # --- compute: SCALE-Sim folds on the array (sim.costs), lane groups on the vector unit
+    r, c = hw.array_rows, hw.array_cols
+
+    def ceil(x):
+        return sm.ceil(x, s)
+
+    col_folds = _tile_sum(lambda o: ceil(o / c), os_)
+    k_folds = _tile_sum(lambda t: ceil(fold * t / r), cs)
+    m_folds = L.n * _tile_sum(lambda a, b: ceil(a * b / r), hs, ws)
+    ws_cycles = taps_mm * k_folds * col_folds * (n_sp * matmul_fold_cycles(0, 0, 0, r, c, "weight_stationary")
+                                                 + pixels)
+    os_cycles = taps_mm * m_folds * col_folds * (n_c * matmul_fold_cycles(0, 0, 0, r, c, "output_stationary")
+                                                 + fold * channels)
+    array = jnp.where(matrix, hw.weight_stationary * ws_cycles + (1.0 - hw.weight_stationary) * os_cycles, 0.0)
+    groups = L.n * _tile_sum(lambda a, b, o: ceil(a * b * o / hw.vector_lanes), hs, ws, os_)
+    epilogue = groups * (L.epi_plain + L.epi_hard * hw.vector_cycles_per_transcendental)
+    window = jnp.where(matrix, 0.0, taps * groups)
+    vector = window + epilogue
+
+    # --- overlap
+    steps = jnp.maximum(tiles_out, 1.0)
+    compute = array + window
+    stage = jnp.stack([load_q, compute, epilogue, store_q]) / steps
+    pipelined = sm.maximum(jnp.stack([load_q, store_q, channel, array, vector]), s) + k.fill * (
+        jnp.sum(stage) - sm.maximum(stage, s))
+    hidden = -sm.maximum(-jnp.stack([stage[0], stage[2] + stage[3]]), s)
+    serial = load_q + compute + epilogue + store_q - k.overlap * (steps - 1.0) * hidden
+    instructions = first_n + halo_n + w_n + ex_n + store_n + jnp.where(
+        matrix, n_sp * n_o * n_c * taps_mm, tiles_out * taps) + tiles_out * (L.epi_plain + L.epi_hard)
+    cycles = L.repeat * (startup + db * pipelined + (1.0 - db) * serial + k.per_instruction * instructions)
+
+    # --- energy: sim.energy's actions
+    macs = jnp.where(matrix, L.n * oh * ow * L.o * L.c * taps, 0.0)
+    a_reads = taps_mm * pixels * fold * channels * col_folds
+    wst = hw.weight_stationary
+    c_writes = taps_mm * pixels * L.o * (wst * k_folds + (1.0 - wst) * n_c)
+    b_reads = taps_mm * fold * channels * L.o * (wst * n_sp + (1.0 - wst) * m_folds)
+    epi_ops = (L.epi_plain + L.epi_hard) * out_elems
+    halo_padded = halo_b * rows_padded * cols_padded / (rows * cols)
+    spad_write = halo_padded + w_b + ex_b + first_b
+    spad_read = jnp.where(matrix, (a_reads + b_reads) * FP32, taps * out_elems * FP32)
+    acc_write = jnp.where(matrix, c_writes, taps * out_elems) * FP32 + epi_ops * FP32
+    acc_read = (jnp.where(matrix, c_writes - out_elems, (taps - 1) * out_elems) + epi_ops + out_elems) * FP32
+    counts = ActionCounts(macs_int8=0.0, macs_bf16=0.0, macs_fp32=L.repeat * macs,
+                          vector_ops=L.repeat * (jnp.where(matrix, 0.0, taps * out_elems) + epi_ops),
+                          scratchpad_read_bytes=L.repeat * spad_read, scratchpad_write_bytes=L.repeat * spad_write,
+                          accumulator_read_bytes=L.repeat * acc_read, accumulator_write_bytes=L.repeat * acc_write,
+                          dram_read_bytes=L.repeat * (first_b + halo_b + w_b + ex_b),
+                          dram_write_bytes=L.repeat * store_b)
+    energy = sum(energy_pj(counts, cycles, hw, jnp).values())
+
+    # --- capacity
+    extras = (L.tile_extras, L.channel_extras)
+    p = _problem(L)
+    spad_mx, acc_mx = (res * a + (1.0 - res) * b for a, b in zip(
+        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, True, extras, jnp),
+        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, False, extras, jnp), strict=True))
+    spad_win, acc_win = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, db, extras, True, jnp)
+    no_weights = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, db, extras, False, jnp)[0]
+    spad = jnp.where(matrix, spad_mx, jnp.where(L.kind == DEPTHWISE, spad_win, no_weights))
+    acc = jnp.where(matrix, acc_mx, acc_win)
+    halo = jnp.maximum((m.tile_oh - 1) * L.stride_h + (L.kh - 1) * L.dilation_h + 1,
+                       (m.tile_ow - 1) * L.stride_w + (L.kw - 1) * L.dilation_w + 1)
+    k_count = jnp.where(matrix, fold * m.tile_c, 1.0)   # a MATMUL's k is a 16-bit count
+    over = jnp.stack([spad / hw.scratchpad_bytes, acc / hw.accumulator_bytes, halo / MAX_HALO,
+                      k_count / MAX_HALO, m.tile_o / MAX_HALO]) - 1.0
+    violation = jnp.sum(jnp.maximum(over, 0.0))
+    return LayerCost(cycles, energy, spad, acc, violation, L.repeat * instructions)

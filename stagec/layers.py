@@ -1,0 +1,129 @@
+"""The tunable layers of a model: its conv-shaped nodes, as the cost model and the tuner see them,
+and one-layer programs to measure a mapping of one of them in the simulator.
+
+    >>> import torch
+    >>> from stagec.layers import model_graph, model_layers
+    >>> graph = model_graph(torch.nn.Conv2d(3, 8, 3), (torch.randn(1, 3, 8, 8),))
+    >>> [(layer.kind, layer.problem.o) for layer in model_layers(graph)]
+    [('matrix', 8)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import numpy as np
+
+from stagec.costmodel.problem import LayerShape, layer_shape
+from stagec.isa import HardwareConfig, Program
+from stagec.isa.instructions import TRANSCENDENTAL, Space
+from stagec.lower import tile_expr
+from stagec.lower.canonicalize import canonicalize
+from stagec.lower.graph_ir import Graph, Node, OpKind
+from stagec.lower.layout import assign_layout
+from stagec.lower.lowering import lower_to_program
+from stagec.lower.schedule import ConvProblem, TileMapping, make_schedule, node_problem
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A node that runs as a convolution, with what its emitted loop nest depends on besides the mapping.
+
+    kind: 'matrix', 'depthwise' or 'pool' (lower.schedule.node_problem); extras: epilogue buffers
+    (full tiles, per-channel vectors); tile_loads: epilogue operands LOADed per output tile;
+    epilogue: (plain, transcendental) VECTOR instructions the fused
+    epilogue emits per output tile; repeat: how many times the loop nest runs (a batched matmul's
+    batch, a grouped conv's groups, a pooling's leading dims).
+    """
+
+    name: str
+    kind: str
+    problem: ConvProblem
+    extras: tuple[int, int]
+    tile_loads: int
+    epilogue: tuple[int, int]
+    repeat: int
+    node: Node
+
+    def shape(self) -> LayerShape:
+        """The layer as the cost model's LayerShape."""
+        return layer_shape(self.kind, self.problem, self.extras, self.epilogue, self.repeat, self.tile_loads)
+
+
+def model_graph(model_or_fn, example_args, kwargs=None) -> Graph:
+    """The fused graph IR `stagec.compile` schedules (the same passes, in the same order)."""
+    from stagec.compiler import GRAPH_PASSES, trace
+    graph = canonicalize(trace(model_or_fn, example_args, kwargs).closed)
+    for _, run in GRAPH_PASSES:
+        graph = run(graph)
+    return graph
+
+
+def model_layers(graph: Graph) -> list[Layer]:
+    """Every conv-shaped node of `graph`, in program order."""
+    out = []
+    for node in graph.nodes:
+        found = node_problem(node)
+        if found is not None:
+            kind, p, extras = found
+            # epilogue operands beyond the accumulator (inputs[2:]) that are not per-channel vectors
+            loads = max(len(node.inputs) - 2 - extras[1], 0) if node.op != OpKind.POOL else 0
+            out.append(Layer(node.name, kind, p, extras, loads, _epilogue_ops(node), _repeat(node), node))
+    return out
+
+
+def _repeat(node: Node) -> int:
+    if node.op == OpKind.MATMUL:
+        return int(np.prod(node.output.shape[:-2], dtype=np.int64))
+    if node.op == OpKind.POOL:
+        return int(np.prod(node.inputs[0].shape[:-3], dtype=np.int64))
+    groups = node.attr("groups")
+    return 1 if node_problem(node)[0] == "depthwise" else groups
+
+
+class _CountingEmitter:
+    """Stands in for lower.emitter.Emitter: records the function of each VECTOR instruction."""
+
+    def __init__(self):
+        self.funcs = []
+
+    def vector(self, func, *args, **kwargs):
+        self.funcs.append(func)
+
+
+def _epilogue_ops(node: Node) -> tuple[int, int]:
+    """(plain, transcendental) VECTOR instructions per output tile: lower.tile_expr emits them (a
+    select is two, a copy onto itself none), counted by running it on a counting emitter."""
+    expr = node.attr("epilogue")
+    if not expr:
+        return 0, 0
+    n = len(node.inputs) - 1
+    counts = (2, 2, 2)
+    tiles = [tile_expr.LocalTile(Space.ACC, 0, counts)] + [tile_expr.LocalTile(Space.SPAD, 64 * (k + 1), counts)
+                                                           for k in range(n - 1)]
+    # as lower.matrix.Epilogue plans it: the accumulator tile and full-tile operands are writable
+    out = node.output.shape
+    axis = (1 if node.op == OpKind.CONV else -1) % len(out)
+    full = {k + 1 for k, v in enumerate(node.inputs[2:])
+            if not all(d == 1 for i, d in enumerate((1,) * (len(out) - len(v.shape)) + v.shape) if i != axis)}
+    plan = tile_expr.plan(expr, n, frozenset({0} | full))
+    temps = [tile_expr.LocalTile(Space.SPAD, 64 * (n + k), counts) for k in range(plan.temps)]
+    em = _CountingEmitter()
+    tile_expr.emit(em, expr, plan, tiles, temps, counts)
+    hard = sum(f in TRANSCENDENTAL for f in em.funcs)
+    return len(em.funcs) - hard, hard
+
+
+def layer_graph(graph: Graph, layer: Layer) -> Graph:
+    """A graph of just `layer`'s node: its non-constant inputs become graph inputs, its output the output."""
+    node = layer.node
+    consts = {v.id: graph.constants[v.id] for v in node.inputs if v.id in graph.constants}
+    inputs = tuple(dict.fromkeys(v for v in node.inputs if v.id not in consts))
+    return Graph(inputs, (node.output,), (node,), MappingProxyType(consts))
+
+
+def layer_program(graph: Graph, layer: Layer, mapping: TileMapping, hw: HardwareConfig) -> Program:
+    """The program of `layer` alone with `mapping` (checked to fit, as compile(mappings=...) checks it)."""
+    sub = layer_graph(graph, layer)
+    return lower_to_program(sub, assign_layout(sub), make_schedule(sub, hw, {layer.name: mapping}), hw)
