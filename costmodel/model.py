@@ -56,6 +56,7 @@ class CostConstants:
 
 
 jax.tree_util.register_dataclass(CostConstants, data_fields=[f.name for f in fields(CostConstants)], meta_fields=[])
+DEFAULT_CONSTANTS = CostConstants()
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def _valid_extent(L_dim, out, tiles, stride, dilation, k, pad_lo):
     return jnp.maximum(halos - pad_lo - overflow, 1.0), halos
 
 
-def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConstants = CostConstants(),
+def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConstants = DEFAULT_CONSTANTS,
                smooth=0.0) -> LayerCost:
     """Cost of `L` under mapping `m` on `hw` (scalars; vmap for batches).  smooth=0: exact."""
     s = smooth

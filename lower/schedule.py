@@ -262,6 +262,13 @@ def node_problem(node) -> tuple[str, ConvProblem, tuple[int, int]] | None:
     return None
 
 
+def default_mapping(kind: str, p: ConvProblem, hw: HardwareConfig, extras=(0, 0), layer: str = "conv") -> TileMapping:
+    """The grid search's mapping of a node of `kind` (see node_problem)."""
+    if kind == "matrix":
+        return map_conv(p, hw, extras, layer)
+    return map_window(p, hw, extras, kind == "depthwise", layer)
+
+
 @dataclass(frozen=True)
 class Schedule:
     """A mapping for every node that runs as a convolution; vector ops tile at emission."""
@@ -291,10 +298,8 @@ def make_schedule(graph, hw: HardwareConfig, mappings: dict | None = None) -> Sc
             if not fits(p, spad, acc, m.tile_oh, m.tile_ow, hw):
                 raise TilingError(f"{node.name}: mapping {m} needs {spad} bytes of scratchpad (have "
                                   f"{hw.scratchpad_bytes}) and {acc} of accumulator (have {hw.accumulator_bytes})")
-        elif kind == "matrix":
-            m = map_conv(p, hw, extras, node.name)
         else:
-            m = map_window(p, hw, extras, kind == "depthwise", node.name)
+            m = default_mapping(kind, p, hw, extras, node.name)
         out.append((node.name, m))
     if mappings:
         raise KeyError(f"mappings for layers the graph does not have: {sorted(mappings)}")

@@ -24,6 +24,8 @@ from stagec.lower.graph_ir import Graph, Node, OpKind
 from stagec.lower.layout import assign_layout
 from stagec.lower.lowering import lower_to_program
 from stagec.lower.schedule import ConvProblem, TileMapping, make_schedule, node_problem
+from stagec.sim.energy import program_energy_pj
+from stagec.sim.timing import timeline
 
 
 @dataclass(frozen=True)
@@ -127,3 +129,10 @@ def layer_program(graph: Graph, layer: Layer, mapping: TileMapping, hw: Hardware
     """The program of `layer` alone with `mapping` (checked to fit, as compile(mappings=...) checks it)."""
     sub = layer_graph(graph, layer)
     return lower_to_program(sub, assign_layout(sub), make_schedule(sub, hw, {layer.name: mapping}), hw)
+
+
+def measure(graph: Graph, layer: Layer, mapping: TileMapping, hw: HardwareConfig) -> tuple[float, float]:
+    """(cycles, energy pJ) the simulator gives `layer` alone under `mapping`: the ground truth the
+    cost model predicts."""
+    program = layer_program(graph, layer, mapping, hw)
+    return timeline(program).cycles, float(program_energy_pj(program))
