@@ -30,10 +30,14 @@ class HardwarePoint:
     config: HardwareConfig
 
     def __getattr__(self, name):
-        # NOTE: only reached for names not defined above: the config's continuous fields.
+        # NOTE: only reached for names not defined above; `config` holds default structure (so one
+        # compiled function serves every point), hence only its continuous fields are read through.
+        if name not in CONTINUOUS:
+            raise AttributeError(f"HardwarePoint has no field {name!r}")
         return getattr(self.config, name)
 
 
+CONTINUOUS = frozenset(f.name for f in fields(HardwareConfig) if not f.metadata["static"])
 jax.tree_util.register_dataclass(HardwarePoint, data_fields=[f.name for f in fields(HardwarePoint)], meta_fields=[])
 
 
@@ -42,7 +46,7 @@ def hardware_point(hw: HardwareConfig) -> HardwarePoint:
     return HardwarePoint(*(np.float32(v) for v in (hw.array_rows, hw.array_cols, hw.scratchpad_bytes,
                                                     hw.accumulator_bytes, hw.vector_lanes,
                                                     hw.dataflow == "weight_stationary")),
-                         jax.tree.map(np.float32, hw))
+                         HardwareConfig(**{n: np.float32(getattr(hw, n)) for n in CONTINUOUS}))
 
 
 def area(hw: HardwarePoint):

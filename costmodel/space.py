@@ -72,14 +72,14 @@ def neighbours(m: MappingArrays, L: LayerShape) -> MappingArrays:
     return MappingArrays(*(corner[..., i] for i in range(4)), switch[..., 0], res)
 
 
-def objective_of(cost, objective: str):
+def objective_of(cycles, energy_pj, objective: str):
     """The scalar a tuner minimizes: cycles, energy (pJ) or their product (EDP)."""
     if objective == "latency":
-        return cost.cycles
+        return cycles
     if objective == "energy":
-        return cost.energy_pj
+        return energy_pj
     if objective == "edp":
-        return cost.cycles * cost.energy_pj
+        return cycles * energy_pj
     raise ValueError(f"unknown objective {objective!r}; expected 'latency', 'energy' or 'edp'")
 
 
@@ -89,11 +89,12 @@ def project(m: MappingArrays, L: LayerShape, hw: HardwarePoint, fallback: Mappin
     `fallback` when none fits; returns (mapping, its exact objective)."""
     cand = neighbours(m, L)
     cost = jax.vmap(lambda c: layer_cost(L, c, hw, constants))(cand)
-    value = jnp.where(cost.violation > 0, jnp.inf, objective_of(cost, objective))
+    value = jnp.where(cost.violation > 0, jnp.inf, objective_of(cost.cycles, cost.energy_pj, objective))
     best = jnp.argmin(value)
     chosen = jax.tree.map(lambda c: c[best], cand)
     ok = jnp.isfinite(value[best])
-    fallback_value = objective_of(layer_cost(L, fallback, hw, constants), objective)
+    fallback_cost = layer_cost(L, fallback, hw, constants)
+    fallback_value = objective_of(fallback_cost.cycles, fallback_cost.energy_pj, objective)
     return (jax.tree.map(lambda a, b: jnp.where(ok, a, b), chosen, fallback),
             jnp.where(ok, value[best], fallback_value))
 

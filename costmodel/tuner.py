@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from .batch import exact_cost
 from .hardware import HardwarePoint
 from .model import DEFAULT_CONSTANTS, CostConstants, layer_cost
 from .problem import LayerShape, MappingArrays
@@ -41,6 +42,9 @@ class TuneSettings:
     seed: int = 0
 
 
+DEFAULT_SETTINGS = TuneSettings()
+
+
 @dataclass(frozen=True)
 class TuneOutcome:
     """Per layer: the chosen legal mapping, its exact objective, the grid search's objective;
@@ -58,7 +62,7 @@ def relaxed_loss(theta, L: LayerShape, hw: HardwarePoint, constants: CostConstan
                  penalty: float):
     """What one relaxed point descends: log objective (scale-free across layers) + penalty x violation."""
     cost = layer_cost(L, to_mapping(theta, L), hw, constants, smooth)
-    return jnp.log(jnp.maximum(objective_of(cost, objective), 1.0)) + penalty * cost.violation
+    return jnp.log(jnp.maximum(objective_of(cost.cycles, cost.energy_pj, objective), 1.0)) + penalty * cost.violation
 
 
 def print_progress(step: int, total: int, best: float, elapsed: float) -> None:
@@ -82,16 +86,11 @@ def _descend(theta, opt_state, step, layers, hw, constants, objective: str, sett
 
 
 @partial(jax.jit, static_argnames=("objective",))
-def _project_all(theta, layers, fallback, hw, constants, objective: str):
+def project_all(theta, layers, fallback, hw, constants, objective: str):
+    """Every layer's points (n, starts, 6) projected: (mappings, exact objectives), both (n, starts)."""
     def one(t, L, fb):
         return project(to_mapping(t, L), L, hw, fb, constants, objective)
     return jax.vmap(jax.vmap(one, (0, None, None)), (0, 0, 0))(theta, layers, fallback)
-
-
-@partial(jax.jit, static_argnames=("objective",))
-def exact_objective(layers, mappings, hw, constants, objective: str):
-    """The exact objective of a batch of (layer, mapping) pairs."""
-    return jax.vmap(lambda L, m: objective_of(layer_cost(L, m, hw, constants), objective))(layers, mappings)
 
 
 @jax.jit
@@ -105,7 +104,7 @@ def _keep_best(cand, values, best_m, best_v):
 
 
 def tune_layers(layers: LayerShape, fallback: MappingArrays, hw: HardwarePoint, objective: str = "latency",
-                constants: CostConstants = DEFAULT_CONSTANTS, settings: TuneSettings = TuneSettings(),
+                constants: CostConstants = DEFAULT_CONSTANTS, settings: TuneSettings = DEFAULT_SETTINGS,
                 progress: Callable | None = print_progress) -> TuneOutcome:
     """Tune every layer of a batch (LayerShape with fields of shape (n,)); `fallback` (n,) are legal
     mappings to start from and to fall back on (the grid search's)."""
@@ -113,7 +112,8 @@ def tune_layers(layers: LayerShape, fallback: MappingArrays, hw: HardwarePoint, 
     key = jax.random.PRNGKey(settings.seed)
     theta = jax.vmap(lambda k, L: random_theta(k, L, settings.starts))(jax.random.split(key, n), layers)
     theta = theta.at[:, 0].set(from_mapping(fallback))
-    best_m, best_v = fallback, exact_objective(layers, fallback, hw, constants, objective)
+    cost = exact_cost(layers, fallback, hw, constants)
+    best_m, best_v = fallback, objective_of(cost.cycles, cost.energy_pj, objective)
     fallback_values = best_v
     opt_state = optax.adam(settings.learning_rate).init(theta)
     t0, evaluations = time.perf_counter(), 0
@@ -121,7 +121,7 @@ def tune_layers(layers: LayerShape, fallback: MappingArrays, hw: HardwarePoint, 
     for r in range(rounds):
         for step in range(r * settings.chunk, (r + 1) * settings.chunk):
             theta, opt_state = _descend(theta, opt_state, step, layers, hw, constants, objective, settings)
-        cand, values = _project_all(theta, layers, fallback, hw, constants, objective)
+        cand, values = project_all(theta, layers, fallback, hw, constants, objective)
         evaluations += 64 * n * settings.starts
         best_m, best_v = _keep_best(cand, values, best_m, best_v)
         if progress is not None:

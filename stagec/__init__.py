@@ -11,8 +11,10 @@ from stagec.isa import HardwareConfig, Program, VerificationError
 from stagec.sim.reference import SimulationError
 
 from .api import compile, load, simulate  # noqa: A004
+from .codesign import Codesign, codesign
 from .report import Report
+from .tuning import TuneSettings, Tuning, tune
 
-__all__ = ["HardwareConfig", "Program", "Report", "SimulationError", "VerificationError", "compile", "load",
-           "simulate"]
+__all__ = ["Codesign", "HardwareConfig", "Program", "Report", "SimulationError", "TuneSettings", "Tuning",
+           "VerificationError", "codesign", "compile", "load", "simulate", "tune"]
 __version__ = "0.1.0"

@@ -1,0 +1,85 @@
+"""stagec.tune: mappings for a model's layers by gradient on the cost model.
+
+    >>> import torch, stagec
+    >>> model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU())
+    >>> x = torch.randn(1, 8, 16, 16)
+    >>> tuned = stagec.tune(model, (x,), settings=stagec.TuneSettings(starts=4, steps=20, chunk=10),
+    ...                     progress=None)
+    >>> tuned.predicted <= tuned.default_predicted
+    True
+    >>> program = stagec.compile(model, (x,), mappings=tuned.mappings)   # or compile(..., tune="gradient")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from stagec.costmodel.hardware import hardware_point
+from stagec.costmodel.model import DEFAULT_CONSTANTS, CostConstants
+from stagec.costmodel.problem import mapping_arrays, stack, to_tile_mapping
+from stagec.costmodel.tuner import DEFAULT_SETTINGS, TuneSettings, print_progress, tune_layers
+
+__all__ = ["TuneSettings", "Tuning", "tune", "tune_graph", "tune_layer_list"]
+from stagec.isa import HardwareConfig
+from stagec.lower.graph_ir import Graph
+from stagec.lower.schedule import TileMapping, default_mapping
+
+from .layers import Layer, model_graph, model_layers
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Tuned mappings by layer name (what compile(mappings=...) takes), with the cost model's
+    objective for the model (layers summed) under them and under the default mapper's."""
+
+    mappings: dict[str, TileMapping]
+    predicted: float
+    default_predicted: float
+    objective: str
+    evaluations: int
+
+    def __str__(self) -> str:
+        lines = [f"tuned {len(self.mappings)} layers for {self.objective}: {self.predicted:.4g} "
+                 f"(default mapper {self.default_predicted:.4g}, {self.default_predicted / self.predicted:.2f}x)"]
+        return "\n".join(lines + [f"  {name}: {m}" for name, m in self.mappings.items()])
+
+
+def tune_graph(graph: Graph, hw: HardwareConfig, objective: str = "latency", settings: TuneSettings = DEFAULT_SETTINGS,
+               constants: CostConstants = DEFAULT_CONSTANTS, progress: Callable | None = print_progress) -> Tuning:
+    """Tune every conv-shaped layer of a fused graph (layers of one shape are tuned once)."""
+    return tune_layer_list(model_layers(graph), hw, objective, settings, constants, progress)
+
+
+def tune_layer_list(layers: list[Layer], hw: HardwareConfig, objective: str = "latency",
+                    settings: TuneSettings = DEFAULT_SETTINGS, constants: CostConstants = DEFAULT_CONSTANTS,
+                    progress: Callable | None = print_progress) -> Tuning:
+    if not layers:
+        return Tuning({}, 0.0, 0.0, objective, 0)
+    shapes = [layer.shape() for layer in layers]
+    keys = [tuple(float(v) for v in jax.tree.leaves(s)) for s in shapes]
+    unique = list(dict.fromkeys(keys))
+    first = {k: keys.index(k) for k in unique}
+    fallback = [default_mapping(layers[first[k]].kind, layers[first[k]].problem, hw, layers[first[k]].extras,
+                                layers[first[k]].name) for k in unique]
+    out = tune_layers(stack([shapes[first[k]] for k in unique]), stack([mapping_arrays(m) for m in fallback]),
+                      hardware_point(hw), objective, constants, settings, progress)
+    tuned = [to_tile_mapping(jax.tree.map(lambda a, i=i: a[i], out.mappings)) for i in range(len(unique))]
+    where = [unique.index(k) for k in keys]
+    return Tuning({layer.name: tuned[w] for layer, w in zip(layers, where, strict=True)},
+                  float(np.sum(out.values[where])), float(np.sum(out.fallback_values[where])), objective,
+                  out.evaluations)
+
+
+def tune(model_or_fn, example_args, hw: HardwareConfig | None = None, objective: str = "latency",
+         kwargs: dict | None = None, settings: TuneSettings = DEFAULT_SETTINGS,
+         constants: CostConstants = DEFAULT_CONSTANTS, progress: Callable | None = print_progress) -> Tuning:
+    """Mappings for every conv/matmul/pooling layer of a model, tuned by gradient on the cost model
+    for `objective` ('latency', 'energy' or 'edp', per layer), each projected to a legal mapping
+    and never worse (by the exact model) than the default mapper's.  `progress(step, total, best,
+    seconds)` is called after every projection round (None: silent)."""
+    hw = hw or HardwareConfig()
+    return tune_graph(model_graph(model_or_fn, example_args, kwargs), hw, objective, settings, constants, progress)
