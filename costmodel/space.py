@@ -17,6 +17,7 @@ import numpy as np
 
 from stagec.lower.schedule import MAX_HALO
 
+from .batch import exact_cost
 from .hardware import HardwarePoint
 from .model import DEFAULT_CONSTANTS, MATRIX, CostConstants, layer_cost
 from .problem import LayerShape, MappingArrays
@@ -107,6 +108,6 @@ def random_legal(key, L: LayerShape, hw: HardwarePoint, count: int, max_instruct
     m = to_mapping(theta, L)
     m = MappingArrays(*(jnp.round(getattr(m, f)) for f in TILE_FIELDS), jnp.round(m.double_buffer),
                       jnp.round(m.weights_resident))
-    cost = jax.vmap(lambda x: layer_cost(L, x, hw))(m)
+    cost = exact_cost(jax.tree.map(lambda v: jnp.broadcast_to(v, m.tile_oh.shape), L), m, hw)
     keep = np.flatnonzero(np.asarray((cost.violation == 0) & (cost.instructions <= max_instructions)))[:count]
     return jax.tree.map(lambda a: np.asarray(a)[keep], m)
