@@ -62,14 +62,15 @@ def trace(model_or_fn, example_args, kwargs=None) -> TracedModel:
 
 def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=None,  # noqa: A001
             fuse: bool = True, mappings: dict | None = None, kwargs: dict | None = None,
-            tune: str | None = None, objective: str = "latency") -> Program:
+            tune=None, objective: str = "latency") -> Program:
     """Compile a PyTorch model (called with `example_args` and `kwargs`) or a JAX function for the
     accelerator; `stagec.simulate` then takes and returns the model's own input and output structure.
 
     `fuse=False` skips the fusion passes (every elementwise op then round-trips through DRAM),
     to measure what fusion saves.  `mappings` ({layer name: lower.schedule.TileMapping}) replaces
     the default mapper's choice for those layers (the names are the schedule dump's).
-    `tune="gradient"` maps the other layers with stagec.tune (cost model, optax) for `objective`.
+    `tune="gradient"` maps the other layers with stagec.tune (cost model, optax) for `objective`;
+    a stagec.TuneSettings instead of "gradient" does so with those settings.
 
     >>> import torch, stagec
     >>> program = stagec.compile(torch.nn.Linear(8, 4), (torch.randn(2, 8),))
@@ -91,11 +92,12 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
         if fuse or name not in FUSION_PASSES:
             graph = run(graph)
         out(name, graph)
-    if tune == "gradient":
-        from .tuning import tune_graph
-        mappings = {**tune_graph(graph, hw, objective).mappings, **(mappings or {})}
-    elif tune is not None:
-        raise ValueError(f"unknown tune={tune!r}; expected None or 'gradient'")
+    if tune is not None:
+        from .tuning import DEFAULT_SETTINGS, TuneSettings, tune_graph
+        if tune != "gradient" and not isinstance(tune, TuneSettings):
+            raise ValueError(f"unknown tune={tune!r}; expected None, 'gradient' or a stagec.TuneSettings")
+        settings = tune if isinstance(tune, TuneSettings) else DEFAULT_SETTINGS
+        mappings = {**tune_graph(graph, hw, objective, settings).mappings, **(mappings or {})}
     layout = assign_layout(graph)
     out("layout", layout)
     schedule = make_schedule(graph, hw, mappings)
