@@ -167,7 +167,9 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     stage = jnp.stack([load_q, compute, epilogue, store_q]) / steps
     pipelined = sm.maximum(jnp.stack([load_q, store_q, channel, array, vector]), s) + k.fill * (
         jnp.sum(stage) - sm.maximum(stage, s))
-    hidden = -sm.maximum(-jnp.stack([stage[0], stage[2] + stage[3]]), s)
+    # single-buffered, only the next tile's first load (its first reduction step's) can overlap
+    first_load = stage[0] / jnp.where(matrix, n_c, 1.0)
+    hidden = -sm.maximum(-jnp.stack([first_load, stage[2] + stage[3]]), s)
     serial = load_q + compute + epilogue + store_q - k.overlap * (steps - 1.0) * hidden
     instructions = first_n + halo_n + w_n + ex_n + store_n + jnp.where(
         matrix, n_sp * n_o * n_c * taps_mm, tiles_out * taps) + tiles_out * (L.epi_plain + L.epi_hard)

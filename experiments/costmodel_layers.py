@@ -29,23 +29,27 @@ BERT_LINEARS = [(768, 768), (768, 3072), (3072, 768)]
 BERT_TOKENS, BERT_HEADS, BERT_HEAD_DIM = 128, 12, 64
 
 
-def _one(module_or_fn, args) -> tuple[object, Layer]:
+def _one(name: str, module_or_fn, args) -> tuple[str, object, Layer]:
     graph = model_graph(module_or_fn, args)
-    return graph, model_layers(graph)[0]
+    return name, graph, model_layers(graph)[0]
 
 
-def resnet50_layers() -> list[tuple[object, Layer]]:
+def resnet50_layers() -> list[tuple[str, object, Layer]]:
+    """(name, one-layer graph, its Layer) of each distinct ResNet-50 layer shape."""
     out = []
     for cin, cout, k, stride, size in RESNET50_CONVS:
         conv = nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2), nn.ReLU())
-        out.append(_one(conv, (torch.randn(1, cin, size, size),)))
-    out.append(_one(nn.Linear(2048, 1000), (torch.randn(1, 2048),)))
-    out.append(_one(nn.MaxPool2d(3, 2, 1), (torch.randn(1, 64, 112, 112),)))
+        out.append(_one(f"resnet50/conv{k}x{k}s{stride} {cin}->{cout} @{size}", conv,
+                        (torch.randn(1, cin, size, size),)))
+    out.append(_one("resnet50/fc 2048->1000", nn.Linear(2048, 1000), (torch.randn(1, 2048),)))
+    out.append(_one("resnet50/maxpool3x3s2 @112", nn.MaxPool2d(3, 2, 1), (torch.randn(1, 64, 112, 112),)))
     return out
 
 
-def bert_layers() -> list[tuple[object, Layer]]:
-    out = [_one(nn.Linear(i, o), (torch.randn(BERT_TOKENS, i),)) for i, o in BERT_LINEARS]
+def bert_layers() -> list[tuple[str, object, Layer]]:
+    """(name, one-layer graph, its Layer) of each distinct BERT-base layer shape."""
+    out = [_one(f"bert/linear {i}->{o} x{BERT_TOKENS}", nn.Linear(i, o), (torch.randn(BERT_TOKENS, i),))
+           for i, o in BERT_LINEARS]
 
     def scores(q, k):
         return jnp.matmul(q, jnp.swapaxes(k, -1, -2))
@@ -55,6 +59,6 @@ def bert_layers() -> list[tuple[object, Layer]]:
 
     q = jnp.zeros((BERT_HEADS, BERT_TOKENS, BERT_HEAD_DIM), jnp.float32)
     p = jnp.zeros((BERT_HEADS, BERT_TOKENS, BERT_TOKENS), jnp.float32)
-    out.append(_one(scores, (q, q)))
-    out.append(_one(context, (p, q)))
+    out.append(_one(f"bert/attention scores {BERT_HEADS}x", scores, (q, q)))
+    out.append(_one(f"bert/attention context {BERT_HEADS}x", context, (p, q)))
     return out

@@ -9,7 +9,7 @@ Steps: every model's tunable layers (stagec.layers; shapes shared between models
 counted per model) -> costmodel.codesign.descend (hardware and mappings together) -> the
 power-of-two corners within the area budget, each scored by the exact model with the relaxed
 mappings projected onto it -> the best -> mappings tuned for it (stagec.tune) -> each model
-compiled and timed by the simulator: the confirmed report.
+lowered (the compiler's stages after tracing) and timed by the simulator: the confirmed report.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from stagec.isa import HardwareConfig
 from stagec.lower.schedule import TilingError, default_mapping
 from stagec.sim.energy import area_mm2
 
-from .compiler import compile  # noqa: A004
-from .layers import model_graph, model_layers
+from .layers import graph_program, model_graph, model_layers
 from .report import Report, make_report
 from .tuning import tune_layer_list
 
@@ -79,9 +78,18 @@ def codesign(models, area_budget_mm2: float, objective: str = "latency", power_b
     (model, args) or (model, args, kwargs)), for `objective` ('latency', 'energy' or 'edp'; with
     several models, the product of theirs) within `area_budget_mm2` (and `power_budget_w`).  The
     result is buildable (powers of two), within the area budget, and confirmed by the simulator."""
+    graphs = [model_graph(*_example(m)) for m in models]
+    return codesign_graphs(graphs, area_budget_mm2, objective, power_budget_w, hw, settings, tune_settings,
+                           constants, progress)
+
+
+def codesign_graphs(graphs, area_budget_mm2: float, objective: str = "latency", power_budget_w: float | None = None,
+                    hw: HardwareConfig | None = None, settings: CodesignSettings = DEFAULT_CODESIGN,
+                    tune_settings: TuneSettings = DEFAULT_SETTINGS, constants: CostConstants = DEFAULT_CONSTANTS,
+                    progress: bool = True) -> Codesign:
+    """codesign on models already traced to fused graphs (stagec.layers.model_graph): for sweeps
+    (a Pareto front) that trace each model once."""
     base = hw or HardwareConfig()
-    examples = [_example(m) for m in models]
-    graphs = [model_graph(m, a, kw) for m, a, kw in examples]
     per_model = [model_layers(g) for g in graphs]
     unique, index = {}, []          # shape key -> (first layer), and (workload, unique id) per layer
     for w, layers in enumerate(per_model):
@@ -96,7 +104,7 @@ def codesign(models, area_budget_mm2: float, objective: str = "latency", power_b
     workload = np.array([w for w, _ in pairs], np.int32)
     start = stack([mapping_arrays(default_mapping(firsts[u].kind, firsts[u].problem, base, firsts[u].extras,
                                                   firsts[u].name)) for _, u in pairs])
-    point, theta = descend(shapes, start, counts, workload, len(examples), base, area_budget_mm2, objective,
+    point, theta = descend(shapes, start, counts, workload, len(graphs), base, area_budget_mm2, objective,
                            power_budget_w, constants, settings if progress else _quiet(settings))
     best, best_value = None, np.inf
     for cand in buildable_candidates(point, base, area_budget_mm2, settings):
@@ -108,8 +116,8 @@ def codesign(models, area_budget_mm2: float, objective: str = "latency", power_b
         hp = hardware_point(cand)
         maps, _ = project_all(theta[:, None], shapes, fallback, hp, constants, objective)
         cost = exact_cost(shapes, jax.tree.map(lambda a: a[:, 0], maps), hp, constants)
-        cycles = jax.ops.segment_sum(cost.cycles * counts, workload, len(examples))
-        energy = jax.ops.segment_sum(cost.energy_pj * counts, workload, len(examples))
+        cycles = jax.ops.segment_sum(cost.cycles * counts, workload, len(graphs))
+        energy = jax.ops.segment_sum(cost.energy_pj * counts, workload, len(graphs))
         watts = energy * 1e-12 * cand.clock_hz / cycles
         if power_budget_w is not None and bool(jnp.any(watts > power_budget_w)):
             continue
@@ -124,11 +132,10 @@ def codesign(models, area_budget_mm2: float, objective: str = "latency", power_b
               f"{best.accumulator_bytes // 1024} KiB, {best.dma_bandwidth_bytes_per_cycle:g} B/cycle "
               f"({float(area(hardware_point(best))):.3f} mm^2); tuning and simulating", file=sys.stderr, flush=True)
     mappings, reports, cycles, energy = [], [], [], []
-    for (model, args, kw), layers in zip(examples, per_model, strict=True):
+    for graph, layers in zip(graphs, per_model, strict=True):
         tuned = tune_layer_list(layers, best, objective, tune_settings, constants, None)
-        program = compile(model, args, best, mappings=tuned.mappings, kwargs=kw)
         mappings.append(tuned.mappings)
-        reports.append(make_report(program))
+        reports.append(make_report(graph_program(graph, best, tuned.mappings)))
         lc = exact_cost(stack([layer.shape() for layer in layers]),
                         stack([mapping_arrays(tuned.mappings[layer.name]) for layer in layers]),
                         hardware_point(best), constants)

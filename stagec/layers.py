@@ -24,7 +24,7 @@ from stagec.lower.graph_ir import Graph, Node, OpKind
 from stagec.lower.layout import assign_layout
 from stagec.lower.lowering import lower_to_program
 from stagec.lower.schedule import ConvProblem, TileMapping, make_schedule, node_problem
-from stagec.sim.energy import program_energy_pj
+from stagec.sim.energy import counts_of, energy_pj
 from stagec.sim.timing import timeline
 
 
@@ -125,14 +125,19 @@ def layer_graph(graph: Graph, layer: Layer) -> Graph:
     return Graph(inputs, (node.output,), (node,), MappingProxyType(consts))
 
 
+def graph_program(graph: Graph, hw: HardwareConfig, mappings: dict | None = None) -> Program:
+    """A fused graph's program: compile's stages after the graph passes (mappings checked to fit)."""
+    return lower_to_program(graph, assign_layout(graph), make_schedule(graph, hw, mappings), hw)
+
+
 def layer_program(graph: Graph, layer: Layer, mapping: TileMapping, hw: HardwareConfig) -> Program:
-    """The program of `layer` alone with `mapping` (checked to fit, as compile(mappings=...) checks it)."""
-    sub = layer_graph(graph, layer)
-    return lower_to_program(sub, assign_layout(sub), make_schedule(sub, hw, {layer.name: mapping}), hw)
+    """The program of `layer` alone with `mapping`."""
+    return graph_program(layer_graph(graph, layer), hw, {layer.name: mapping})
 
 
 def measure(graph: Graph, layer: Layer, mapping: TileMapping, hw: HardwareConfig) -> tuple[float, float]:
     """(cycles, energy pJ) the simulator gives `layer` alone under `mapping`: the ground truth the
     cost model predicts."""
     program = layer_program(graph, layer, mapping, hw)
-    return timeline(program).cycles, float(program_energy_pj(program))
+    cycles = timeline(program).cycles
+    return cycles, float(sum(energy_pj(counts_of(program).total(), cycles, hw).values()))
