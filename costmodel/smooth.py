@@ -11,9 +11,16 @@ import jax
 import jax.numpy as jnp
 
 
+def _exact(smooth) -> bool:
+    """A temperature known to be 0 when tracing: the relaxed branch need not be computed at all."""
+    return isinstance(smooth, (int, float)) and smooth == 0
+
+
 def step_up(frac, smooth):
     """0 at frac == 0, rising to 1 at frac == 1: a hard step (frac > 0) at smooth 0, a ramp
     (1 - e^(-f/s)) / (1 - e^(-1/s)) otherwise, which tends to frac itself as smooth grows."""
+    if _exact(smooth):
+        return (frac > 0).astype(jnp.result_type(frac))
     s = jnp.maximum(smooth, 1e-6)
     ramp = -jnp.expm1(-frac / s) / -jnp.expm1(-1.0 / s)
     return jnp.where(smooth > 0, ramp, (frac > 0).astype(jnp.result_type(frac)))
@@ -39,6 +46,8 @@ def tile_sizes(dim, tile, smooth):
 
 def maximum(values, smooth):
     """max over the last axis; a log-sum-exp at a temperature relative to the values' scale."""
+    if _exact(smooth):
+        return jnp.max(values, -1)
     scale = jax.lax.stop_gradient(jnp.maximum(jnp.max(jnp.abs(values), -1, keepdims=True), 1.0))
     s = jnp.maximum(smooth, 1e-6) * scale
     soft = s[..., 0] * jax.nn.logsumexp(values / s, -1)
