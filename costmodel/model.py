@@ -17,6 +17,10 @@ style of Timeloop/MAESTRO: count each unit's work from the tile sizes, then comp
   capacity lower.schedule's footprint (the one definition mapper, compiler and tuner share),
            as a violation to penalize.
 
+Loop order: lower.matrix emits one nest (batch, rows, cols, output channels, input channels);
+the reuse it can trade is weight residency (all weights loaded once and reused by every output
+tile, vs. a weight tile per output tile), the loop-order choice the model and tuner make.
+
 Every discrete step goes through costmodel.smooth, so `smooth=0` is the exact model and
 `smooth>0` its relaxation; the two switches of a mapping (double buffering, weight
 residency) enter linearly, so probabilities between 0 and 1 mix the candidates' costs.
@@ -92,12 +96,12 @@ def _tile_sum(f, *dims):
     return jnp.sum(w * f(*grids))
 
 
-def _valid_extent(L_dim, out, tiles, stride, dilation, k, pad_lo):
+def _valid_extent(size, out, tiles, stride, dilation, k, pad_lo):
     """Input rows (or columns) the halo LOADs of one tile row read in all, padding excluded:
     every tile's halo, less the padding before the first and past the last."""
     ext = (k - 1) * dilation + 1
     halos = _tile_sum(lambda t: (t - 1) * stride + ext, tiles)
-    overflow = jnp.maximum(0.0, (out - 1) * stride - pad_lo + ext - L_dim)
+    overflow = jnp.maximum(0.0, (out - 1) * stride - pad_lo + ext - size)
     return jnp.maximum(halos - pad_lo - overflow, 1.0), halos
 
 
@@ -148,6 +152,8 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     def ceil(x):
         return sm.ceil(x, s)
 
+    # sim.costs' per-fold cycles with the streamed length (m for WS, k for OS) summed apart,
+    # since it is linear: sum over matmuls of folds x (fixed + length)
     col_folds = _tile_sum(lambda o: ceil(o / c), os_)
     k_folds = _tile_sum(lambda t: ceil(fold * t / r), cs)
     m_folds = L.n * _tile_sum(lambda a, b: ceil(a * b / r), hs, ws)

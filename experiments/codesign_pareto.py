@@ -78,7 +78,7 @@ def sweep(name: str, graph, budgets, settings: CodesignSettings, tune_settings) 
     return {"codesign": points, "pareto": pareto(points), "baseline_default_mapper": baselines}
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, path: Path, reduced: bool) -> None:
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
     for ax, (name, r) in zip(axes[0], results.items(), strict=True):
         pts = r["codesign"]
@@ -99,7 +99,8 @@ def plot(results: dict, path: Path) -> None:
                         xytext=(4, -10), fontsize=7, color="gray")
         for p in pts:
             ax.axvline(p["budget_mm2"], color="C0", alpha=0.15, lw=0.8)
-        ax.set(xlabel="area (mm$^2$)", ylabel="latency (cycles, simulated)", title=name, yscale="log")
+        ax.set(xlabel="area (mm$^2$)", ylabel="latency (cycles, simulated)", yscale="log",
+               title=f"{name} ({'reduced' if reduced else 'full-size'} config)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -124,7 +125,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "codesign_pareto"
     out.with_suffix(".json").write_text(json.dumps({"reduced": not args.full, **results}, indent=1) + "\n")
-    plot(results, out)
+    plot(results, out, not args.full)
     for title, r in results.items():
         print(f"{title} ({'reduced' if not args.full else 'full'}): budget -> area, array, simulated cycles")
         for p in r["codesign"]:
