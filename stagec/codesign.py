@@ -25,7 +25,7 @@ from stagec.costmodel.batch import exact_cost
 from stagec.costmodel.codesign import DEFAULT_CODESIGN, CodesignSettings, buildable_candidates, descend
 from stagec.costmodel.hardware import area, hardware_point
 from stagec.costmodel.model import DEFAULT_CONSTANTS, CostConstants
-from stagec.costmodel.problem import mapping_arrays, stack
+from stagec.costmodel.problem import mapping_arrays, stack, to_tile_mapping
 from stagec.costmodel.space import objective_of
 from stagec.costmodel.tuner import DEFAULT_SETTINGS, TuneSettings, project_all
 from stagec.isa import HardwareConfig
@@ -76,8 +76,9 @@ def codesign(models, area_budget_mm2: float, objective: str = "latency", power_b
     """Tune the array's rows and columns, scratchpad and accumulator sizes, DMA bandwidth and dataflow
     of `hw` (default HardwareConfig()) jointly with every layer's mapping of `models` (a list of
     (model, args) or (model, args, kwargs)), for `objective` ('latency', 'energy' or 'edp'; with
-    several models, the product of theirs) within `area_budget_mm2` (and `power_budget_w`).  The
-    result is buildable (powers of two), within the area budget, and confirmed by the simulator."""
+    several models, the product of theirs) within `area_budget_mm2` (and `power_budget_w`, on the
+    cost model's prediction for the conv-shaped layers).  The result is buildable (powers of two),
+    within the area budget, and confirmed by the simulator."""
     graphs = [model_graph(*_example(m)) for m in models]
     return codesign_graphs(graphs, area_budget_mm2, objective, power_budget_w, hw, settings, tune_settings,
                            constants, progress)
@@ -106,7 +107,7 @@ def codesign_graphs(graphs, area_budget_mm2: float, objective: str = "latency", 
                                                   firsts[u].name)) for _, u in pairs])
     point, theta = descend(shapes, start, counts, workload, len(graphs), base, area_budget_mm2, objective,
                            power_budget_w, constants, settings if progress else _quiet(settings))
-    best, best_value = None, np.inf
+    best, best_value, best_maps = None, np.inf, None
     for cand in buildable_candidates(point, base, area_budget_mm2, settings):
         try:
             fallback = stack([mapping_arrays(default_mapping(firsts[u].kind, firsts[u].problem, cand,
@@ -123,7 +124,7 @@ def codesign_graphs(graphs, area_budget_mm2: float, objective: str = "latency", 
             continue
         value = float(jnp.sum(jnp.log(objective_of(cycles, energy, objective))))
         if value < best_value:
-            best, best_value = cand, value
+            best, best_value, best_maps = cand, value, jax.tree.map(lambda a: np.asarray(a[:, 0]), maps)
     if best is None:
         raise ValueError(f"no buildable config within {area_budget_mm2} mm^2"
                          + (f" and {power_budget_w} W" if power_budget_w else "") + " can map every layer")
@@ -132,16 +133,28 @@ def codesign_graphs(graphs, area_budget_mm2: float, objective: str = "latency", 
               f"{best.accumulator_bytes // 1024} KiB, {best.dma_bandwidth_bytes_per_cycle:g} B/cycle "
               f"({float(area(hardware_point(best))):.3f} mm^2); tuning and simulating", file=sys.stderr, flush=True)
     mappings, reports, cycles, energy = [], [], [], []
-    for graph, layers in zip(graphs, per_model, strict=True):
-        tuned = tune_layer_list(layers, best, objective, tune_settings, constants, None)
-        mappings.append(tuned.mappings)
-        reports.append(make_report(graph_program(graph, best, tuned.mappings)))
-        lc = exact_cost(stack([layer.shape() for layer in layers]),
-                        stack([mapping_arrays(tuned.mappings[layer.name]) for layer in layers]),
-                        hardware_point(best), constants)
-        cycles.append(float(np.sum(lc.cycles)))
-        energy.append(float(np.sum(lc.energy_pj)))
+    for w, (graph, layers) in enumerate(zip(graphs, per_model, strict=True)):
+        mine = [p for p in index if p[0] == w]
+        chosen = tune_layer_list(layers, best, objective, tune_settings, constants, None).mappings
+        c, e = _predicted(layers, chosen, best, constants)
+        if power_budget_w is not None and e * 1e-12 * best.clock_hz / c > power_budget_w:
+            # the tuner does not see the power budget; the selection's projected mappings met it
+            rows = [pairs.index(p) for p in mine]
+            chosen = {layer.name: to_tile_mapping(jax.tree.map(lambda a, k=k: a[k], best_maps))
+                      for layer, k in zip(layers, rows, strict=True)}
+            c, e = _predicted(layers, chosen, best, constants)
+        mappings.append(chosen)
+        reports.append(make_report(graph_program(graph, best, chosen)))
+        cycles.append(c)
+        energy.append(e)
     return Codesign(best, tuple(mappings), tuple(reports), tuple(cycles), tuple(energy), objective)
+
+
+def _predicted(layers, mappings: dict, hw: HardwareConfig, constants: CostConstants) -> tuple[float, float]:
+    """The cost model's (cycles, energy pJ) of a model's conv-shaped layers under `mappings`."""
+    cost = exact_cost(stack([layer.shape() for layer in layers]),
+                      stack([mapping_arrays(mappings[layer.name]) for layer in layers]), hardware_point(hw), constants)
+    return float(np.sum(cost.cycles)), float(np.sum(cost.energy_pj))
 
 
 def _quiet(settings: CodesignSettings) -> CodesignSettings:

@@ -57,12 +57,13 @@ def test_compile_with_gradient_tuning_uses_the_tuned_mappings(example, tuned, tm
         stagec.compile(model, args, tune="annealing")
 
 
-def test_codesign_respects_the_area_budget(example):
+def test_codesign_respects_the_area_and_power_budgets(example):
     model, args = example
-    budget = 1.2       # the default config takes 3.5 mm^2
-    result = stagec.codesign([(model, args)], area_budget_mm2=budget, settings=CodesignSettings(steps=30),
-                             tune_settings=QUICK, progress=False)
+    budget, watts = 1.2, 1.0       # the default config takes 3.5 mm^2
+    result = stagec.codesign([(model, args)], area_budget_mm2=budget, power_budget_w=watts,
+                             settings=CodesignSettings(steps=30), tune_settings=QUICK, progress=False)
     assert result.area_mm2 <= budget
+    assert result.predicted_energy_pj[0] * 1e-12 * result.hw.clock_hz / result.predicted_cycles[0] <= watts
     assert sum(area_mm2(result.hw).values()) == pytest.approx(result.area_mm2)
     for v in (result.hw.array_rows, result.hw.array_cols, result.hw.scratchpad_bytes, result.hw.accumulator_bytes):
         assert v & (v - 1) == 0                                   # buildable: powers of two
