@@ -445,6 +445,13 @@ def conv(b, eqn, x, w):
         x = reshape_value(b, x, (*np.shape(x)[:2], 1, np.shape(x)[2]))
         w = reshape_value(b, w, (*np.shape(w)[:2], 1, np.shape(w)[2]))
         stride, dilation, padding = (1, *stride), (1, *dilation), ((0, 0), *padding)
+    if np.shape(w)[2:] == (1, 1) and any(st > 1 for st in stride) and not any(map(any, padding)):
+        # A strided 1x1 conv reads every s-th pixel: as a strided view of its input (free), its
+        # loads fetch only those pixels instead of whole rows (ResNet's downsampling shortcuts).
+        shape = np.shape(x)
+        x = b.emit(OpKind.SLICE, [x], (*shape[:2], *(-(-d // st) for d, st in zip(shape[2:], stride, strict=True))),
+                   start=(0,) * 4, limit=tuple(shape), step=(1, 1, *stride))
+        stride = (1, 1)
     out_spec_shape = _out_shape(eqn)
     canon = [out_spec_shape[d] for d in dn.out_spec]
     if nsp == 1:
