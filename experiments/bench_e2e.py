@@ -12,28 +12,18 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 from jax.extend.core import jaxpr_as_fun
+from timing_utils import median_time
 
 import stagec
 from stagec.demo import max_relative_error
 from stagec.frontend import from_torch
 from stagec.models import hand_keypoint_net
-
-
-def median_time(fn, repeat: int) -> float:
-    fn()   # warm-up (jit compilation)
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main():

@@ -243,28 +243,26 @@ def _dims(n, rank) -> tuple[int, int, int, int]:
     return n + (0,) * (4 - rank)
 
 
+# The encoding without the pad overlay: one tuple per instruction builds a whole array at once.
+_FIELDS = np.dtype([(name, ENCODING.fields[name][0]) for name in ENCODING.names if name != "pad"])
+assert _FIELDS.itemsize == INSTRUCTION_BYTES
+
+
+def _record(ins: Instruction) -> tuple:
+    z = ins.z or _NO_OPERAND
+    z_base, z_strides = z.base, z.strides
+    if ins.opcode == Opcode.LOAD:   # the six pad counts overlay z's first bytes (little-endian)
+        p = ins.pad
+        z_base = p[0] | p[1] << 8 | p[2] << 16 | p[3] << 24
+        z_strides = (p[4] | p[5] << 8, 0, 0)
+    return (ins.opcode, ins.func, ins.dtype, ins.out_dtype, ins.push, ins.pop, ins.mode,
+            ins.x.space | ins.y.space << 2 | z.space << 4, ins.n, ins.x.base, ins.x.strides, ins.y.base,
+            ins.y.strides, z_base, z_strides)
+
+
 def encode(instructions: list[Instruction]) -> np.ndarray:
-    """Instructions -> records of ENCODING (vectorized over columns)."""
-    code = np.zeros(len(instructions), ENCODING)
-    if not instructions:
-        return code
-    cols = {name: [] for name in ("opcode", "func", "dtype", "out_dtype", "push", "pop", "mode", "spaces", "n",
-                                  "x_base", "x_strides", "y_base", "y_strides", "z_base", "z_strides")}
-    for ins in instructions:
-        z = ins.z or _NO_OPERAND
-        for name, value in (("opcode", ins.opcode), ("func", ins.func), ("dtype", ins.dtype),
-                            ("out_dtype", ins.out_dtype), ("push", ins.push), ("pop", ins.pop),
-                            ("mode", ins.mode), ("spaces", ins.x.space | ins.y.space << 2 | z.space << 4),
-                            ("n", ins.n), ("x_base", ins.x.base), ("x_strides", ins.x.strides),
-                            ("y_base", ins.y.base), ("y_strides", ins.y.strides),
-                            ("z_base", z.base), ("z_strides", z.strides)):
-            cols[name].append(value)
-    for name, values in cols.items():
-        code[name] = values
-    is_load = code["opcode"] == Opcode.LOAD
-    if is_load.any():
-        code["pad"][is_load] = [ins.pad for ins in instructions if ins.opcode == Opcode.LOAD]
-    return code
+    """Instructions -> records of ENCODING."""
+    return np.array([_record(ins) for ins in instructions], _FIELDS).view(ENCODING)
 
 
 def decode(record) -> Instruction:

@@ -75,10 +75,12 @@ class TileMapping:
         return f"tile(oh={self.tile_oh}, ow={self.tile_ow}, o={self.tile_o}, c={self.tile_c}) {' '.join(flags)}"
 
 
-def _sizes(dim: int) -> np.ndarray:
-    """Candidate tile sizes along one dim: powers of two, the whole dim, and balanced splits."""
+def _sizes(dim: int, cap: int = MAX_HALO) -> np.ndarray:
+    """Candidate tile sizes along one dim: powers of two, the whole dim, and balanced splits, none
+    above `cap` (an instruction's iteration counts are 16-bit)."""
     cands = {dim} | {1 << k for k in range(dim.bit_length()) if 1 << k <= dim}
     cands |= {-(-dim // k) for k in range(2, 9)}
+    cands = {c for c in cands if c <= cap} or {cap}
     return np.array(sorted(cands), np.int64)
 
 
@@ -150,8 +152,10 @@ def map_conv(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), layer: str = "co
     """Default mapping on the matrix unit: the candidate tiling (sizes from a small grid per dim)
     that fits and minimizes an analytic estimate: the busiest of array, DMA and vector unit,
     plus a small charge per instruction."""
-    g = _grid(th=_sizes(p.oh), tw=_sizes(p.ow), to=_sizes(p.o), tc=_sizes(p.c), db=np.array([1, 0]),
-              res=np.array([1, 0]))
+    fold = p.kw if p.dilation[1] == 1 else 1   # MATMUL's k covers a kernel row: kw * tc <= the count limit
+    g = _grid(th=_sizes(p.oh), tw=_sizes(p.ow), to=_sizes(p.o), tc=_sizes(p.c, MAX_HALO // fold),
+              db=np.array([1, 0]), res=np.array([1, 0]))
+    g["res"] = np.where(p.c * fold > MAX_HALO, 0, g["res"])
     g["tc"] = np.where(g["res"] == 1, p.c, g["tc"])   # resident weights: one channel tile
     th, tw, to, tc, db, res = g["th"], g["tw"], g["to"], g["tc"], g["db"], g["res"]
     spad, acc = conv_footprint(p, th, tw, to, tc, db, res == 1, extras)
@@ -162,7 +166,6 @@ def map_conv(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), layer: str = "co
     w_tile = p.kh * p.kw * tc * to * FP32
     n_sp = p.n * -(-p.oh // th) * -(-p.ow // tw)
     n_o, n_c = -(-p.o // to), -(-p.c // tc)
-    fold = p.kw if p.dilation[1] == 1 else 1
     n_mm = n_sp * n_o * n_c * p.kh * -(-p.kw // fold)
     r, c = hw.array_rows, hw.array_cols
     if hw.dataflow == "weight_stationary":
