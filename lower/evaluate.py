@@ -71,10 +71,16 @@ EVAL_RULES = {
 }
 
 
-def evaluate(graph: Graph, *inputs) -> list[np.ndarray]:
+def evaluate(graph: Graph, *inputs, observe=None) -> list[np.ndarray]:
+    """The graph's outputs on `inputs`; `observe(value, array)`, if given, sees every input and node
+    result as it is computed (calibration records ranges with it)."""
     env = {vid: jnp.asarray(a) for vid, a in graph.constants.items()}
     for v, a in zip(graph.inputs, inputs, strict=True):
         env[v.id] = jnp.asarray(a, v.dtype)
+        if observe:
+            observe(v, env[v.id])
     for node in graph.nodes:
         env[node.output.id] = EVAL_RULES[node.op](node, *[env[v.id] for v in node.inputs])
+        if observe:
+            observe(node.output, env[node.output.id])
     return [np.asarray(env[v.id]) for v in graph.outputs]

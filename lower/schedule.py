@@ -230,9 +230,10 @@ def node_problem(node) -> tuple[str, ConvProblem, tuple[int, int]] | None:
     """(kind, problem, epilogue operands) of a node that runs as a convolution, else None.
 
     kind is 'matrix' (conv/matmul on the array), 'depthwise' or 'pool' (vector unit, per channel);
-    the epilogue operands are (full tiles: operands and temporaries, per-channel vectors).
+    the epilogue operands are (full tiles: operands and temporaries, per-channel 4-byte vectors; a
+    requant record is 4 of them).
     """
-    from .graph_ir import OpKind
+    from .graph_ir import RECORD_WORDS, OpKind, record_inputs
     from .tile_expr import plan
 
     def epilogue(channel_axis: int) -> tuple[int, int]:
@@ -240,10 +241,16 @@ def node_problem(node) -> tuple[str, ConvProblem, tuple[int, int]] | None:
         extras = node.inputs[2:]
         out = node.output.shape
         axis = channel_axis % len(out)
-        per_channel = sum(1 for v in extras
-                          if all(d == 1 for i, d in enumerate((1,) * (len(out) - len(v.shape)) + v.shape) if i != axis))
+        records = record_inputs(expr)
+        tile_extras = per_channel = 0
+        for k, v in enumerate(extras):
+            shape = v.shape[:-1] if k + 1 in records else v.shape
+            if all(d == 1 for i, d in enumerate((1,) * (len(out) - len(shape)) + shape) if i != axis):
+                per_channel += RECORD_WORDS if k + 1 in records else 1
+            else:
+                tile_extras += 1
         temps = plan(expr, len(extras) + 1, frozenset(range(len(extras) + 1))).temps if expr else 0
-        return len(extras) - per_channel + temps, per_channel
+        return tile_extras + temps, per_channel
 
     if node.op == OpKind.CONV:
         (n, c, h, w), (o, cg, kh, kw) = node.inputs[0].shape, node.inputs[1].shape
