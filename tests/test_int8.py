@@ -190,3 +190,12 @@ def test_percentile_calibration_clips_outliers():
         (node,) = [n for n in graph.nodes if n.inputs[0].id == graph.inputs[0].id]
         return float(graph.constants[node.inputs[1].id])
     assert input_gain(clipped) > 50 * input_gain(full)   # the outlier no longer sets the input scale
+
+
+def test_precision_table_puts_int8_beside_fp32():
+    from stagec.precision import PrecisionRun, format_runs
+    runs = [PrecisionRun("int8", 1024, 800.0, 2.0, 1e-2, 0.9995, None, None),
+            PrecisionRun("fp32", 4096, 1000.0, 8.0, 1e-7, 1.0, None, None)]
+    table = format_runs(runs)
+    assert table.splitlines()[2].split() == ["int8", "1.0", "800", "2.00", "1.00e-02", "0.999500"]
+    assert "int8 / fp32: DRAM 0.25x, cycles 0.80x, energy 0.25x" in table
