@@ -11,8 +11,8 @@ multiplies int8 x int8 -> int32 on the array; its epilogue is then
   - otherwise fp32: the accumulator is dequantized per channel (to_f32, times
     s_x * s_w) and the original epilogue runs on it (a residual add, GELU, ...).
 
-Max pooling, max/min reductions and views (reshape, transpose, slice, broadcast,
-zero padding) keep int8 and the scale; sums of int8 accumulate in int32.  Every
+Max pooling, max/min reductions, lone ReLUs and views (reshape, transpose, slice,
+broadcast, zero padding) keep int8 and the scale; sums of int8 accumulate in int32.  Every
 other op runs in fp32 on the vector unit; the pass inserts QUANTIZE (x * 256/s,
 truncate to int32, REQUANT by exactly 1/256: round half away from zero) and
 DEQUANTIZE (to_f32, times s) nodes at the boundaries, once per value.  Fusion
@@ -219,6 +219,17 @@ def _window(rw: _Rewriter, node: Node) -> None:
 def _view(rw: _Rewriter, node: Node) -> None:
     x = node.inputs[0]
     if x.id not in rw.int8 or (node.op == OpKind.PAD and node.attr("value") != 0):
+        return rw.keep_fp32(node)
+    q = rw.int8[x.id]
+    rw.int8_result(node, (q,), rw.scales[q.id])
+
+
+@register(OpKind.ELEMENTWISE)
+def _elementwise(rw: _Rewriter, node: Node) -> None:
+    """A lone ReLU of an int8 value stays int8 at its scale (the zero point is 0); any other
+    expression runs in fp32."""
+    x = node.inputs[0]
+    if node.attr("expr") != (Step("relu", (0,)),) or x.id not in rw.int8:
         return rw.keep_fp32(node)
     q = rw.int8[x.id]
     rw.int8_result(node, (q,), rw.scales[q.id])
