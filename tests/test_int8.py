@@ -11,6 +11,7 @@ import stagec
 from stagec import int8_reference
 from stagec.compiler import build_graph
 from stagec.isa import semantics
+from stagec.lower.evaluate import evaluate
 from stagec.lower.graph_ir import OpKind
 from stagec.lower.requant import quantize_multiplier
 from stagec.models import hand_keypoint_net
@@ -37,6 +38,7 @@ def test_demo_model_matches_integer_reference_bit_for_bit():
     y, _ = stagec.simulate(program, x)
     (ref,) = int8_reference.run(graph, [x.numpy()])
     np.testing.assert_array_equal(y, ref)
+    np.testing.assert_array_equal(evaluate(graph, x.numpy())[0], ref)   # the graph IR's own reference agrees
     assert cosine(y, model(x).detach().numpy()) > 0.99
 
 
