@@ -1,7 +1,7 @@
 """int8 against fp32 over the zoo, in one run: per model, DRAM bytes, simulated cycles and energy of
 each, and the int8 outputs' cosine similarity and max relative error against fp32 PyTorch.
 
-    python experiments/bench_int8.py [models...] [--full resnet18 ...] [--calibration 4]
+    python experiments/bench_int8.py [models...] [--full resnet18 ...] [--calibration 4] [--out FILE]
 
 Models run in their reduced configs unless named in --full (full-size simulation of the larger
 models takes far longer than a benchmark run should).  int8 calibrates on --calibration batches
@@ -47,6 +47,7 @@ def main():
     parser.add_argument("models", nargs="*", default=list(zoo.ZOO))
     parser.add_argument("--full", nargs="*", default=list(DEFAULT_FULL), help="models to run full-size")
     parser.add_argument("--calibration", type=int, default=4, help="calibration batches")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_int8.json"))
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     header = (f"{'model':<21} {'size':<7} {'DRAM MB int8':>12} {'fp32':>8} {'ratio':>6} {'Mcycles int8':>12} "
@@ -67,9 +68,9 @@ def main():
               f"{r['dram_ratio']:>6.2f} {i8['cycles'] / 1e6:>12.3f} {f32['cycles'] / 1e6:>7.3f} "
               f"{r['cycles_ratio']:>6.2f} {i8['energy_uj']:>14.1f} {f32['energy_uj']:>9.1f} "
               f"{r['energy_ratio']:>6.2f} {i8['cosine']:>8.5f} {i8['max_rel_err']:>8.2e}", flush=True)
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "bench_int8.json").write_text(json.dumps({"machine": platform.platform(), "rows": rows}, indent=2))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": platform.platform(), "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

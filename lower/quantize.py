@@ -77,9 +77,15 @@ class _Rewriter:
                              f"its int8 scale would be {amax / QMAX}; calibrate with data that exercises it")
         return amax / QMAX
 
-    def emit(self, op: OpKind, inputs, output: Value, name: str, **attrs) -> Value:
+    def emit(self, op: OpKind, inputs, output: Value, name: str, **attrs) -> None:
         self.nodes.append(Node(op, tuple(inputs), output, tuple(sorted(attrs.items())), name))
-        return output
+
+    def dequantize(self, q: Value, scale: float, name: str) -> Value:
+        """A DEQUANTIZE node: the fp32 value of int8 (or int32) `q` at `scale`."""
+        f = self.fresh(q.shape)
+        self.emit(OpKind.ELEMENTWISE, (q, self.const(np.array(scale, np.float32))), f, f"{name}/dequantize",
+                  expr=DEQUANTIZE_EXPR)
+        return f
 
     def as_int8(self, v: Value) -> Value:
         """v's int8 version, quantizing its fp32 one the first time."""
@@ -98,10 +104,7 @@ class _Rewriter:
             return v
         if v.id not in self.fp32:
             q = self.int8[v.id]
-            f = self.fresh(v.shape)
-            self.emit(OpKind.ELEMENTWISE, (q, self.const(np.array(self.scales[q.id], np.float32))), f,
-                      f"{self.names[v.id]}/dequantize", expr=DEQUANTIZE_EXPR)
-            self.fp32[v.id] = f
+            self.fp32[v.id] = self.dequantize(q, self.scales[q.id], self.names[v.id])
         return self.fp32[v.id]
 
     def keep_fp32(self, node: Node) -> None:
@@ -109,7 +112,7 @@ class _Rewriter:
         self.nodes.append(Node(node.op, tuple(inputs), node.output, node.attrs, node.name))
         self.fp32[node.output.id] = node.output
 
-    def int8_result(self, node: Node, inputs, scale: float, dtype: str = "int8", **attrs) -> Value:
+    def int8_result(self, node: Node, inputs, scale: float, dtype: str = "int8", **attrs) -> None:
         """Emit `node` over int8 `inputs` with a result of `dtype` (int8 at `scale`, or int32 sums)."""
         out = self.fresh(node.output.shape, dtype)
         self.nodes.append(Node(node.op, tuple(inputs), out, tuple(sorted({**dict(node.attrs), **attrs}.items())),
@@ -117,11 +120,7 @@ class _Rewriter:
         if dtype == "int8":
             self.int8[node.output.id], self.scales[out.id] = out, scale
         else:   # an int32 sum of int8 values at `scale`: dequantized at once
-            f = self.fresh(node.output.shape)
-            self.emit(OpKind.ELEMENTWISE, (out, self.const(np.array(scale, np.float32))), f,
-                      f"{node.name}/dequantize", expr=DEQUANTIZE_EXPR)
-            self.fp32[node.output.id] = f
-        return out
+            self.fp32[node.output.id] = self.dequantize(out, scale, node.name)
 
 
 QUANT_RULES = {}

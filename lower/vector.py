@@ -47,7 +47,7 @@ def emit_elementwise(em, expr: Expr, inputs: list[DramTensor], out: DramTensor) 
     n_in = len(inputs)
     writable = frozenset(k for i, k in enumerate(data) if all(inner_s[i + 1][d] or inner[d] == 1 for d in range(3)))
     p = tile_expr.plan(expr, n_in, writable)
-    m = map_vector(inner, len(data) + p.temps, em.hw, em.layer_name)
+    m = map_vector(inner, len(data) + p.temps, em.hw, em.layer_name, len(records) * REQUANT_RECORD_BYTES)
     bufs = 2 if m.double_buffer else 1
     spad = em.spad()
     record_tiles = {k: _load_record(em, spad, inputs[k]) for k in records}

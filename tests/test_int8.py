@@ -10,7 +10,7 @@ from torch import nn
 import stagec
 from stagec import int8_reference
 from stagec.compiler import build_graph
-from stagec.isa import semantics
+from stagec.isa import HardwareConfig, semantics
 from stagec.lower.evaluate import evaluate
 from stagec.lower.graph_ir import OpKind
 from stagec.lower.requant import quantize_multiplier
@@ -201,3 +201,18 @@ def test_precision_table_puts_int8_beside_fp32():
     table = format_runs(runs)
     assert table.splitlines()[2].split() == ["int8", "1.0", "800", "2.00", "1.00e-02", "0.999500"]
     assert "int8 / fp32: DRAM 0.25x, cycles 0.80x, energy 0.25x" in table
+
+
+def test_int8_tiles_count_records_and_widened_copies_in_a_small_scratchpad():
+    # requant records and the int32 copies of int8 depthwise halos take scratchpad bytes the tile
+    # sizes must leave room for: an 8 KiB scratchpad leaves no slack to hide a miscount
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU(), nn.AvgPool2d(2),
+                          nn.Conv2d(16, 8, 1)).eval()
+    x = torch.randn(1, 16, 32, 32)
+    calibration = [(torch.randn(x.shape),) for _ in range(2)]
+    program = stagec.compile(model, (x,), hw=HardwareConfig(scratchpad_bytes=8 * 1024), quantize="int8",
+                             calibration=calibration)
+    _, graph = build_graph(model, (x,), quantize="int8", calibration=calibration)
+    y, _ = stagec.simulate(program, x)
+    np.testing.assert_array_equal(y, int8_reference.run(graph, [x.numpy()])[0])
