@@ -66,6 +66,14 @@ class Queue(enum.IntEnum):
 
 QUEUE_OF = {Opcode.LOAD: Queue.LOAD, Opcode.GATHER: Queue.LOAD, Opcode.STORE: Queue.STORE,
             Opcode.MATMUL: Queue.MATRIX, Opcode.VECTOR: Queue.VECTOR}
+_QUEUE_OF_OPCODE = np.zeros(256, np.int64)
+for _op, _q in QUEUE_OF.items():
+    _QUEUE_OF_OPCODE[_op] = _q
+
+
+def queues_of(opcodes: np.ndarray) -> np.ndarray:
+    """The queue of each instruction, from an array of (valid) opcodes."""
+    return _QUEUE_OF_OPCODE[np.asarray(opcodes, np.int64)]
 
 
 class Space(enum.IntEnum):

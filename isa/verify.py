@@ -25,7 +25,6 @@ from .access import Access, accesses, dense_patterns, element_offsets
 from .instructions import (
     BINARY,
     ENCODING,
-    QUEUE_OF,
     REDUCTIONS,
     UNARY,
     AccMode,
@@ -35,6 +34,7 @@ from .instructions import (
     Queue,
     Space,
     VectorFunc,
+    queues_of,
 )
 from .program import Program, RegionKind
 
@@ -179,7 +179,7 @@ def _check_fields(p: Program, accs: list[Access]) -> None:
     _fail((is_store | is_gather) & (mode != 0), "mode", "STORE and GATHER take no mode")
     _fail(is_mm & (mode > AccMode.ADD), "mode", "MATMUL accumulates by ADD or overwrites")
     _fail(is_vec & (mode > AccMode.MIN), "mode", lambda i: f"unknown accumulate mode {mode[i]}")
-    queue = np.array([QUEUE_OF[Opcode(o)] for o in op], np.int64) if len(op) else np.zeros(0, np.int64)
+    queue = queues_of(op)
     for name in ("push", "pop"):
         mask = code[name].astype(np.int64)
         _fail(mask >= 16, name, "token masks have one bit per queue (4 queues)")
@@ -342,7 +342,7 @@ class DataflowWalk:
 
     def __init__(self, p: Program, accs: list[Access]):
         n = len(p.code)
-        self.queue = np.array([QUEUE_OF[Opcode(o)] for o in p.code["opcode"]], np.int64) if n else np.zeros(0, np.int64)
+        self.queue = queues_of(p.code["opcode"])
         consts = const_bytes(p)
         self.granule = {}
         for space in Space:
@@ -353,6 +353,8 @@ class DataflowWalk:
         self.mems = {Space.DRAM: _Memory(p.dram_bytes, self.granule[Space.DRAM], consts, inputs),
                      Space.SPAD: _Memory(p.hw.scratchpad_bytes, self.granule[Space.SPAD], 0, []),
                      Space.ACC: _Memory(p.hw.accumulator_bytes, self.granule[Space.ACC], 0, [])}
+        self.mem_of = [self.mems[s] for s in sorted(Space)]   # by the int in `entries`
+        self.queue_list = self.queue.tolist()
         # Every (instruction, access) pair, sorted by instruction with reads (incl. accumulate) before
         # the write they feed, and the granule extent of each, as plain lists: step() only indexes.
         parts = []
@@ -372,14 +374,13 @@ class DataflowWalk:
         self.first = np.searchsorted(table[:, 0], np.arange(n + 1)).tolist()
         self.producer = {slot: np.full(n, -1, np.int64) for slot in "xyz"}
 
-    def step(self, i: int) -> np.ndarray:
-        """Conflicts of instruction i: (4,) latest conflicting index per queue, -1 none."""
+    def step(self, i: int) -> list[int]:
+        """Conflicts of instruction i: latest conflicting index per queue (4 entries), -1 none."""
         q = int(self.queue[i])
         needs = [-1, -1, -1, -1]
+        mems = self.mem_of
         for k, write, space, g0, g1, dense in self.entries[self.first[i]:self.first[i + 1]]:
-            a = self.accs[k]
-            space = Space(space)
-            mem = self.mems[space]
+            mem = mems[space]
             if not write:
                 mem.readers.add(q)
                 single = mem.runs.single(g0, g1)
@@ -389,38 +390,42 @@ class DataflowWalk:
                     # reader that may have touched its bytes), at worst one token more than needed.
                     mem.last_read[q, g0:g1] = i
                 else:
+                    a = self.accs[k]
                     w = np.asarray(mem.view(mem.writer, a, i))
                     lo, hi = int(w.min()), int(w.max())
                     if lo == -1 or (lo < -1 < hi and (w == -1).any()):
-                        raise VerificationError(f"reads {_NAMES[space]} byte {self._unwritten(a, i, mem):#x}, "
-                                                "which nothing wrote", i, a.operand)
+                        raise VerificationError(f"reads {_NAMES[Space(space)]} byte "
+                                                f"{self._unwritten(a, i, mem):#x}, which nothing wrote", i, a.operand)
                     # only STOREs write DRAM, so its latest writer is the one to wait for
-                    writers = (lo,) if lo == hi else (hi,) if space == Space.DRAM else np.unique(w)
+                    writers = (lo,) if lo == hi else (hi,) if space == Space.DRAM else np.unique(w).tolist()
                     mem.view(mem.last_read[q], a, i)[...] = i
                 if space != Space.DRAM:
-                    self.producer[a.operand][i] = writers[0] if len(writers) == 1 else MULTIPLE
+                    self.producer[self.accs[k].operand][i] = writers[0] if len(writers) == 1 else MULTIPLE
+            elif dense:
+                writers = mem.runs.covering(g0, g1)
+                if writers is None:
+                    writers = np.unique(mem.writer[g0:g1]).tolist()
+                if mem.readers:
+                    for r, latest in enumerate(mem.last_read[:, g0:g1].max(axis=1).tolist()):
+                        if r != q and latest > needs[r]:
+                            needs[r] = latest
+                mem.writer[g0:g1] = i
+                mem.runs.assign(g0, g1, i)
             else:
-                if dense:
-                    writers = mem.runs.covering(g0, g1)
-                    if writers is None:
-                        writers = np.unique(mem.writer[g0:g1])
-                    for r in mem.readers - {q}:
-                        needs[r] = max(needs[r], int(mem.last_read[r, g0:g1].max()))
-                    mem.writer[g0:g1] = i
-                    mem.runs.assign(g0, g1, i)
-                else:
-                    w = np.asarray(mem.view(mem.writer, a, i))
-                    writers = (int(w.max()),) if space == Space.DRAM else np.unique(w)
-                    for r in mem.readers - {q}:
+                a = self.accs[k]
+                w = np.asarray(mem.view(mem.writer, a, i))
+                writers = (int(w.max()),) if space == Space.DRAM else np.unique(w).tolist()
+                for r in mem.readers:
+                    if r != q:
                         needs[r] = max(needs[r], int(np.asarray(mem.view(mem.last_read[r], a, i)).max()))
-                    mem.view(mem.writer, a, i)[...] = i
-                    mem.runs.forget(g0, g1)
+                mem.view(mem.writer, a, i)[...] = i
+                mem.runs.forget(g0, g1)
+            queue = self.queue_list
             for w in writers:
-                if w >= 0:
-                    r = int(self.queue[w])
-                    needs[r] = max(needs[r], int(w))
+                if w >= 0 and w > needs[queue[w]]:
+                    needs[queue[w]] = w
         needs[q] = -1   # same queue: in order
-        return np.array(needs, np.int64)
+        return needs
 
     def result(self) -> Dataflow:
         return Dataflow(queue=self.queue, producer=self.producer, granule=self.granule)
@@ -453,7 +458,7 @@ def _check_dataflow(p: Program, accs: list[Access]) -> Dataflow:
                     raise VerificationError(f"waits for a token from the {Queue(s).name} queue that no earlier "
                                             "instruction pushed (tokens unbalanced)", i, "pop")
                 start = np.maximum(start, done[fifo[(s, q)].popleft()])
-        needs = walk.step(i)
+        needs = np.array(walk.step(i), np.int64)
         late = needs > start
         if late.any():
             r = int(np.flatnonzero(late)[0])

@@ -1,7 +1,7 @@
 """jaxpr -> graph IR: one interpreter loop, one rule per jaxpr primitive (keyed by name).
 
 Equations whose inputs are all constants are evaluated on the spot (constant
-folding), unless that would blow a small constant up into a large one (a
+folding, `lower.fold`), unless that would blow a small constant up into a large one (a
 broadcast stays a view of the small constant instead).  Calls (jit,
 custom_jvp/vjp, closed_call, remat) are inlined.
 """
@@ -14,6 +14,7 @@ from types import MappingProxyType
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Literal
 
+from .fold import fold
 from .graph_ir import Graph, Node, OpKind, Step, Value, expr_dtype, storage_dtype
 
 
@@ -116,8 +117,7 @@ def _interpret(b: GraphBuilder, jaxpr, consts, args):
             sub = call if isinstance(call, ClosedJaxpr) else ClosedJaxpr(call, ())
             outs = _interpret(b, sub.jaxpr, sub.consts, ins[len(ins) - len(sub.jaxpr.invars):])
         elif all(not isinstance(x, Value) for x in ins) and _foldable(eqn, ins):
-            outs = eqn.primitive.bind(*ins, **eqn.params)
-            outs = [np.asarray(o) for o in (outs if eqn.primitive.multiple_results else [outs])]
+            outs = fold(eqn, ins)
         else:
             if name not in RULES:
                 raise LoweringError(f"Unimplemented primitive in stagec lowering: {name} "
@@ -445,6 +445,13 @@ def conv(b, eqn, x, w):
         x = reshape_value(b, x, (*np.shape(x)[:2], 1, np.shape(x)[2]))
         w = reshape_value(b, w, (*np.shape(w)[:2], 1, np.shape(w)[2]))
         stride, dilation, padding = (1, *stride), (1, *dilation), ((0, 0), *padding)
+    if np.shape(w)[2:] == (1, 1) and any(st > 1 for st in stride) and not any(map(any, padding)):
+        # A strided 1x1 conv reads every s-th pixel: as a strided view of its input (free), its
+        # loads fetch only those pixels instead of whole rows (ResNet's downsampling shortcuts).
+        shape = np.shape(x)
+        x = b.emit(OpKind.SLICE, [x], (*shape[:2], *(-(-d // st) for d, st in zip(shape[2:], stride, strict=True))),
+                   start=(0,) * 4, limit=tuple(shape), step=(1, 1, *stride))
+        stride = (1, 1)
     out_spec_shape = _out_shape(eqn)
     canon = [out_spec_shape[d] for d in dn.out_spec]
     if nsp == 1:

@@ -26,20 +26,20 @@ def insert_tokens(program: Program) -> Program:
     n = len(code)
     push = np.zeros(n, np.uint8)
     pop = np.zeros(n, np.uint8)
-    done = np.full((n, 4), -1, np.int64)
-    known = np.full((4, 4), -1, np.int64)      # known[q]: latest index per queue that queue q has seen finish
+    done = [None] * n                          # done[i]: what i's queue knew when i finished
+    known = [[-1] * 4 for _ in range(4)]       # known[q]: latest index per queue that queue q has seen finish
+    queue = walk.queue.tolist()
     for i in range(n):
-        q = int(walk.queue[i])
-        needs = walk.step(i)
-        for r in np.flatnonzero(needs > known[q]):
-            w = int(needs[r])
-            if w <= known[q, r]:   # covered by a token taken a moment ago (knowledge is transitive)
+        q = queue[i]
+        kq = known[q]
+        for r, w in enumerate(walk.step(i)):
+            if w <= kq[r]:   # known already, maybe by a token taken a moment ago (knowledge is transitive)
                 continue
             push[w] |= 1 << q
-            pop[i] |= 1 << int(r)
-            np.maximum(known[q], done[w], out=known[q])
-        known[q, q] = i
-        done[i] = known[q]
+            pop[i] |= 1 << r
+            kq[:] = map(max, kq, done[w])
+        kq[q] = i
+        done[i] = tuple(kq)
     code["push"] = push
     code["pop"] = pop
     return dataclasses.replace(program, code=code, cache={"dataflow": walk.result()})

@@ -39,15 +39,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from stagec.isa.config import HardwareConfig
-from stagec.isa.instructions import QUEUE_OF, REDUCTIONS, TRANSCENDENTAL, DType, Opcode
+from stagec.isa.instructions import REDUCTIONS, TRANSCENDENTAL, DType, Opcode, queues_of
 
 ITEMSIZE = np.zeros(256, np.int64)
 for _d in DType:
     ITEMSIZE[_d] = _d.itemsize
 
-QUEUE_OF_OPCODE = np.zeros(256, np.int8)
-for _op, _q in QUEUE_OF.items():
-    QUEUE_OF_OPCODE[_op] = _q
 
 
 # --- the formulas --------------------------------------------------------------------------------
@@ -123,7 +120,7 @@ def instruction_shapes(code: np.ndarray) -> InstructionShapes:
     is_mm, is_vec = op == Opcode.MATMUL, op == Opcode.VECTOR
     reduction = is_vec & np.isin(code["func"], list(REDUCTIONS))
     return InstructionShapes(
-        queue=QUEUE_OF_OPCODE[op].astype(np.int32), is_dma=is_dma,
+        queue=queues_of(op).astype(np.int32), is_dma=is_dma,
         dram_bytes=np.where(is_dma, elems * ITEMSIZE[code["dtype"]], 0),
         matmul_mkn=np.where(is_mm[:, None], np.stack([n[:, 0] * n[:, 1], n[:, 2], n[:, 3]], 1), 0),
         is_matmul=is_mm, vector_elements=np.where(is_vec, elems, 0),

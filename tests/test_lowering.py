@@ -63,6 +63,15 @@ def test_any_conv_on_any_hardware(conv_and_shape, hw):
         assert hw.scratchpad_bytes <= 16 * 1024 or hw.accumulator_bytes <= 4 * 1024
 
 
+def test_strided_pointwise_conv_loads_only_the_pixels_it_uses():
+    torch.manual_seed(0)
+    x = torch.randn(1, 16, 32, 30)
+    program, report = run(nn.Conv2d(16, 32, 1, stride=(2, 3)).eval(), x)
+    used = 16 * 16 * 10 * 4
+    weights = 32 * 16 * 4 + 32 * 4
+    assert report.actions.dram_read_bytes <= used + weights < x.numel() * 4 / 2
+
+
 def test_nothing_fits_names_layer_and_bytes():
     hw = stagec.HardwareConfig(scratchpad_bytes=64, accumulator_bytes=64, scratchpad_banks=1, accumulator_banks=1)
     with pytest.raises(TilingError, match=r"conv.*no tiling fits: the smallest tile needs \d+ bytes of scratchpad "

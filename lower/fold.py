@@ -1,0 +1,116 @@
+"""Constant folding on the host: a jaxpr equation whose inputs are all constants, evaluated.
+
+The primitives that fold in real models (batch-norm scales, weight transposes and
+reshapes, masks built from iota) run in numpy, one rule per primitive; any other
+primitive binds through JAX.  Binding compiles an XLA kernel per primitive and
+shape, which cost a model's first compile seconds; numpy costs nothing to start.
+Results take the equation's output dtype (numpy would widen float32 by a float64
+literal, JAX keeps float32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FOLDS = {}
+
+
+def fold_rule(*names):
+    def wrap(fn):
+        for name in names:
+            FOLDS[name] = fn
+        return fn
+    return wrap
+
+
+_ELEMENTWISE = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum,
+                "neg": np.negative, "sqrt": np.sqrt, "abs": np.abs, "exp": np.exp, "log": np.log,
+                "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "eq": np.equal,
+                "ne": np.not_equal, "and": np.bitwise_and, "or": np.bitwise_or, "not": np.invert}
+
+
+@fold_rule(*_ELEMENTWISE)
+def fold_elementwise(eqn, *xs):
+    return _ELEMENTWISE[eqn.primitive.name](*xs)
+
+
+@fold_rule("div")
+def fold_div(eqn, x, y):
+    if np.issubdtype(eqn.outvars[0].aval.dtype, np.integer):
+        raise NotImplementedError   # lax.div truncates toward zero, numpy floors: let JAX do it
+    return np.divide(x, y)
+
+
+@fold_rule("rsqrt")
+def fold_rsqrt(eqn, x):
+    return 1.0 / np.sqrt(x)
+
+
+@fold_rule("reshape")
+def fold_reshape(eqn, x):
+    return np.reshape(x, eqn.params["new_sizes"])
+
+
+@fold_rule("transpose")
+def fold_transpose(eqn, x):
+    return np.transpose(x, eqn.params["permutation"])
+
+
+@fold_rule("squeeze")
+def fold_squeeze(eqn, x):
+    return np.squeeze(x, tuple(eqn.params["dimensions"]))
+
+
+@fold_rule("broadcast_in_dim")
+def fold_broadcast_in_dim(eqn, x):
+    shape, dims = eqn.params["shape"], eqn.params["broadcast_dimensions"]
+    expanded = [1] * len(shape)
+    for d, n in zip(dims, np.shape(x), strict=True):
+        expanded[d] = n
+    return np.broadcast_to(np.reshape(x, expanded), shape)
+
+
+@fold_rule("convert_element_type")
+def fold_convert(eqn, x):
+    if np.issubdtype(np.asarray(x).dtype, np.floating) and np.issubdtype(eqn.params["new_dtype"], np.integer):
+        raise NotImplementedError   # float -> int saturation rules are XLA's: let JAX do it
+    return x
+
+
+@fold_rule("iota")
+def fold_iota(eqn):
+    shape, dim = eqn.params["shape"], eqn.params["dimension"]
+    idx = np.arange(shape[dim]).reshape([-1 if d == dim else 1 for d in range(len(shape))])
+    return np.broadcast_to(idx, shape)
+
+
+@fold_rule("select_n")
+def fold_select_n(eqn, which, *cases):
+    return np.choose(np.asarray(which, np.int64), cases) if len(cases) > 2 else np.where(which, cases[1], cases[0])
+
+
+@fold_rule("slice")
+def fold_slice(eqn, x):
+    strides = eqn.params["strides"] or (1,) * np.ndim(x)
+    return x[tuple(slice(a, b, s) for a, b, s in
+                   zip(eqn.params["start_indices"], eqn.params["limit_indices"], strides, strict=True))]
+
+
+@fold_rule("concatenate")
+def fold_concatenate(eqn, *xs):
+    return np.concatenate(xs, axis=eqn.params["dimension"])
+
+
+def fold(eqn, ins) -> list[np.ndarray]:
+    """The outputs of `eqn` on the constant inputs `ins`, as numpy arrays of the equation's dtypes."""
+    rule = FOLDS.get(eqn.primitive.name)
+    if rule is not None and not eqn.primitive.multiple_results:
+        try:
+            out = rule(eqn, *ins)
+        except NotImplementedError:
+            pass
+        else:
+            aval = eqn.outvars[0].aval
+            return [np.array(out, aval.dtype, order="C").reshape(aval.shape)]
+    outs = eqn.primitive.bind(*ins, **eqn.params)
+    return [np.asarray(o) for o in (outs if eqn.primitive.multiple_results else [outs])]
