@@ -38,6 +38,11 @@ class PrecisionRun:
                 "energy_uj": self.energy_uj, "max_rel_err": self.max_rel_err, "cosine": self.cosine}
 
 
+def max_relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """max |out - ref| / max |ref|: the error relative to the reference's scale."""
+    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), np.finfo(np.float32).tiny))
+
+
 def calibration_batches(args: tuple, kwargs: dict, n: int, seed: int = 1) -> list:
     """`n` calibration batches shaped like the example inputs: fresh standard-normal floats (other
     inputs, such as token ids and masks, are the example's own)."""
@@ -71,8 +76,7 @@ def run_precision(model, args: tuple, kwargs: dict, precision: str, hw=None, cal
     got, want = _leaves(out), _leaves(reference)
     b = report.actions
     return PrecisionRun(precision, int(b.dram_read_bytes + b.dram_write_bytes), float(report.cycles),
-                        sum(report.energy_pj.values()) / 1e6,
-                        float(np.abs(got - want).max() / max(np.abs(want).max(), np.finfo(np.float32).tiny)),
+                        sum(report.energy_pj.values()) / 1e6, max_relative_error(got, want),
                         float(got @ want / max(np.linalg.norm(got) * np.linalg.norm(want), 1e-300)), report, program)
 
 
