@@ -21,9 +21,9 @@ from jax.extend.core import jaxpr_as_fun
 from timing_utils import median_time
 
 import stagec
-from stagec.demo import max_relative_error
 from stagec.frontend import from_torch
 from stagec.models import hand_keypoint_net
+from stagec.precision import max_relative_error
 
 
 def main():

@@ -32,6 +32,7 @@ from .memory import ALIGN, LocalAllocator, align
 from .tensors import DTYPE_OF, DramRegion, DramTensor, coalesce
 
 MAX_COUNT = 65535   # u16 iteration counts
+ACC_DTYPE = {DType.F32: DType.F32, DType.I8: DType.I32}   # a MATMUL's operand type -> its accumulator's
 
 
 @dataclass
@@ -55,6 +56,18 @@ class ConstPool:
         order = tuple(range(array.ndim)) if order is None else tuple(order)
         offset = self.place((key, order), np.transpose(array, order))
         return DramTensor.dense(DramRegion.CONST, offset, array.shape, order, DTYPE_OF[str(array.dtype)])
+
+    def scalar(self, value: float, dtype: DType = DType.F32) -> DramTensor:
+        """One constant element of `dtype` as a 0-d tensor; an infinity fills an integer type with its
+        extreme (the identity of max/min, as PadValue's)."""
+        t = dtype.numpy
+        if np.issubdtype(t, np.integer):
+            info = np.iinfo(t)
+            value = info.min if value == -np.inf else info.max if value == np.inf else value
+            if value != int(value) or not info.min <= value <= info.max:
+                raise ValueError(f"constant {value} is not a {dtype.name} value")
+        offset = self.place(("scalar", dtype, value), np.array([value], t))
+        return DramTensor(DramRegion.CONST, offset, (), (), dtype)
 
     def blob(self) -> bytes:
         return b"".join(self.chunks)
@@ -128,8 +141,10 @@ class Emitter:
                    Operand(space, base + ol * item, inner_l))
 
     # --- compute --------------------------------------------------------------------------------
-    def matmul(self, a: Operand, b: Operand, c: Operand, m1, m0, k, n, *, accumulate: bool) -> None:
-        self._append(matmul(a, b, c, m1, m0, k, n, accumulate=accumulate))
+    def matmul(self, a: Operand, b: Operand, c: Operand, m1, m0, k, n, *, accumulate: bool,
+               dtype: DType = DType.F32) -> None:
+        """C (+)= A @ B; int8 operands accumulate in int32, float32 ones in float32."""
+        self._append(matmul(a, b, c, m1, m0, k, n, accumulate=accumulate, dtype=dtype, out_dtype=ACC_DTYPE[dtype]))
 
     def vector(self, func: VectorFunc, dst: Operand, src1: Operand, src2: Operand | None, counts, *,
                acc: AccMode = AccMode.OVERWRITE, dtype: DType = DType.F32, out_dtype: DType | None = None) -> None:

@@ -9,10 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from stagec.isa.semantics import requantize
+
 from .graph_ir import Expr, Graph, Node, OpKind
 
+
+def _requant(x, records):
+    return jnp.asarray(requantize(np.asarray(x), *(np.asarray(records)[..., i] for i in range(3))))
+
+
 STEP_FUNCS = {
-    "copy": lambda x: x, "neg": jnp.negative, "abs": jnp.abs, "relu": lambda x: jnp.maximum(x, 0.0),
+    "copy": lambda x: x, "neg": jnp.negative, "abs": jnp.abs, "relu": lambda x: jnp.maximum(x, jnp.zeros((), x.dtype)),
     "exp": jnp.exp, "log": jnp.log, "recip": lambda x: 1.0 / x, "rsqrt": lax.rsqrt, "sqrt": jnp.sqrt,
     "tanh": jnp.tanh, "erf": lax.erf, "sigmoid": lax.logistic,
     "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "max": jnp.maximum, "min": jnp.minimum,
@@ -20,7 +27,9 @@ STEP_FUNCS = {
     "cmp_eq": lambda a, b: (a == b).astype(a.dtype), "cmp_ne": lambda a, b: (a != b).astype(a.dtype),
     "select": lambda p, f, t: jnp.where(p != 0, t, f),
     "to_f32": lambda x: x.astype(jnp.float32), "to_i32": lambda x: jnp.trunc(x).astype(jnp.int32),
+    "requant": _requant,
 }
+ACC_TYPE = {jnp.dtype(jnp.int8): jnp.int32}   # int8 products and sums accumulate in int32
 
 
 def eval_expr(expr: Expr, inputs):
@@ -38,17 +47,23 @@ def _epilogue(node: Node, acc, extras):
 def _conv(node: Node, x, w, *extras):
     y = lax.conv_general_dilated(x, w, node.attr("stride"), node.attr("padding"),
                                  rhs_dilation=node.attr("dilation"), feature_group_count=node.attr("groups"),
-                                 precision=lax.Precision.HIGHEST)
+                                 precision=lax.Precision.HIGHEST, preferred_element_type=ACC_TYPE.get(x.dtype))
     return _epilogue(node, y, extras)
 
 
 def _matmul(node: Node, a, b, *extras):
-    return _epilogue(node, jnp.matmul(a, b, precision=lax.Precision.HIGHEST), extras)
+    return _epilogue(node, jnp.matmul(a, b, precision=lax.Precision.HIGHEST,
+                                      preferred_element_type=ACC_TYPE.get(a.dtype)), extras)
 
 
 def _pool(node: Node, x):
     lead = x.ndim - 2
-    init, op = (-jnp.inf, lax.max) if node.attr("func") == "max" else (0.0, lax.add)
+    if node.attr("func") == "max":
+        init, op = (-jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min), lax.max
+    else:
+        x = x.astype(ACC_TYPE.get(x.dtype, x.dtype))
+        init, op = 0, lax.add
+    init = jnp.asarray(init, x.dtype)
     ones = (1,) * lead
     return lax.reduce_window(x, init, op, ones + node.attr("window"), ones + node.attr("strides"),
                              ((0, 0),) * lead + node.attr("padding"), window_dilation=ones + node.attr("dilation"))
@@ -58,23 +73,30 @@ EVAL_RULES = {
     OpKind.CONV: _conv,
     OpKind.MATMUL: _matmul,
     OpKind.ELEMENTWISE: lambda n, *xs: eval_expr(n.attr("expr"), xs),
-    OpKind.REDUCE: lambda n, x: {"sum": jnp.sum, "max": jnp.max, "min": jnp.min}[n.attr("func")](x, n.attr("axes")),
+    OpKind.REDUCE: lambda n, x: {"sum": jnp.sum, "max": jnp.max, "min": jnp.min}[n.attr("func")](
+        x.astype(n.output.dtype), n.attr("axes")),
     OpKind.POOL: _pool,
     OpKind.BROADCAST: lambda n, x: lax.broadcast_in_dim(x, n.output.shape, n.attr("dims")),
     OpKind.RESHAPE: lambda n, x: jnp.reshape(x, n.output.shape),
     OpKind.TRANSPOSE: lambda n, x: jnp.transpose(x, n.attr("perm")),
     OpKind.SLICE: lambda n, x: lax.slice(x, n.attr("start"), n.attr("limit"), n.attr("step")),
-    OpKind.PAD: lambda n, x: lax.pad(x, jnp.float32(n.attr("value")),
+    OpKind.PAD: lambda n, x: lax.pad(x, jnp.asarray(n.attr("value"), x.dtype),
                                      [(lo, hi, 0) for lo, hi in zip(n.attr("lo"), n.attr("hi"), strict=True)]),
     OpKind.CONCAT: lambda n, *xs: jnp.concatenate(xs, n.attr("axis")),
     OpKind.GATHER: lambda n, table, idx: jnp.take(table, idx, axis=0),
 }
 
 
-def evaluate(graph: Graph, *inputs) -> list[np.ndarray]:
+def evaluate(graph: Graph, *inputs, observe=None) -> list[np.ndarray]:
+    """The graph's outputs on `inputs`; `observe(value, array)`, if given, sees every input and node
+    result as it is computed (calibration records ranges with it)."""
     env = {vid: jnp.asarray(a) for vid, a in graph.constants.items()}
     for v, a in zip(graph.inputs, inputs, strict=True):
         env[v.id] = jnp.asarray(a, v.dtype)
+        if observe:
+            observe(v, env[v.id])
     for node in graph.nodes:
         env[node.output.id] = EVAL_RULES[node.op](node, *[env[v.id] for v in node.inputs])
+        if observe:
+            observe(node.output, env[node.output.id])
     return [np.asarray(env[v.id]) for v in graph.outputs]

@@ -14,12 +14,16 @@
     PAD          x                               lo, hi, value
     CONCAT       x*                              axis
 
-Values are float32 or int32; booleans are float32 0/1 (a comparison's result).
-`expr` is a tuple of Steps; a step's argument k < len(inputs) names input k,
-k >= len(inputs) names step k - len(inputs); the last step is the result.  An
-`epilogue` is an expr whose input 0 is the CONV/MATMUL result and whose other
-inputs are the node's trailing inputs `e*`: it runs on the accumulator tile
-before the store, so the result never round-trips through DRAM.
+Values are float32 or int32; booleans are float32 0/1 (a comparison's result);
+int8 holds quantized tensors (lower.quantize), whose CONV/MATMUL/POOL/REDUCE
+accumulate in int32.  `expr` is a tuple of Steps; a step's argument k <
+len(inputs) names input k, k >= len(inputs) names step k - len(inputs); the
+last step is the result.  An `epilogue` is an expr whose input 0 is the
+CONV/MATMUL result and whose other inputs are the node's trailing inputs `e*`:
+it runs on the accumulator tile before the store, so the result never
+round-trips through DRAM.  `requant(x, r)` takes int32 x to int8 (isa REQUANT):
+r is an int32 constant of shape [..., 4] whose leading dims broadcast to x, one
+record (multiplier, shift, zero point, 0) per element.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ MOVEMENT_OPS = frozenset({OpKind.BROADCAST, OpKind.RESHAPE, OpKind.TRANSPOSE, Op
 
 @dataclass(frozen=True)
 class Step:
-    func: str                 # a VectorFunc name, lower case (add, mul, relu, exp, recip, cmp_gt, ...),
+    func: str                 # a VectorFunc name, lower case (add, mul, relu, exp, recip, cmp_gt, requant, ...),
     args: tuple[int, ...]     # or select(pred, on_false, on_true), to_f32, to_i32 (conversions)
 
 
@@ -136,6 +140,8 @@ def _ty_of(a: np.ndarray) -> str:
 
 
 CONVERSIONS = {"to_f32": "float32", "to_i32": "int32"}
+RESULT_DTYPES = {**CONVERSIONS, "requant": "int8"}   # steps whose result type is not their first operand's
+RECORD_WORDS = 4                                      # int32 words of one requant record
 
 
 def storage_dtype(dtype) -> str:
@@ -152,8 +158,13 @@ def expr_dtype(expr: Expr, input_dtypes) -> list[str]:
     """The dtype of every input and step value of an expr."""
     dtypes = list(input_dtypes)
     for s in expr:
-        dtypes.append(CONVERSIONS.get(s.func) or dtypes[s.args[2] if s.func == "select" else s.args[0]])
+        dtypes.append(RESULT_DTYPES.get(s.func) or dtypes[s.args[2] if s.func == "select" else s.args[0]])
     return dtypes
+
+
+def record_inputs(expr: Expr) -> frozenset[int]:
+    """The expr arguments read as requant records (each step's second argument)."""
+    return frozenset(s.args[1] for s in expr or () if s.func == "requant")
 
 
 def expr_inputs(node: Node) -> int:

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from stagec.isa.config import HardwareConfig
-from stagec.isa.instructions import Operand, encode
+from stagec.isa.instructions import DType, Operand, encode
 from stagec.isa.program import Layer, Program, Region, RegionKind, TensorRef
 
 from .emitter import Emitter
-from .graph_ir import Graph, Node, OpKind, Value
+from .graph_ir import RECORD_WORDS, Graph, Node, OpKind, Value, record_inputs
 from .layout import ALWAYS_VIEWS, Layout, view_of
 from .matrix import as_conv, emit_conv
 from .memory import Interval, align, allocate_by_liveness
@@ -61,14 +61,17 @@ class LowerContext:
         arr = self.graph.constants.get(v.id)
         return self.em.consts.tensor(v.id, arr, order) if arr is not None else self.tensor(v)
 
-    def fill(self, dst: Operand, counts, value: float) -> None:
+    def fill(self, dst: Operand, counts, value: float, dtype: DType = DType.F32) -> None:
         """Fill a local tile with a constant (a stride-0 LOAD of one constant element)."""
-        offset = self.em.consts.place(("scalar", value), np.array([value], np.float32))
-        self.em.load(DramTensor(DramRegion.CONST, offset, (1,), (0,)), (0,), (0, 0, 0), counts, dst)
+        scalar = self.em.consts.scalar(value, dtype)
+        self.em.load(DramTensor(scalar.region, scalar.offset, (1,), (0,), dtype), (0,), (0, 0, 0), counts, dst)
 
 
 def _extras(ctx: LowerContext, node: Node, first: int, shape) -> list[DramTensor]:
-    return [ctx.tensor(v).broadcast_to(shape) for v in node.inputs[first:]]
+    """The epilogue's extra inputs broadcast to the output's shape (requant records: shape + their words)."""
+    records = record_inputs(node.attr("epilogue"))
+    return [ctx.tensor(v).broadcast_to(tuple(shape) + ((RECORD_WORDS,) if k + 1 in records else ()))
+            for k, v in enumerate(node.inputs[first:])]
 
 
 @register(OpKind.CONV)
@@ -154,8 +157,7 @@ def lower_view_copy(ctx: LowerContext, node: Node) -> None:
 @register(OpKind.PAD)
 def lower_pad(ctx: LowerContext, node: Node) -> None:
     out = ctx.tensor(node.output)
-    offset = ctx.em.consts.place(("scalar", node.attr("value")), np.array([node.attr("value")], np.float32))
-    emit_elementwise(ctx.em, COPY, [DramTensor(DramRegion.CONST, offset, (), ())], out)
+    emit_elementwise(ctx.em, COPY, [ctx.em.consts.scalar(node.attr("value"), out.dtype)], out)
     lo, src = node.attr("lo"), ctx.tensor(node.inputs[0])
     emit_elementwise(ctx.em, COPY, [src], out.slice(lo, [a + d for a, d in zip(lo, src.shape, strict=True)],
                                                      (1,) * out.rank))

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stagec.isa.instructions import Operand, Space
+from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space
 
 from . import tile_expr
-from .graph_ir import Expr
+from .emitter import ACC_DTYPE
+from .graph_ir import RECORD_WORDS, Expr, record_inputs
 from .schedule import FP32, ConvProblem, TileMapping, tiles
 from .tensors import DramTensor
 
@@ -27,24 +28,32 @@ OUT_AXES = (2, 3, 1)
 
 
 class Epilogue:
-    """An epilogue expr and its extra inputs (views broadcast to the output's NCHW shape).
+    """An epilogue expr and its extra inputs (views broadcast to the output's NCHW shape; requant
+    records [N, C, H, W, 4]).
 
-    Per-channel inputs (a bias: stride 0 over batch, rows and columns) are loaded once for the
-    whole op; the others get a tile buffer each (x `bufs`), loaded per output tile.
+    Per-channel inputs (a bias, requant records: stride 0 over batch, rows and columns) are loaded
+    once for the whole op; the others get a tile buffer each (x `bufs`), loaded per output tile.
     """
 
     def __init__(self, em, spad, expr: Expr | None, extras: list[DramTensor], tile: tuple[int, int, int], bufs: int):
         self.expr, self.extras = expr, extras
         n = len(extras) + 1
+        records = record_inputs(expr)
         self.plan = tile_expr.plan(expr, n, frozenset({0} | {k + 1 for k, e in enumerate(extras)
                                                            if all(e.strides[a] for a in OUT_AXES)})) if expr else None
         size = tile[0] * tile[1] * tile[2] * FP32
-        self.resident = {}
+        self.resident, self.channel_bytes = {}, {}   # extra -> scratchpad base, bytes per channel (0: broadcast)
         for k, e in enumerate(extras if expr else ()):
             if all(e.strides[a] == 0 or e.shape[a] == 1 for a in (0, 2, 3)):   # as schedule.node_problem counts
-                base = spad.alloc(e.shape[1] * FP32)
+                if k + 1 in records:
+                    self.resident[k], self.channel_bytes[k] = _load_records(em, spad, e)
+                    continue
+                base = spad.alloc(e.shape[1] * e.dtype.itemsize)
                 em.load(e, (0, 0, 0, 0), OUT_AXES, (1, 1, e.shape[1]), Operand(Space.SPAD, base, (0, 0, 1)))
-                self.resident[k] = base
+                self.resident[k], self.channel_bytes[k] = base, e.dtype.itemsize
+            elif k + 1 in records:
+                raise ValueError(f"{em.layer_name}: requant records vary over rows or columns; they are per "
+                                 f"channel or per tensor")
         self.extra_buf = [[spad.alloc(size) if k not in self.resident else None for k in range(len(extras))]
                           for _ in range(bufs)]
         self.temp_buf = [[spad.alloc(size) for _ in range(self.plan.temps if expr else 0)] for _ in range(bufs)]
@@ -56,34 +65,54 @@ class Epilogue:
         args = [acc_tile]
         for k, e in enumerate(self.extras):
             if k in self.resident:
-                args.append(tile_expr.LocalTile(Space.SPAD, self.resident[k] + o0 * FP32, (1, 1, counts[2])))
+                per = self.channel_bytes[k]
+                args.append(tile_expr.LocalTile(Space.SPAD, self.resident[k] + o0 * per,
+                                                (1, 1, counts[2] if per else 1), e.dtype))
                 continue
             extent = tuple(c if e.strides[a] else 1 for c, a in zip(counts, OUT_AXES, strict=True))
-            tile = tile_expr.LocalTile(Space.SPAD, self.extra_buf[buf][k], extent)
+            tile = tile_expr.LocalTile(Space.SPAD, self.extra_buf[buf][k], extent, e.dtype)
             em.load(e, (n, o0, h0, w0), OUT_AXES, extent, tile.operand(extent))
             args.append(tile)
         temps = [tile_expr.LocalTile(Space.SPAD, b, tuple(counts)) for b in self.temp_buf[buf]]
         return tile_expr.emit(em, self.expr, self.plan, args, temps, counts)
 
 
+def _load_records(em, spad, e: DramTensor) -> tuple[int, int]:
+    """LOAD requant records (one per channel, or one for all) once; (scratchpad base, bytes per channel)."""
+    per_channel = e.strides[1] != 0 and e.shape[1] > 1
+    if per_channel and (e.strides[1], e.strides[-1]) != (RECORD_WORDS, 1):   # rows and columns: see the caller
+        raise ValueError(f"{em.layer_name}: requant records must be dense along the channels")
+    words = (e.shape[1] if per_channel else 1) * RECORD_WORDS
+    base = spad.alloc(words * DType.I32.itemsize, REQUANT_RECORD_BYTES)
+    em.load(DramTensor(e.region, e.offset, (words,), (1,), DType.I32), (0,), (None, None, 0), (1, 1, words),
+            Operand(Space.SPAD, base, (0, 0, 1)))
+    return base, RECORD_WORDS * DType.I32.itemsize if per_channel else 0
+
+
 def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, out: DramTensor,
               expr: Expr | None = None, extras: list[DramTensor] = (), fill: Callable | None = None) -> None:
-    """Emit a whole convolution; x [N,C,H,W], w [O,C,KH,KW], out [N,O,OH,OW] are DRAM views."""
+    """Emit a whole convolution; x [N,C,H,W], w [O,C,KH,KW], out [N,O,OH,OW] are DRAM views.  Float32
+    operands accumulate in float32, int8 ones in int32 (the epilogue then sees an int32 tile)."""
+    if x.dtype != w.dtype or x.dtype not in ACC_DTYPE:
+        raise TypeError(f"{em.layer_name}: the array multiplies float32 or int8 operands, not {x.dtype.name} "
+                        f"by {w.dtype.name}")
+    acc_type = ACC_DTYPE[x.dtype]
+    xb, wb, ab = x.dtype.itemsize, w.dtype.itemsize, acc_type.itemsize
     spad, acc = em.spad(), em.acc()
     bufs = 2 if m.double_buffer else 1
     (pt, _), (pl, _) = p.padding
     sh, sw = p.stride
     dh, dw = p.dilation
     ih_max, iw_max = p.halo(m.tile_oh, m.tile_ow)
-    halo_buf = [spad.alloc(ih_max * iw_max * m.tile_c * FP32) for _ in range(bufs)]
+    halo_buf = [spad.alloc(ih_max * iw_max * m.tile_c * xb) for _ in range(bufs)]
     taps = p.kh * p.kw
     if m.weights_resident:
-        wres = spad.alloc(taps * p.c * p.o * FP32)
+        wres = spad.alloc(taps * p.c * p.o * wb)
         em.load_box(w, (0, 0, 0, 0), (2, 3, 1, 0), (p.kh, p.kw, p.c, p.o), Space.SPAD, wres)
     else:
-        w_buf = [spad.alloc(taps * m.tile_c * m.tile_o * FP32) for _ in range(bufs)]
+        w_buf = [spad.alloc(taps * m.tile_c * m.tile_o * wb) for _ in range(bufs)]
     epi = Epilogue(em, spad, expr, list(extras), (m.tile_oh, m.tile_ow, m.tile_o), bufs)
-    acc_buf = [acc.alloc(m.tile_oh * m.tile_ow * m.tile_o * FP32) for _ in range(bufs)]
+    acc_buf = [acc.alloc(m.tile_oh * m.tile_ow * m.tile_o * ab) for _ in range(bufs)]
     c_tiles = tiles(p.c, m.tile_c)
     n_halo = n_w = n_out = 0
 
@@ -118,7 +147,7 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
                             continue
                         h_base, iw = halo
                         if m.weights_resident:
-                            w_base, k_stride = wres + (c0 * p.o + o0) * FP32, p.o
+                            w_base, k_stride = wres + (c0 * p.o + o0) * wb, p.o
                             tap_stride = p.c * p.o
                         else:
                             w_base, k_stride, tap_stride = w_buf[n_w % bufs], to, tc * to
@@ -129,23 +158,23 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
                         fold = p.kw if dw == 1 else 1
                         for kh in range(p.kh):
                             for kw in range(0, p.kw, fold):
-                                a = Operand(Space.SPAD, h_base + (kh * dh * iw * tc + kw * dw * tc) * FP32,
+                                a = Operand(Space.SPAD, h_base + (kh * dh * iw * tc + kw * dw * tc) * xb,
                                             (sh * iw * tc, sw * tc, 1))
-                                b = Operand(Space.SPAD, w_base + (kh * p.kw + kw) * tap_stride * FP32, (k_stride, 1, 0))
-                                em.matmul(a, b, c_op, th, tw, fold * tc, to, accumulate=not first)
+                                b = Operand(Space.SPAD, w_base + (kh * p.kw + kw) * tap_stride * wb, (k_stride, 1, 0))
+                                em.matmul(a, b, c_op, th, tw, fold * tc, to, accumulate=not first, dtype=x.dtype)
                                 first = False
                     if first:   # the whole receptive field is padding: the sum is zero
-                        fill(Operand(Space.ACC, c_base, (tw * to, to, 1)), (th, tw, to), 0.0)
-                    result = epi.emit(em, tile_expr.LocalTile(Space.ACC, c_base, (th, tw, to)), n, o0, oh0, ow0,
-                                      (th, tw, to), n_out % bufs)
+                        fill(Operand(Space.ACC, c_base, (tw * to, to, 1)), (th, tw, to), 0.0, acc_type)
+                    acc_tile = tile_expr.LocalTile(Space.ACC, c_base, (th, tw, to), acc_type)
+                    result = epi.emit(em, acc_tile, n, o0, oh0, ow0, (th, tw, to), n_out % bufs)
                     em.store(out, (n, o0, oh0, ow0), OUT_AXES, (th, tw, to), result.operand((th, tw, to)))
                     n_out += 1
 
 
 def as_conv(t: DramTensor, role: str) -> DramTensor:
     """A 2-D matmul operand as an NCHW conv view: a[M,K] -> x[1,K,1,M]; b[K,N] -> w[N,K,1,1];
-    out[M,N] -> [1,N,1,M]."""
-    (d0, d1), (s0, s1) = t.shape, t.strides
+    out[M,N] -> [1,N,1,M]; dims past the first two (a requant record's words) stay last."""
+    (d0, d1, *dr), (s0, s1, *sr) = t.shape, t.strides
     if role == "w":
-        return DramTensor(t.region, t.offset, (d1, d0, 1, 1), (s1, s0, 0, 0), t.dtype)
-    return DramTensor(t.region, t.offset, (1, d1, 1, d0), (0, s1, 0, s0), t.dtype)
+        return DramTensor(t.region, t.offset, (d1, d0, 1, 1, *dr), (s1, s0, 0, 0, *sr), t.dtype)
+    return DramTensor(t.region, t.offset, (1, d1, 1, d0, *dr), (0, s1, 0, s0, *sr), t.dtype)

@@ -40,6 +40,7 @@ class ConvProblem:
     stride: tuple[int, int] = (1, 1)
     padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
     dilation: tuple[int, int] = (1, 1)
+    widened: bool = False   # int8 halos and weights also held as int32 (lower.window's int8 sums)
 
     @property
     def oh(self) -> int:
@@ -109,7 +110,8 @@ def window_footprint(p: ConvProblem, th, tw, to, double_buffer, extras=(0, 0), w
     ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
     iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
     out_tile = th * tw * to * FP32
-    spad = bufs * (ih * iw * to * FP32 + (p.kh * p.kw * to * FP32 if weighted else 0) + tile_extras * out_tile)
+    item = FP32 + 1 if p.widened else FP32   # an int8 element and its int32 copy, else one fp32 element
+    spad = bufs * (ih * iw * to * item + (p.kh * p.kw * to * item if weighted else 0) + tile_extras * out_tile)
     return spad + channel_extras * p.o * FP32, bufs * out_tile
 
 
@@ -200,14 +202,16 @@ def map_window(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), weighted: bool
     return _pick(p, g, spad, acc, cost, hw, layer)
 
 
-def map_vector(shape: tuple[int, ...], operands: int, hw: HardwareConfig, layer: str = "vector") -> TileMapping:
+def map_vector(shape: tuple[int, ...], operands: int, hw: HardwareConfig, layer: str = "vector",
+               resident_bytes: int = 0) -> TileMapping:
     """Elementwise/reduce/copy tiles over a (<= 3-D) iteration space [d0, d1, d2]:
-    `operands` dense tiles (inputs, temporaries, result) per buffer; the biggest tile that fits,
-    long innermost runs first (they are the DMA's bursts)."""
+    `operands` dense tiles (inputs, temporaries, result) per buffer beside `resident_bytes` loaded
+    once (requant records); the biggest tile that fits, long innermost runs first (they are the
+    DMA's bursts)."""
     d0, d1, d2 = (1,) * (3 - len(shape)) + tuple(shape)[-3:]
     g = _grid(th=_sizes(d0), tw=_sizes(d1), to=_sizes(d2), tc=np.array([1]), db=np.array([1, 0]))
     tile = g["th"] * g["tw"] * g["to"]
-    spad = (1 + g["db"]) * tile * FP32 * operands
+    spad = (1 + g["db"]) * tile * FP32 * operands + resident_bytes
     tiles = -(-d0 // g["th"]) * -(-d1 // g["tw"]) * -(-d2 // g["to"])
     cost = tiles * (1.0 + 0.5 * (1 - g["db"])) - 1e-6 * g["to"]
     return _pick(ConvProblem(1, 1, 1, 1, 1), g, spad, np.zeros_like(spad), cost, hw, layer)
@@ -230,9 +234,10 @@ def node_problem(node) -> tuple[str, ConvProblem, tuple[int, int]] | None:
     """(kind, problem, epilogue operands) of a node that runs as a convolution, else None.
 
     kind is 'matrix' (conv/matmul on the array), 'depthwise' or 'pool' (vector unit, per channel);
-    the epilogue operands are (full tiles: operands and temporaries, per-channel vectors).
+    the epilogue operands are (full tiles: operands and temporaries, per-channel 4-byte vectors; a
+    requant record is 4 of them).
     """
-    from .graph_ir import OpKind
+    from .graph_ir import RECORD_WORDS, OpKind, record_inputs
     from .tile_expr import plan
 
     def epilogue(channel_axis: int) -> tuple[int, int]:
@@ -240,25 +245,33 @@ def node_problem(node) -> tuple[str, ConvProblem, tuple[int, int]] | None:
         extras = node.inputs[2:]
         out = node.output.shape
         axis = channel_axis % len(out)
-        per_channel = sum(1 for v in extras
-                          if all(d == 1 for i, d in enumerate((1,) * (len(out) - len(v.shape)) + v.shape) if i != axis))
+        records = record_inputs(expr)
+        tile_extras = per_channel = 0
+        for k, v in enumerate(extras):
+            shape = v.shape[:-1] if k + 1 in records else v.shape
+            if all(d == 1 for i, d in enumerate((1,) * (len(out) - len(shape)) + shape) if i != axis):
+                per_channel += RECORD_WORDS if k + 1 in records else 1
+            else:
+                tile_extras += 1
         temps = plan(expr, len(extras) + 1, frozenset(range(len(extras) + 1))).temps if expr else 0
-        return len(extras) - per_channel + temps, per_channel
+        return tile_extras + temps, per_channel
 
     if node.op == OpKind.CONV:
         (n, c, h, w), (o, cg, kh, kw) = node.inputs[0].shape, node.inputs[1].shape
         g = node.attr("groups")
         kind = "depthwise" if cg == 1 and o == g else "matrix"
         return kind, ConvProblem(n, c if kind == "depthwise" else cg, h, w, o if kind == "depthwise" else o // g,
-                                 kh, kw, node.attr("stride"), node.attr("padding"), node.attr("dilation")), \
-            epilogue(1)
+                                 kh, kw, node.attr("stride"), node.attr("padding"), node.attr("dilation"),
+                                 kind == "depthwise" and node.inputs[0].dtype == "int8"), epilogue(1)
     if node.op == OpKind.MATMUL:
         (m, k), nn = node.inputs[0].shape[-2:], node.inputs[1].shape[-1]
         return "matrix", ConvProblem(1, k, 1, m, nn), epilogue(-1)
     if node.op == OpKind.POOL:
         *_, c, h, w = node.inputs[0].shape
         (kh, kw), stride = node.attr("window"), node.attr("strides")
-        return "pool", ConvProblem(1, c, h, w, c, kh, kw, stride, node.attr("padding"), node.attr("dilation")), (0, 0)
+        widened = node.inputs[0].dtype == "int8" and node.attr("func") != "max"
+        return "pool", ConvProblem(1, c, h, w, c, kh, kw, stride, node.attr("padding"), node.attr("dilation"),
+                                   widened), (0, 0)
     return None
 
 

@@ -2,7 +2,8 @@
 
 Used by ELEMENTWISE nodes and by the epilogues fused into CONV/MATMUL.  Every
 operand is a dense local tile of the iteration box (c0, c1, c2), or a smaller
-tile broadcast along the dims where it has extent 1 (stride 0).  Results are
+tile broadcast along the dims where it has extent 1 (stride 0); a requant's
+records tile counts its strides in records, as REQUANT does.  Results are
 written in place over a tile whose value dies at that step, else into a
 temporary; `plan` decides that once per expression, not per tile.
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from stagec.isa.instructions import DType, Operand, Space, VectorFunc
 
-from .graph_ir import CONVERSIONS, Expr
+from .graph_ir import CONVERSIONS, RESULT_DTYPES, Expr
 from .tensors import DTYPE_OF
 
 
@@ -77,8 +78,8 @@ def emit(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTi
     for step, (kind, k) in zip(expr, p.dst, strict=True):
         slot = args[k] if kind == "arg" else temps[k]
         src = [values[a] for a in step.args]
-        out_type = DTYPE_OF[CONVERSIONS[step.func]] if step.func in CONVERSIONS else src[-1 if step.func == "select"
-                                                                                            else 0].dtype
+        out_type = DTYPE_OF[RESULT_DTYPES[step.func]] if step.func in RESULT_DTYPES else src[-1 if step.func == "select"
+                                                                                                else 0].dtype
         out = LocalTile(slot.space, slot.base, tuple(counts), out_type)
         if step.func == "select":   # out = on_false, then on_true where pred
             pred, on_false, on_true = src

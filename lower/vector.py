@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from stagec.isa.instructions import AccMode, Operand, Space, VectorFunc
+from stagec.isa.instructions import REQUANT_RECORD_BYTES, AccMode, DType, Operand, Space, VectorFunc
 
 from . import tile_expr
 from .emitter import MAX_COUNT
-from .graph_ir import Expr, Step
+from .graph_ir import RECORD_WORDS, Expr, Step, record_inputs
 from .schedule import FP32, map_vector, tiles
 from .tensors import DramTensor, coalesce
 
@@ -37,18 +37,22 @@ def _at(t: DramTensor, lead_idx, lead_strides, inner_strides) -> DramTensor:
 
 
 def emit_elementwise(em, expr: Expr, inputs: list[DramTensor], out: DramTensor) -> None:
-    """out = expr(inputs...), inputs broadcast numpy-style to out's shape."""
-    views = [t.broadcast_to(out.shape) for t in inputs]
+    """out = expr(inputs...), inputs broadcast numpy-style to out's shape; requant records (one
+    record for the whole tensor) are loaded once."""
+    records = record_inputs(expr)
+    data = [k for k in range(len(inputs)) if k not in records]
+    views = [inputs[k].broadcast_to(out.shape) for k in data]
     shape, strides = coalesce(out.shape, out.strides, *[v.strides for v in views])
     lead, lead_s, inner, inner_s = _split3(shape, *strides)
-    n_in = len(views)
-    writable = frozenset(k for k in range(n_in) if all(inner_s[k + 1][d] or inner[d] == 1 for d in range(3)))
+    n_in = len(inputs)
+    writable = frozenset(k for i, k in enumerate(data) if all(inner_s[i + 1][d] or inner[d] == 1 for d in range(3)))
     p = tile_expr.plan(expr, n_in, writable)
-    m = map_vector(inner, n_in + p.temps, em.hw, em.layer_name)
+    m = map_vector(inner, len(data) + p.temps, em.hw, em.layer_name, len(records) * REQUANT_RECORD_BYTES)
     bufs = 2 if m.double_buffer else 1
     spad = em.spad()
+    record_tiles = {k: _load_record(em, spad, inputs[k]) for k in records}
     size = m.tile_oh * m.tile_ow * m.tile_o * FP32
-    in_buf = [[spad.alloc(size) for _ in range(n_in)] for _ in range(bufs)]
+    in_buf = [[spad.alloc(size) for _ in data] for _ in range(bufs)]
     tmp_buf = [[spad.alloc(size) for _ in range(p.temps)] for _ in range(bufs)]
     k = 0
     for idx in np.ndindex(*lead):
@@ -59,20 +63,37 @@ def emit_elementwise(em, expr: Expr, inputs: list[DramTensor], out: DramTensor) 
                 for a2, t2 in tiles(inner[2], m.tile_o):
                     counts, start, buf = (t0, t1, t2), (a0, a1, a2), k % bufs
                     k += 1
-                    args = []
+                    loaded = {}
                     for i, src in enumerate(srcs):
                         extent = tuple(c if s else 1 for c, s in zip(counts, src.strides, strict=True))
                         tile = tile_expr.LocalTile(Space.SPAD, in_buf[buf][i], extent, src.dtype)
                         em.load(src, start, (0, 1, 2), extent, tile.operand(extent))
-                        args.append(tile)
+                        loaded[data[i]] = tile
+                    args = [loaded[j] if j in loaded else record_tiles[j] for j in range(n_in)]
                     temps = [tile_expr.LocalTile(Space.SPAD, b, counts) for b in tmp_buf[buf]]
                     result = tile_expr.emit(em, expr, p, args, temps, counts)
                     em.store(dst, start, (0, 1, 2), counts, result.operand(counts))
 
 
+def _load_record(em, spad, t: DramTensor) -> tile_expr.LocalTile:
+    """LOAD the one requant record of an elementwise node (its words) into the scratchpad."""
+    if t.size != RECORD_WORDS:
+        raise ValueError(f"{em.layer_name}: an elementwise requant takes one record for the whole tensor, "
+                         f"not {t.size // RECORD_WORDS}")
+    base = spad.alloc(RECORD_WORDS * t.dtype.itemsize, REQUANT_RECORD_BYTES)
+    em.load(t.reshape((RECORD_WORDS,)), (0,), (None, None, 0), (1, 1, RECORD_WORDS),
+            Operand(Space.SPAD, base, (0, 0, 1)))
+    return tile_expr.LocalTile(Space.SPAD, base, (1, 1, 1), t.dtype)
+
+
 def emit_reduce(em, func: str, x: DramTensor, axes: tuple[int, ...], out: DramTensor) -> None:
-    """out = reduce_func(x, axes); out has x's shape without `axes`."""
+    """out = reduce_func(x, axes); out has x's shape without `axes`.  An int8 sum widens each loaded
+    tile to int32 (COPY) and sums in int32 (`out` is int32); int8 max and min stay int8."""
     vfunc, acc_mode = _REDUCE[func]
+    widen = x.dtype != out.dtype
+    if widen and not (x.dtype == DType.I8 and out.dtype == DType.I32):
+        raise TypeError(f"{em.layer_name}: a reduction of {x.dtype.name} gives {x.dtype.name} or (int8 sums) "
+                        f"int32, not {out.dtype.name}")
     kept = [d for d in range(x.rank) if d not in axes]
     xk = DramTensor(x.region, x.offset, tuple(x.shape[d] for d in kept), tuple(x.strides[d] for d in kept), x.dtype)
     kshape, (kx, ko) = coalesce(xk.shape, xk.strides, out.strides if out.rank else ())
@@ -85,11 +106,12 @@ def emit_reduce(em, func: str, x: DramTensor, axes: tuple[int, ...], out: DramTe
     bufs = 2 if m.double_buffer else 1
     spad = em.spad()
     in_buf = [spad.alloc(m.tile_oh * m.tile_ow * m.tile_o * FP32) for _ in range(bufs)]
+    wide_buf = [spad.alloc(m.tile_oh * m.tile_ow * m.tile_o * FP32) for _ in range(bufs)] if widen else in_buf
     out_buf = [spad.alloc(m.tile_oh * m.tile_ow * FP32) for _ in range(bufs)]
     k = chunk = 0
     for kidx in np.ndindex(*kshape[:klead]):
-        x_off = x.offset + FP32 * sum(i * s for i, s in zip(kidx, kx[:klead], strict=True))
-        o_off = out.offset + FP32 * sum(i * s for i, s in zip(kidx, ko[:klead], strict=True))
+        x_off = x.offset + x.dtype.itemsize * sum(i * s for i, s in zip(kidx, kx[:klead], strict=True))
+        o_off = out.offset + out.dtype.itemsize * sum(i * s for i, s in zip(kidx, ko[:klead], strict=True))
         for a0, t0 in tiles(kin[0], m.tile_oh):
             for a1, t1 in tiles(kin[1], m.tile_ow):
                 buf = k % bufs
@@ -97,13 +119,19 @@ def emit_reduce(em, func: str, x: DramTensor, axes: tuple[int, ...], out: DramTe
                 dst = Operand(Space.SPAD, out_buf[buf], (t1, 1, 0))
                 first = True
                 for ridx in np.ndindex(*rshape[:-1]):
-                    r_off = FP32 * sum(i * s for i, s in zip(ridx, rx[:-1], strict=True))
+                    r_off = x.dtype.itemsize * sum(i * s for i, s in zip(ridx, rx[:-1], strict=True))
                     for a2, t2 in tiles(rshape[-1], m.tile_o):
                         src = DramTensor(x.region, x_off + r_off, (1 << 30,) * 3, kin_x + (rx[-1],), x.dtype)
                         tile = Operand(Space.SPAD, in_buf[chunk % bufs], (t1 * t2, t2, 1))
-                        chunk += 1
                         em.load(src, (a0, a1, a2), (0, 1, 2), (t0, t1, t2), tile)
-                        em.vector(vfunc, dst, tile, None, (t0, t1, t2), acc=AccMode.OVERWRITE if first else acc_mode)
+                        if widen:
+                            wide = Operand(Space.SPAD, wide_buf[chunk % bufs], tile.strides)
+                            em.vector(VectorFunc.COPY, wide, tile, None, (t0, t1, t2), dtype=x.dtype,
+                                      out_dtype=out.dtype)
+                            tile = wide
+                        chunk += 1
+                        em.vector(vfunc, dst, tile, None, (t0, t1, t2), acc=AccMode.OVERWRITE if first else acc_mode,
+                                  dtype=out.dtype)
                         first = False
                 o = DramTensor(out.region, o_off, (1 << 30,) * 3, kin_o + (0,), out.dtype)
                 em.store(o, (a0, a1, 0), (0, 1, 2), (t0, t1, 1), dst)

@@ -11,11 +11,12 @@ tile [rows, cols, channels] that reads a strided window of the input halo:
 
 from __future__ import annotations
 
-from stagec.isa.instructions import AccMode, Operand, PadValue, Space, VectorFunc
+from stagec.isa.instructions import AccMode, DType, Operand, PadValue, Space, VectorFunc
 
 from . import tile_expr
+from .emitter import dense_strides
 from .matrix import Epilogue
-from .schedule import FP32, ConvProblem, TileMapping, tiles
+from .schedule import ConvProblem, TileMapping, tiles
 from .tensors import DramTensor
 
 _REDUCE = {"sum": (VectorFunc.COPY, AccMode.ADD, PadValue.ZERO),
@@ -25,8 +26,12 @@ _REDUCE = {"sum": (VectorFunc.COPY, AccMode.ADD, PadValue.ZERO),
 
 def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, out: DramTensor,
                 w: DramTensor | None = None, expr=None, extras=(), fill=None) -> None:
-    """x [N,C,H,W] -> out [N,C,OH,OW] (p.c == p.o); w [C,1,KH,KW] for depthwise."""
+    """x [N,C,H,W] -> out [N,C,OH,OW] (p.c == p.o); w [C,1,KH,KW] for depthwise.  An int8 max pool
+    stays int8; int8 sums and products run in int32 on halos (and weights) widened by a COPY."""
     func, acc_mode, pad_value = _REDUCE[kind]
+    widen = x.dtype == DType.I8 and kind != "max"
+    acc_type = DType.I32 if widen else x.dtype
+    xb, cb = x.dtype.itemsize, acc_type.itemsize
     spad, acc = em.spad(), em.acc()
     bufs = 2 if m.double_buffer else 1
     (pt, _), (pl, _) = p.padding
@@ -34,15 +39,20 @@ def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, ou
     dh, dw = p.dilation
     ih_max, iw_max = p.halo(m.tile_oh, m.tile_ow)
     taps = p.kh * p.kw
-    halo_buf = [spad.alloc(ih_max * iw_max * m.tile_o * FP32) for _ in range(bufs)]
-    w_buf = [spad.alloc(taps * m.tile_o * FP32) for _ in range(bufs)] if w is not None else None
+    halo_buf = [spad.alloc(ih_max * iw_max * m.tile_o * xb) for _ in range(bufs)]
+    wide_buf = [spad.alloc(ih_max * iw_max * m.tile_o * cb) for _ in range(bufs)] if widen else halo_buf
+    w_buf = [spad.alloc(taps * m.tile_o * w.dtype.itemsize) for _ in range(bufs)] if w is not None else None
+    w_wide = [spad.alloc(taps * m.tile_o * cb) for _ in range(bufs)] if w is not None and widen else w_buf
     epi = Epilogue(em, spad, expr, list(extras), (m.tile_oh, m.tile_ow, m.tile_o), bufs)
-    acc_buf = [acc.alloc(m.tile_oh * m.tile_ow * m.tile_o * FP32) for _ in range(bufs)]
+    acc_buf = [acc.alloc(m.tile_oh * m.tile_ow * m.tile_o * cb) for _ in range(bufs)]
     k = 0
     for c0, tc in tiles(p.o, m.tile_o):
         if w is not None:   # the channel tile's weights, [taps, tc], reused by every spatial tile
             w_base = w_buf[(c0 // m.tile_o) % bufs]
             em.load_box(w, (c0, 0, 0, 0), (2, 3, 0), (p.kh, p.kw, tc), Space.SPAD, w_base)
+            if widen:
+                _widen(em, w_wide[(c0 // m.tile_o) % bufs], w_base, (taps, 1, tc), w.dtype, acc_type)
+            w_base = w_wide[(c0 // m.tile_o) % bufs]
         for n in range(p.n):
             for oh0, th in tiles(p.oh, m.tile_oh):
                 for ow0, tw in tiles(p.ow, m.tile_ow):
@@ -54,7 +64,7 @@ def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, ou
                     bottom, right = max(0, r0 + ih - p.h), max(0, q0 + iw - p.w)
                     dst = Operand(Space.ACC, acc_buf[buf], (tw * tc, tc, 1))
                     if ih - top - bottom <= 0 or iw - left - right <= 0:
-                        fill(dst, (th, tw, tc), 0.0 if pad_value == PadValue.ZERO else float("-inf"))
+                        fill(dst, (th, tw, tc), 0.0 if pad_value == PadValue.ZERO else float("-inf"), acc_type)
                     else:
                         if max(top, bottom, left, right) > 255:
                             raise ValueError(f"{em.layer_name}: padding exceeds the DMA's 255")
@@ -62,12 +72,21 @@ def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, ou
                                 (ih - top - bottom, iw - left - right, tc),
                                 Operand(Space.SPAD, halo_buf[buf], (iw * tc, tc, 1)),
                                 pad=(top, bottom, left, right, 0, 0), pad_value=pad_value)
+                        if widen:
+                            _widen(em, wide_buf[buf], halo_buf[buf], (ih, iw, tc), x.dtype, acc_type)
                         for t, (kh, kw) in enumerate((a, b) for a in range(p.kh) for b in range(p.kw)):
-                            src = Operand(Space.SPAD, halo_buf[buf] + (kh * dh * iw * tc + kw * dw * tc) * FP32,
+                            src = Operand(Space.SPAD, wide_buf[buf] + (kh * dh * iw * tc + kw * dw * tc) * cb,
                                           (sh * iw * tc, sw * tc, 1))
-                            weight = Operand(Space.SPAD, w_base + t * tc * FP32, (0, 0, 1)) if w is not None else None
+                            weight = Operand(Space.SPAD, w_base + t * tc * cb, (0, 0, 1)) if w is not None else None
                             em.vector(func, dst, src, weight, (th, tw, tc),
-                                      acc=AccMode.OVERWRITE if t == 0 else acc_mode)
-                    result = epi.emit(em, tile_expr.LocalTile(Space.ACC, acc_buf[buf], (th, tw, tc)), n, c0, oh0, ow0,
-                                      (th, tw, tc), buf)
+                                      acc=AccMode.OVERWRITE if t == 0 else acc_mode, dtype=acc_type)
+                    acc_tile = tile_expr.LocalTile(Space.ACC, acc_buf[buf], (th, tw, tc), acc_type)
+                    result = epi.emit(em, acc_tile, n, c0, oh0, ow0, (th, tw, tc), buf)
                     em.store(out, (n, c0, oh0, ow0), (2, 3, 1), (th, tw, tc), result.operand((th, tw, tc)))
+
+
+def _widen(em, dst: int, src: int, counts, dtype: DType, to: DType) -> None:
+    """COPY a dense scratchpad box to another one, converting its elements (int8 -> int32)."""
+    strides = dense_strides(counts)
+    em.vector(VectorFunc.COPY, Operand(Space.SPAD, dst, strides), Operand(Space.SPAD, src, strides), None, counts,
+              dtype=dtype, out_dtype=to)

@@ -20,7 +20,8 @@ from stagec.isa.program import Program
 from stagec.isa.semantics import pad_value
 
 from . import reference
-from .plan import DRAM_CONST, Group, Plan, PlanError, build_plan, offsets, read_pattern
+from .fixed_point import requantize
+from .plan import DRAM_CONST, RECORD_WORDS, Group, Plan, PlanError, build_plan, offsets, read_pattern
 from .reference import check_gather_indices
 
 
@@ -143,7 +144,10 @@ def _vector_fn(sig, hows):
     j, func, acc, n, pd, p1, p2, has_init, _, out_dtype = sig
     func = VectorFunc(func)
     rel1 = offsets(p1, n).astype(np.int32)
-    rel2 = offsets(p2, n).astype(np.int32) if func in BINARY else None
+    if func == VectorFunc.REQUANT:   # z: records of RECORD_WORDS words (multiplier, shift, zero point, 0)
+        rel2 = (offsets(p2, n)[:, None] * RECORD_WORDS + np.arange(RECORD_WORDS)).reshape(-1).astype(np.int32)
+    else:
+        rel2 = offsets(p2, n).astype(np.int32) if func in BINARY else None
     rel_dst = offsets(pd, (n[0], n[1], 1) if func in REDUCTIONS else n).astype(np.int32)
 
     def run(*args):
@@ -151,11 +155,14 @@ def _vector_fn(sig, hows):
         x = _read(*args[:3], rel1, hows[0]).reshape(t, j, *n)
         rest = args[3:]
         if func in BINARY:
-            y = _read(*rest[:3], rel2, hows[1]).reshape(t, j, *n)
+            y = _read(*rest[:3], rel2, hows[1]).reshape(t, j, *(n if func != VectorFunc.REQUANT else (-1,)))
             rest = rest[3:]
         init = _read(*rest, rel_dst, hows[2]).reshape(t, -1) if has_init else None
         if func == VectorFunc.SELECT:
             return jnp.where(x.reshape(t, -1) != 0, y.reshape(t, -1), init)
+        if func == VectorFunc.REQUANT:
+            rec = y[:, 0].reshape(t, -1, RECORD_WORDS)
+            return requantize(x[:, 0].reshape(t, -1), rec[..., 0], rec[..., 1], rec[..., 2])
         v = VECTOR_FUNCS[func](x, y) if func in BINARY else VECTOR_FUNCS[func](x)
         v = _convert(v.reshape(t, j, -1), out_dtype)
         out = v[:, 0] if acc == AccMode.OVERWRITE else REDUCE_CHAIN[AccMode(acc)](v, axis=1)

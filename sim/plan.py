@@ -22,8 +22,10 @@ list of *groups*, each executed as one batched gather -> compute -> (scatter):
 
 DRAM holds one array per element type; a read of DRAM bytes last written as
 another type is outside the model.  Programs outside it (a read spanning two
-producers, a producer writing a non-contiguous region, bf16, REQUANT) raise
-PlanError, and the simulator falls back to the reference interpreter.
+producers, a producer writing a non-contiguous region, bf16) raise PlanError,
+and the simulator falls back to the reference interpreter.  REQUANT reads its z
+operand as records: each element of its pattern is REQUANT_RECORD_BYTES of int32
+words, so that read's offsets count words.
 """
 
 from __future__ import annotations
@@ -33,11 +35,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stagec.isa.access import is_dense
-from stagec.isa.instructions import BINARY, READS_DST, REDUCTIONS, AccMode, DType, Opcode, Space, VectorFunc
+from stagec.isa.instructions import (
+    BINARY,
+    READS_DST,
+    REDUCTIONS,
+    REQUANT_RECORD_BYTES,
+    AccMode,
+    DType,
+    Opcode,
+    Space,
+    VectorFunc,
+)
 from stagec.isa.program import Program
 from stagec.isa.verify import MULTIPLE, const_bytes, verify
 
 DRAM_CONST, DRAM_DATA = -1, -2
+RECORD_WORDS = REQUANT_RECORD_BYTES // DType.I32.itemsize
 
 
 class PlanError(NotImplementedError):
@@ -100,8 +113,6 @@ def build_plan(program: Program) -> Plan:
     op = code["opcode"]
     if N and ((code["dtype"] == DType.BF16) | (code["out_dtype"] == DType.BF16)).any():
         raise PlanError("bf16 is not simulated by the batched executor")
-    if N and ((op == Opcode.VECTOR) & (code["func"] == VectorFunc.REQUANT)).any():
-        raise PlanError("REQUANT is not simulated by the batched executor yet")
     n_arr = code["n"].astype(np.int64)
     mode = code["mode"]
     func = code["func"]
@@ -331,6 +342,8 @@ def _describe(mem, init_p, acc, code, n_arr, func, producer, value_ref, data_ori
         return ("matmul", sig, srcs), reads, n[0] * n[1] * n[3]
     # VECTOR
     f = int(func[i])
+    if f == VectorFunc.REQUANT and acc != AccMode.OVERWRITE:
+        raise PlanError(f"instruction {i}: REQUANT with an accumulate mode")
     local("src1", "y", dt)
     if f in BINARY:
         local("src2", "z", dt)
@@ -374,6 +387,8 @@ def read_pattern(g: Group, slot: str) -> np.ndarray:
     _, f, _, n, pd, p1, p2, *_ = s
     if slot == "src1":
         return offsets(p1, n)
+    if slot == "src2" and f == VectorFunc.REQUANT:   # records of RECORD_WORDS int32 words
+        return (offsets(p2, n)[:, None] * RECORD_WORDS + np.arange(RECORD_WORDS)).reshape(-1)
     if slot == "src2":
         return offsets(p2, n)
     return offsets(pd, (n[0], n[1], 1) if f in REDUCTIONS else n)

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import torch
 
-from stagec.frontend import TracedModel, trace_jax, trace_torch
+from stagec.frontend import TracedModel, flatten_inputs, trace_jax, trace_torch
 from stagec.isa import HardwareConfig, Program, disassemble, verify
+from stagec.lower.calibrate import calibrate
 from stagec.lower.canonicalize import canonicalize
 from stagec.lower.layout import assign_layout
 from stagec.lower.lowering import lower_to_program
 from stagec.lower.passes import dce, fold_affine, fuse_elementwise, fuse_epilogues
+from stagec.lower.quantize import quantize as quantize_graph
 from stagec.lower.schedule import make_schedule
 
 GRAPH_PASSES = [
@@ -23,7 +25,13 @@ GRAPH_PASSES = [
     ("fold_affine", fold_affine),            # per-channel scale and shift (batch norm) -> weights and bias
 ]
 FUSION_PASSES = {"fuse_elementwise", "fuse_epilogues"}
-STAGES = ("jaxpr", "graph", *(name for name, _ in GRAPH_PASSES), "layout", "schedule", "program")
+QUANTIZE_STAGES = (   # quantize="int8" only; _quantize runs them
+    "calibrate",         # every fp32 value's range over the calibration batches
+    "quantize",          # int8 CONV/MATMUL, QUANTIZE/DEQUANTIZE at the fp32 islands' boundaries
+    "fuse_quantized",    # the boundaries -> their neighbours' expressions and epilogues
+)
+STAGES = ("jaxpr", "graph", *(name for name, _ in GRAPH_PASSES), *QUANTIZE_STAGES, "layout", "schedule", "program")
+QUANTIZE_MODES = (None, "int8")
 
 
 class _Dump:
@@ -62,7 +70,8 @@ def trace(model_or_fn, example_args, kwargs=None) -> TracedModel:
 
 def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=None,  # noqa: A001
             fuse: bool = True, mappings: dict | None = None, kwargs: dict | None = None,
-            tune=None, objective: str = "latency") -> Program:
+            tune=None, objective: str = "latency", quantize: str | None = None, calibration=None,
+            percentile: float | None = None) -> Program:
     """Compile a PyTorch model (called with `example_args` and `kwargs`) or a JAX function for the
     accelerator; `stagec.simulate` then takes and returns the model's own input and output structure.
 
@@ -71,6 +80,11 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     the default mapper's choice for those layers (the names are the schedule dump's).
     `tune="gradient"` maps the other layers with stagec.tune (cost model, optax) for `objective`;
     a stagec.TuneSettings instead of "gradient" does so with those settings.
+
+    `quantize="int8"` quantizes after training (lower.quantize): int8 weights per output channel,
+    int8 activations per tensor with ranges from `calibration` (a list of batches, each a tuple of
+    the model's positional inputs or a dict of its keyword inputs; default: the example inputs
+    alone), the largest |x| seen or, with `percentile` (e.g. 99.99), that percentile of |x|.
 
     >>> import torch, stagec
     >>> program = stagec.compile(torch.nn.Linear(8, 4), (torch.randn(2, 8),))
@@ -81,17 +95,9 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     if not isinstance(hw, HardwareConfig):
         raise TypeError(f"hw must be a HardwareConfig, not {type(hw).__name__}")
     out = _Dump(dump)
-    traced = trace(model_or_fn, example_args, kwargs)
-    if traced.note:
-        warnings.warn(traced.note, stacklevel=2)
+    traced, graph = build_graph(model_or_fn, example_args, kwargs=kwargs, fuse=fuse, quantize=quantize,
+                                calibration=calibration, percentile=percentile, out=out)
     closed = traced.closed
-    out("jaxpr", closed)
-    graph = canonicalize(closed)
-    out("graph", graph)
-    for name, run in GRAPH_PASSES:
-        if fuse or name not in FUSION_PASSES:
-            graph = run(graph)
-        out(name, graph)
     if tune is not None:
         from .tuning import DEFAULT_SETTINGS, TuneSettings, tune_graph
         if tune != "gradient" and not isinstance(tune, TuneSettings):
@@ -105,8 +111,52 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
         model_or_fn, "__name__", "function")
     meta = {"model": name, "in_tree": traced.in_tree, "out_tree": traced.out_tree, "note": traced.note,
-            "out_dtypes": [str(v.aval.dtype) for v in closed.jaxpr.outvars]}
+            "out_dtypes": [str(v.aval.dtype) for v in closed.jaxpr.outvars], "quantize": quantize}
     program = lower_to_program(graph, layout, schedule, hw, meta)
     out("program", lambda: disassemble(program))
     verify(program)   # cached: the token-inserting walk verified the program
     return program
+
+
+def build_graph(model_or_fn, example_args, *, kwargs=None, fuse: bool = True, quantize: str | None = None,
+                calibration=None, percentile: float | None = None, out: _Dump | None = None):
+    """(traced model, graph) after the graph passes (and quantization): what the later stages lower;
+    the int8 reference (stagec.int8_reference) evaluates the same graph."""
+    if quantize not in QUANTIZE_MODES:
+        raise ValueError(f"quantize must be one of {QUANTIZE_MODES}, not {quantize!r}")
+    if quantize is None and (calibration is not None or percentile is not None):
+        raise ValueError("calibration and percentile need quantize='int8'")
+    out = out or _Dump(None)
+    traced = trace(model_or_fn, example_args, kwargs)
+    if traced.note:
+        warnings.warn(traced.note, stacklevel=3)
+    out("jaxpr", traced.closed)
+    graph = canonicalize(traced.closed)
+    out("graph", graph)
+    for name, run in GRAPH_PASSES:
+        if fuse or name not in FUSION_PASSES:
+            graph = run(graph)
+        out(name, graph)
+    if quantize:
+        graph = _quantize(graph, traced, calibration or [(tuple(example_args), kwargs or {})], percentile, fuse, out)
+    return traced, graph
+
+
+def _quantize(graph, traced: TracedModel, calibration, percentile, fuse: bool, out):
+    """The QUANTIZE_STAGES: calibrate on the model's own inputs, quantize, fuse the boundaries."""
+    batches = []
+    for i, batch in enumerate(calibration):
+        args, kwargs = batch if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], dict) else (
+            ((), batch) if isinstance(batch, dict) else (batch, None))
+        try:
+            batches.append(flatten_inputs(traced, args, kwargs))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"calibration batch {i}: {e}") from e
+    amax = calibrate(graph, batches, percentile)
+    out("calibrate", lambda: "\n".join(f"%{vid}: amax {a:.6g}" for vid, a in sorted(amax.items())))
+    graph, params = quantize_graph(graph, amax)
+    out("quantize", lambda: f"{graph}\n{params}")
+    if fuse:
+        graph = fuse_epilogues(fuse_elementwise(graph))
+    out("fuse_quantized", graph)
+    return graph

@@ -1,35 +1,39 @@
-"""`stagec demo`: compile the bundled hand-keypoint network, simulate it, compare with PyTorch."""
+"""`stagec demo`: compile the bundled hand-keypoint network (int8 by default), simulate it, and
+compare with PyTorch; int8 runs side by side with fp32."""
 
 from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
 
-from .api import compile, simulate  # noqa: A004
 from .models import hand_keypoint_net
+from .precision import PRECISIONS, format_runs, run_precision
+
+TOLERANCE = {"fp32": ("max relative error", 1e-4), "int8": ("cosine similarity", 0.99)}
 
 
-def max_relative_error(out: np.ndarray, ref: np.ndarray) -> float:
-    """max |out - ref| / max |ref|: the error relative to the reference's scale."""
-    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), np.finfo(np.float32).tiny))
-
-
-def run_demo(hw=None) -> float:
+def run_demo(hw=None, precision: str = "int8") -> bool:
+    """Print the report of `precision` (int8 also shows fp32 beside it); True when the outputs are
+    within TOLERANCE of PyTorch eager."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     model, (image,) = hand_keypoint_net()
-    t0 = time.perf_counter()
-    program = compile(model, (image,), hw=hw)
-    t1 = time.perf_counter()
-    out, report = simulate(program, image)
-    t2 = time.perf_counter()
     with torch.no_grad():
-        ref = model(image).numpy()
-    err = max_relative_error(out, ref)
-    print(f"HandKeypointNet on {program.hw.array_rows}x{program.hw.array_cols} {program.hw.dataflow.replace('_', '-')} "
-          f"array, {program.hw.scratchpad_bytes // 1024} KiB scratchpad, {program.hw.accumulator_bytes // 1024} KiB "
-          f"accumulator; {len(program)} instructions")
-    print(f"compiled in {t1 - t0:.2f} s, simulated in {t2 - t1:.2f} s (first run, with jit compilation)\n")
-    print(report.summary())
-    print(f"\nmax relative error vs PyTorch eager: {err:.2e}")
-    return err
+        ref = model(image)
+    t0 = time.perf_counter()
+    run = run_precision(model, (image,), {}, precision, hw, reference=ref)
+    t1 = time.perf_counter()
+    hw = run.program.hw
+    print(f"HandKeypointNet ({precision}) on {hw.array_rows}x{hw.array_cols} {hw.dataflow.replace('_', '-')} array, "
+          f"{hw.scratchpad_bytes // 1024} KiB scratchpad, {hw.accumulator_bytes // 1024} KiB accumulator; "
+          f"{len(run.program)} instructions")
+    print(f"compiled and simulated in {t1 - t0:.2f} s (first run, with jit compilation)\n")
+    print(run.report.summary())
+    runs = [run] + ([run_precision(model, (image,), {}, "fp32", hw, reference=ref)] if precision == "int8" else [])
+    print("\nagainst PyTorch eager (fp32):\n" + format_runs(runs))
+    what, bound = TOLERANCE[precision]
+    value = run.cosine if precision == "int8" else run.max_rel_err
+    ok = value >= bound if precision == "int8" else value < bound
+    print(f"\n{precision} {what} {value:.6g}: {'within' if ok else 'OUTSIDE'} the demo's bound {bound:g}")
+    return ok

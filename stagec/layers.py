@@ -19,7 +19,6 @@ from stagec.costmodel.problem import LayerShape, layer_shape
 from stagec.isa import HardwareConfig, Program
 from stagec.isa.instructions import TRANSCENDENTAL, Space
 from stagec.lower import tile_expr
-from stagec.lower.canonicalize import canonicalize
 from stagec.lower.graph_ir import Graph, Node, OpKind
 from stagec.lower.layout import assign_layout
 from stagec.lower.lowering import lower_to_program
@@ -53,13 +52,11 @@ class Layer:
         return layer_shape(self.kind, self.problem, self.extras, self.epilogue, self.repeat, self.tile_loads)
 
 
-def model_graph(model_or_fn, example_args, kwargs=None) -> Graph:
-    """The fused graph IR `stagec.compile` schedules (the same passes, in the same order)."""
-    from stagec.compiler import GRAPH_PASSES, trace
-    graph = canonicalize(trace(model_or_fn, example_args, kwargs).closed)
-    for _, run in GRAPH_PASSES:
-        graph = run(graph)
-    return graph
+def model_graph(model_or_fn, example_args, kwargs=None, **options) -> Graph:
+    """The graph IR `stagec.compile` schedules (stagec.compiler.build_graph; `options` are its
+    fuse/quantize/calibration/percentile)."""
+    from stagec.compiler import build_graph
+    return build_graph(model_or_fn, example_args, kwargs=kwargs, **options)[1]
 
 
 def model_layers(graph: Graph) -> list[Layer]:

@@ -12,27 +12,40 @@ from .plots import write_plots
 from .report import make_report
 
 
-def run_report(program_path: str | None, hw_path: str | None, out_dir: str) -> list[Path]:
-    """Write summary.txt, report.json and the plots (PNG and SVG) into `out_dir`; print the summary."""
-    from .api import compile, load  # noqa: A004
+def run_report(program_path: str | None, hw_path: str | None, out_dir: str, precision: str = "int8") -> list[Path]:
+    """Write summary.txt, report.json and the plots (PNG and SVG) into `out_dir`; print the summary.
+    The demo model is compiled at `precision`; int8 also writes precision.txt and precision.json,
+    int8 beside fp32 (DRAM bytes, cycles, energy, error against PyTorch)."""
+    from .api import load
+    out = Path(out_dir)
+    written = []
     if program_path:
         if hw_path:
             raise SystemExit("stagec report: --hw applies to the demo model; a saved program keeps its own config")
         program, name = load(program_path), Path(program_path).stem
     else:
         from .models import hand_keypoint_net
-        print("compiling the bundled hand-keypoint network ...", flush=True)
+        from .precision import format_runs, run_precision
+        print(f"compiling and simulating the bundled hand-keypoint network ({precision}) ...", flush=True)
         model, example = hand_keypoint_net()
-        program, name = compile(model, example, hw=HardwareConfig.load(hw_path) if hw_path else None), "demo"
+        hw = HardwareConfig.load(hw_path) if hw_path else None
+        runs = [run_precision(model, example, {}, p, hw) for p in dict.fromkeys((precision, "fp32"))]
+        program, name = runs[0].program, "demo"
+        if len(runs) > 1:
+            out.mkdir(parents=True, exist_ok=True)
+            table = format_runs(runs)
+            (out / "precision.txt").write_text(table + "\n")
+            (out / "precision.json").write_text(json.dumps([r.to_dict() for r in runs], indent=1) + "\n")
+            written = [out / "precision.txt", out / "precision.json"]
+            print(table + "\n", flush=True)
     print(f"timing {len(program)} instructions ...", flush=True)
     t = time.perf_counter()
     report = make_report(program)
     print(f"timed in {time.perf_counter() - t:.2f} s; drawing plots ...\n", flush=True)
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = report.summary()
     (out / "summary.txt").write_text(summary + "\n")
     (out / "report.json").write_text(json.dumps(report.to_dict(), indent=1, allow_nan=False) + "\n")
-    paths = [out / "summary.txt", out / "report.json", *write_plots(report, out, name)]
+    paths = [out / "summary.txt", out / "report.json", *written, *write_plots(report, out, name)]
     print(summary + "\n\nwrote " + ", ".join(str(p) for p in paths))
     return paths

@@ -1,0 +1,77 @@
+"""int8 against fp32 over the zoo, in one run: per model, DRAM bytes, simulated cycles and energy of
+each, and the int8 outputs' cosine similarity and max relative error against fp32 PyTorch.
+
+    python experiments/bench_int8.py [models...] [--full resnet18 ...] [--calibration 4] [--out FILE]
+
+Models run in their reduced configs unless named in --full (full-size simulation of the larger
+models takes far longer than a benchmark run should).  int8 calibrates on --calibration batches
+of fresh random inputs and is measured on the zoo's own example input.  Target: cosine >= 0.99 for
+the CNNs.  Writes experiments/results/bench_int8.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from stagec import zoo
+from stagec.precision import calibration_batches, run_precision
+
+CNNS = ("resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0")
+DEFAULT_FULL = ("resnet18", "mobilenet_v2")
+
+
+def bench(name: str, full: bool, n_calibration: int) -> dict:
+    model, args, kwargs = zoo.build(name, reduced=not full)
+    with torch.no_grad():
+        ref = model(*args, **kwargs)
+    t = time.perf_counter()
+    int8 = run_precision(model, args, kwargs, "int8", calibration=calibration_batches(args, kwargs, n_calibration),
+                         reference=ref)
+    int8_s = time.perf_counter() - t
+    fp32 = run_precision(model, args, kwargs, "fp32", reference=ref)
+    return {"model": name, "size": "full" if full else "reduced", "int8": int8.to_dict(), "fp32": fp32.to_dict(),
+            "dram_ratio": int8.dram_bytes / fp32.dram_bytes, "cycles_ratio": int8.cycles / fp32.cycles,
+            "energy_ratio": int8.energy_uj / fp32.energy_uj, "int8_compile_and_simulate_s": int8_s,
+            "cosine_target_met": int8.cosine >= 0.99 if name in CNNS else None}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("models", nargs="*", default=list(zoo.ZOO))
+    parser.add_argument("--full", nargs="*", default=list(DEFAULT_FULL), help="models to run full-size")
+    parser.add_argument("--calibration", type=int, default=4, help="calibration batches")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_int8.json"))
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    header = (f"{'model':<21} {'size':<7} {'DRAM MB int8':>12} {'fp32':>8} {'ratio':>6} {'Mcycles int8':>12} "
+              f"{'fp32':>7} {'ratio':>6} {'energy uJ int8':>14} {'fp32':>9} {'ratio':>6} {'cosine':>8} {'rel err':>8}")
+    print(header, flush=True)
+    rows = []
+    for name in args.models:
+        try:
+            r = bench(name, name in args.full, args.calibration)
+        except Exception as e:   # one model's failure is a row of the table, not the end of the run
+            rows.append({"model": name, "size": "full" if name in args.full else "reduced",
+                         "error": f"{type(e).__name__}: {e}"})
+            print(f"{name:<21} FAILED {rows[-1]['error'][:200]}", flush=True)
+            continue
+        rows.append(r)
+        i8, f32 = r["int8"], r["fp32"]
+        print(f"{name:<21} {r['size']:<7} {i8['dram_bytes'] / 1e6:>12.2f} {f32['dram_bytes'] / 1e6:>8.2f} "
+              f"{r['dram_ratio']:>6.2f} {i8['cycles'] / 1e6:>12.3f} {f32['cycles'] / 1e6:>7.3f} "
+              f"{r['cycles_ratio']:>6.2f} {i8['energy_uj']:>14.1f} {f32['energy_uj']:>9.1f} "
+              f"{r['energy_ratio']:>6.2f} {i8['cosine']:>8.5f} {i8['max_rel_err']:>8.2e}", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": platform.platform(), "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

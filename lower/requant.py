@@ -1,0 +1,51 @@
+"""Requantization parameters: a positive real scale as REQUANT's fixed-point multiplier and shift.
+
+A real multiplier M > 0 is M = (multiplier / 2**31) * 2**shift with a Q31 multiplier in
+[2**30, 2**31) (TFLite's QuantizeMultiplier), so that isa REQUANT computes
+round(x * M) + zero point.  Records are int32 [..., 4]: (multiplier, shift, zero point, 0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .graph_ir import RECORD_WORDS
+
+MAX_SHIFT = 30     # a larger multiplier saturates every nonzero input: a compiler bug, not a scale
+MIN_SHIFT = -31    # a smaller one rounds every int32 input to 0
+
+
+def quantize_multiplier(real: float, where: str = "") -> tuple[int, int]:
+    """(Q31 multiplier, shift) of a positive finite real multiplier; multipliers below 2**-32 are (0, 0)."""
+    real = float(real)
+    if not (real > 0 and math.isfinite(real)):
+        raise ValueError(f"{where or 'requantization'}: the scale ratio must be positive and finite, got {real} "
+                         f"(a zero scale comes from a tensor that was all zeros in calibration)")
+    mantissa, shift = math.frexp(real)          # real = mantissa * 2**shift, mantissa in [0.5, 1)
+    multiplier = round(mantissa * 2**31)
+    if multiplier == 2**31:                     # the mantissa rounded up to 1.0
+        multiplier, shift = 2**30, shift + 1
+    if shift > MAX_SHIFT:
+        raise ValueError(f"{where or 'requantization'}: scale ratio {real:g} is too large to requantize (>= 2**30)")
+    if shift < MIN_SHIFT:
+        return 0, 0
+    return multiplier, shift
+
+
+def records(reals, where: str = "", zero_point: int = 0) -> np.ndarray:
+    """REQUANT records, int32 [*reals.shape, 4], of an array of real multipliers."""
+    reals = np.asarray(reals, np.float64)
+    out = np.zeros(reals.shape + (RECORD_WORDS,), np.int32)
+    for idx in np.ndindex(*reals.shape):
+        out[idx] = (*quantize_multiplier(reals[idx], where), zero_point, 0)
+    return out
+
+
+# Float -> int8 in three vector steps: y = x * (256 / scale); to_i32 (truncates); REQUANT by exactly
+# 1/256 (multiplier 2**31 - 1 is the identity on |v| < 2**30, then a rounding shift right by 8).
+# Truncating 256 y loses less than 1/256, which never moves it across a rounding tie (ties sit on
+# multiples of 1/2), so the result is round-half-away-from-zero(y / 256), saturated.
+QUANTIZE_FRACTION_BITS = 8
+QUANTIZE_RECORD = np.array([2**31 - 1, -QUANTIZE_FRACTION_BITS, 0, 0], np.int32)

@@ -1,0 +1,198 @@
+"""An independent integer reference for quantized graphs: plain numpy, int64 arithmetic.
+
+The simulator must match it bit for bit on integer work.  Nothing here comes from
+the simulator, `isa.semantics` or `lower.evaluate`: convolutions are sums of
+shifted int64 products, requantization is gemmlowp's
+MultiplyByQuantizedMultiplier written out from its definition, and fp32 steps
+are numpy float32 operations (single IEEE roundings: the QUANTIZE multiply and
+the DEQUANTIZE multiply are exact matches; transcendental fp32 islands such as
+softmax and GELU can differ from the simulator's in the last bits).
+
+Integer values are held in int64; a value typed int32 that leaves int32's range
+raises (the hardware would wrap), it is never wrapped or clipped here.
+
+>>> from stagec.compiler import build_graph  # doctest: +SKIP
+>>> traced, graph = build_graph(model, args, quantize="int8")  # doctest: +SKIP
+>>> outputs = run(graph, [x.numpy() for x in args])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from stagec.lower.graph_ir import Graph, Node, OpKind
+
+INT32 = (-(2**31), 2**31 - 1)
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def high_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """gemmlowp SaturatingRoundingDoublingHighMul: round(a * b / 2**31), ties away from zero (as C
+    integer division after a +-2**30 nudge), INT32_MIN * INT32_MIN saturating to INT32_MAX."""
+    ab = a.astype(np.int64) * b.astype(np.int64)
+    num = ab + np.where(ab >= 0, 2**30, 1 - 2**30)
+    quotient = np.sign(num) * (np.abs(num) // 2**31)   # C division truncates toward zero
+    return np.where((a == INT32[0]) & (b == INT32[0]), INT32[1], quotient)
+
+
+def rounding_shift_right(x: np.ndarray, exponent: np.ndarray) -> np.ndarray:
+    """gemmlowp RoundingDivideByPOT: x / 2**exponent rounded to nearest, ties away from zero."""
+    mask = (np.int64(1) << exponent) - 1
+    remainder = x & mask
+    threshold = (mask >> 1) + (x < 0)
+    return (x >> exponent) + (remainder > threshold)
+
+
+def requantize(x: np.ndarray, record: np.ndarray) -> np.ndarray:
+    """int32 x to int8 by a record (Q31 multiplier, shift, zero point, 0): TFLite's
+    MultiplyByQuantizedMultiplier (a left shift that saturates to int32, as 32-bit hardware's),
+    plus the zero point, saturated to [-128, 127]."""
+    multiplier, shift, zero_point = (record[..., i].astype(np.int64) for i in range(3))
+    left, right = np.maximum(shift, 0), np.maximum(-shift, 0)
+    shifted = np.clip(x.astype(np.int64) * (np.int64(1) << left), *INT32)
+    y = rounding_shift_right(high_mul(shifted, multiplier), right) + zero_point
+    return np.clip(y, -128, 127).astype(np.int8)
+
+
+def _to_i32(x: np.ndarray) -> np.ndarray:
+    """float -> int32: truncate toward zero, saturate, NaN -> 0."""
+    x = np.nan_to_num(np.trunc(x.astype(np.float64)), nan=0.0)
+    return np.clip(x, *INT32).astype(np.int64)
+
+
+def _f32(fn):
+    return lambda *xs: fn(*xs).astype(np.float32)
+
+
+def _cmp(fn):
+    return lambda a, b: fn(a, b).astype(a.dtype)
+
+
+STEPS = {
+    "copy": lambda x: x, "neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0).astype(x.dtype),
+    "exp": np.exp, "log": np.log, "recip": lambda x: np.float32(1) / x,
+    "rsqrt": lambda x: np.float32(1) / np.sqrt(x), "sqrt": np.sqrt, "tanh": np.tanh,
+    "erf": _f32(lambda x: _erf(x.astype(np.float64))),
+    "sigmoid": lambda x: np.float32(1) / (np.float32(1) + np.exp(-x)),
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum,
+    "cmp_gt": _cmp(np.greater), "cmp_ge": _cmp(np.greater_equal), "cmp_eq": _cmp(np.equal),
+    "cmp_ne": _cmp(np.not_equal), "select": lambda p, f, t: np.where(p != 0, t, f),
+    "to_f32": lambda x: x.astype(np.float32), "to_i32": _to_i32, "requant": requantize,
+}
+
+
+def _held(x: np.ndarray, dtype: str, where: str) -> np.ndarray:
+    """x held as `dtype`'s reference type: float32, int8, or int64 within int32's range."""
+    if dtype == "float32":
+        return np.asarray(x, np.float32)
+    if dtype == "int8":
+        if x.dtype != np.int8 and (x.min(initial=0) < -128 or x.max(initial=0) > 127):
+            raise OverflowError(f"{where}: an int8 value out of range")
+        return np.asarray(x, np.int8)
+    if x.size and (x.min() < INT32[0] or x.max() > INT32[1]):
+        raise OverflowError(f"{where}: an int32 value out of range ({x.min()}..{x.max()}); the hardware would wrap")
+    return np.asarray(x, np.int64)
+
+
+def eval_expr(expr, inputs, where: str):
+    values = list(inputs)
+    for step in expr:
+        args = [values[a] for a in step.args]
+        if step.func not in ("to_f32", "to_i32", "requant", "select") and any(a.dtype == np.float32 for a in args):
+            args = [a.astype(np.float32) for a in args]   # int operands meet floats only in converted form
+        values.append(STEPS[step.func](*args))
+    return values[-1]
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float64) if x.dtype == np.float32 else x.astype(np.int64)
+
+
+def _conv(node: Node, x, w, *extras):
+    (pt, pb), (pl, pr) = node.attr("padding")
+    (sh, sw), (dh, dw), g = node.attr("stride"), node.attr("dilation"), node.attr("groups")
+    n, c, _, _ = x.shape
+    o, cg, kh, kw = w.shape
+    oh, ow = node.output.shape[2:]
+    xp = np.pad(_wide(x), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    wg = _wide(w).reshape(g, o // g, cg, kh, kw)
+    acc = np.zeros((n, g, o // g, oh, ow), xp.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+            acc += np.einsum("ngchw,goc->ngohw", patch.reshape(n, g, cg, oh, ow), wg[..., i, j])
+    return _epilogue(node, acc.reshape(n, o, oh, ow), extras)
+
+
+def _matmul(node: Node, a, b, *extras):
+    return _epilogue(node, np.matmul(_wide(a), _wide(b)), extras)
+
+
+def _epilogue(node: Node, acc, extras):
+    acc = acc.astype(np.float32) if acc.dtype == np.float64 else acc
+    expr = node.attr("epilogue")
+    return eval_expr(expr, [acc, *extras], node.name) if expr else acc
+
+
+def _pool(node: Node, x):
+    is_max = node.attr("func") == "max"
+    lead = x.ndim - 2
+    fill = (-np.inf if x.dtype == np.float32 else np.iinfo(x.dtype).min) if is_max else 0
+    xp = np.pad(_wide(x), ((0, 0),) * lead + tuple(node.attr("padding")), constant_values=fill)
+    (kh, kw), (sh, sw), (dh, dw) = node.attr("window"), node.attr("strides"), node.attr("dilation")
+    oh, ow = node.output.shape[-2:]
+    taps = [xp[..., i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+            for i in range(kh) for j in range(kw)]
+    return np.max(taps, axis=0) if is_max else np.sum(taps, axis=0)
+
+
+def _reduce(node: Node, x):
+    fn = {"sum": np.sum, "max": np.max, "min": np.min}[node.attr("func")]
+    return fn(_wide(x) if node.attr("func") == "sum" else x, axis=node.attr("axes"))
+
+
+def _broadcast(node: Node, x):
+    shape = [1] * len(node.output.shape)
+    for d, axis in zip(x.shape, node.attr("dims"), strict=True):
+        shape[axis] = d
+    return np.broadcast_to(x.reshape(shape), node.output.shape)
+
+
+def _slice(node: Node, x):
+    return x[tuple(slice(a, b, s) for a, b, s in zip(node.attr("start"), node.attr("limit"),
+                                                      node.attr("step") or (1,) * x.ndim, strict=True))]
+
+
+RULES = {
+    OpKind.CONV: _conv,
+    OpKind.MATMUL: _matmul,
+    OpKind.ELEMENTWISE: lambda n, *xs: eval_expr(n.attr("expr"), xs, n.name),
+    OpKind.REDUCE: _reduce,
+    OpKind.POOL: _pool,
+    OpKind.BROADCAST: _broadcast,
+    OpKind.RESHAPE: lambda n, x: x.reshape(n.output.shape),
+    OpKind.TRANSPOSE: lambda n, x: x.transpose(n.attr("perm")),
+    OpKind.SLICE: _slice,
+    OpKind.PAD: lambda n, x: np.pad(x, tuple(zip(n.attr("lo"), n.attr("hi"), strict=True)),
+                                    constant_values=n.attr("value")),
+    OpKind.CONCAT: lambda n, *xs: np.concatenate(xs, n.attr("axis")),
+    OpKind.GATHER: lambda n, table, idx: np.take(table, idx, axis=0),
+}
+
+
+def run(graph: Graph, inputs, keep: bool = False):
+    """The graph's outputs on `inputs` (its flat input arrays); with `keep`, also {value id: array}
+    of every value, so tests can compare intermediate int8 tensors."""
+    env = {vid: _held(np.asarray(a), str(a.dtype) if str(a.dtype) in ("int8", "float32") else "int32", f"%{vid}")
+           for vid, a in graph.constants.items()}
+    for v, a in zip(graph.inputs, inputs, strict=True):
+        env[v.id] = _held(np.asarray(a), v.dtype, f"input %{v.id}")
+    for node in graph.nodes:
+        rule = RULES.get(node.op)
+        if rule is None:
+            raise NotImplementedError(f"int8 reference: no rule for {node.op.value} ({node.name})")
+        env[node.output.id] = _held(rule(node, *[env[v.id] for v in node.inputs]), node.output.dtype, node.name)
+    outputs = [env[v.id] for v in graph.outputs]
+    return (outputs, env) if keep else outputs
