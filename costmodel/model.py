@@ -81,9 +81,10 @@ jax.tree_util.register_dataclass(LayerCost, data_fields=[f.name for f in fields(
 
 
 def _problem(L: LayerShape):
-    """The attributes lower.schedule's footprints read, from a LayerShape."""
+    """The attributes lower.schedule's footprints read, from a LayerShape (an fp32 layer: no int8
+    halos widened to int32)."""
     return SimpleNamespace(stride=(L.stride_h, L.stride_w), dilation=(L.dilation_h, L.dilation_w), kh=L.kh,
-                           kw=L.kw, c=L.c, o=L.o)
+                           kw=L.kw, c=L.c, o=L.o, widened=False)
 
 
 def _tile_sum(f, *dims):

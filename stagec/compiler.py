@@ -94,6 +94,9 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     hw = hw or HardwareConfig()
     if not isinstance(hw, HardwareConfig):
         raise TypeError(f"hw must be a HardwareConfig, not {type(hw).__name__}")
+    if tune is not None and quantize is not None:
+        raise ValueError("tune with quantize: the cost model (stagec.costmodel) models fp32 layers only; "
+                         "tune the fp32 model or pass int8 mappings=")
     out = _Dump(dump)
     traced, graph = build_graph(model_or_fn, example_args, kwargs=kwargs, fuse=fuse, quantize=quantize,
                                 calibration=calibration, percentile=percentile, out=out)
