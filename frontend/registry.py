@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from stagec.rule_tables import registrar
+
 aten = torch.ops.aten
 ATEN_RULES: dict[object, Callable] = {}
 
@@ -42,12 +44,7 @@ def to_numpy(x) -> np.ndarray:
     return array.astype(narrow)
 
 
-def register(*ops):
-    def wrap(fn):
-        for op in ops:
-            ATEN_RULES[op] = fn
-        return fn
-    return wrap
+register = registrar(ATEN_RULES)
 
 
 def register_table(table: dict) -> None:

@@ -378,7 +378,7 @@ class DataflowWalk:
         """Conflicts of instruction i: latest conflicting index per queue (4 entries), -1 none."""
         q = int(self.queue[i])
         needs = [-1, -1, -1, -1]
-        mems = self.mem_of
+        mems, queue = self.mem_of, self.queue_list
         for k, write, space, g0, g1, dense in self.entries[self.first[i]:self.first[i + 1]]:
             mem = mems[space]
             if not write:
@@ -420,7 +420,6 @@ class DataflowWalk:
                         needs[r] = max(needs[r], int(np.asarray(mem.view(mem.last_read[r], a, i)).max()))
                 mem.view(mem.writer, a, i)[...] = i
                 mem.runs.forget(g0, g1)
-            queue = self.queue_list
             for w in writers:
                 if w >= 0 and w > needs[queue[w]]:
                     needs[queue[w]] = w

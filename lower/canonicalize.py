@@ -14,6 +14,8 @@ from types import MappingProxyType
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Literal
 
+from stagec.rule_tables import registrar
+
 from .fold import fold
 from .graph_ir import Graph, Node, OpKind, Step, Value, expr_dtype, storage_dtype
 
@@ -74,12 +76,7 @@ class GraphBuilder:
 RULES = {}
 
 
-def rule(*names):
-    def wrap(fn):
-        for name in names:
-            RULES[name] = fn
-        return fn
-    return wrap
+rule = registrar(RULES)
 
 
 def canonicalize(closed: ClosedJaxpr) -> Graph:

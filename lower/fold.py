@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from stagec.rule_tables import registrar
+
 FOLDS = {}
 
 
-def fold_rule(*names):
-    def wrap(fn):
-        for name in names:
-            FOLDS[name] = fn
-        return fn
-    return wrap
+fold_rule = registrar(FOLDS)
 
 
 _ELEMENTWISE = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum,

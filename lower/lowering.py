@@ -17,6 +17,7 @@ import numpy as np
 from stagec.isa.config import HardwareConfig
 from stagec.isa.instructions import DType, Operand, encode
 from stagec.isa.program import Layer, Program, Region, RegionKind, TensorRef
+from stagec.rule_tables import registrar
 
 from .emitter import Emitter
 from .graph_ir import RECORD_WORDS, Graph, Node, OpKind, Value, record_inputs
@@ -32,12 +33,7 @@ from .window import emit_window
 LOWERINGS: dict[OpKind, Callable[[LowerContext, Node], None]] = {}
 
 
-def register(*ops):
-    def wrap(fn):
-        for op in ops:
-            LOWERINGS[op] = fn
-        return fn
-    return wrap
+register = registrar(LOWERINGS)
 
 
 @dataclass

@@ -26,6 +26,8 @@ from types import MappingProxyType
 
 import numpy as np
 
+from stagec.rule_tables import registrar
+
 from .graph_ir import Graph, Node, OpKind, Step, Value
 from .requant import QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, records
 
@@ -126,12 +128,7 @@ class _Rewriter:
 QUANT_RULES = {}
 
 
-def register(*ops):
-    def deco(fn):
-        for op in ops:
-            QUANT_RULES[op] = fn
-        return fn
-    return deco
+register = registrar(QUANT_RULES)
 
 
 def quantize_weights(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
