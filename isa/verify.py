@@ -19,7 +19,6 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from .access import Access, accesses, dense_patterns, element_offsets
 from .instructions import (
@@ -305,34 +304,19 @@ class _Memory:
         self.last_read = np.full((4, size), -1, np.int32)
         self.readers: set[int] = set()   # queues that ever read this memory
 
-    def view(self, arr: np.ndarray, a: Access, i: int):
-        """`arr` (one value per granule) restricted to the granules access `a` of instruction i
-        touches, as a strided view (no index arrays)."""
-        per = int(a.itemsize[i]) // self.granule
-        start = (int(a.base[i]) - self.base) // self.granule
-        dims = [int(d) for d in a.dims[i]] + ([per] if per > 1 else [])
-        strides = [int(s) * per for s in a.strides[i]] + ([1] if per > 1 else [])
-        shape = [d for d, s in zip(dims, strides, strict=True) if d > 1]
-        steps = [s for d, s in zip(dims, strides, strict=True) if d > 1]
-        if any(s < 0 for s in steps):   # a pattern walking backwards: index it
-            idx = start + sum(np.arange(d).reshape([-1] + [1] * (len(shape) - k - 1)) * s
-                              for k, (d, s) in enumerate(zip(shape, steps, strict=True)))
-            return _Indexed(arr, idx)
-        base = arr[start:]
-        return as_strided(base, shape, [s * base.strides[0] for s in steps], writeable=True)
 
 
-class _Indexed:
-    """Fancy-indexed stand-in for a strided view (backward patterns only)."""
-
-    def __init__(self, arr, idx):
-        self.arr, self.idx = arr, idx
-
-    def __array__(self, dtype=None, copy=None):
-        return np.asarray(self.arr[self.idx], dtype)
-
-    def __setitem__(self, key, value):
-        self.arr[self.idx] = value
+def _granule_views(a: Access, granule: dict, base: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per instruction, the (shape, byte strides, byte offset) that view a per-granule int32 array
+    as the granules access `a` touches: the pattern's dims and then the granules of one element.
+    np.ndarray over the memory array takes them as they are (negative strides too) and checks
+    the bounds, at a tenth of as_strided's cost: the walk builds one such view per non-trivial access."""
+    gran = np.array([granule[s] for s in Space])[a.space]
+    per = a.itemsize // gran
+    shape = np.concatenate([a.dims, per[:, None]], 1)
+    strides = np.concatenate([a.strides * per[:, None], np.ones((len(per), 1), np.int64)], 1) * 4
+    offset = (a.base - np.array([base[s] for s in Space])[a.space]) // gran * 4
+    return shape, strides, offset
 
 
 class DataflowWalk:
@@ -370,6 +354,7 @@ class DataflowWalk:
         table = np.concatenate(parts) if parts else np.zeros((0, 7), np.int64)
         table = table[np.lexsort((table[:, 2], table[:, 0]))]
         self.accs = accs
+        self.geometry = [_granule_views(a, self.granule, {s: m.base for s, m in self.mems.items()}) for a in accs]
         self.entries = table[:, 1:].tolist()
         self.first = np.searchsorted(table[:, 0], np.arange(n + 1)).tolist()
         self.producer = {slot: np.full(n, -1, np.int64) for slot in "xyz"}
@@ -379,6 +364,7 @@ class DataflowWalk:
         q = int(self.queue[i])
         needs = [-1, -1, -1, -1]
         mems, queue = self.mem_of, self.queue_list
+        # A DRAM write's earlier writers are STOREs, on its own queue (in order already): they go unlisted.
         for k, write, space, g0, g1, dense in self.entries[self.first[i]:self.first[i + 1]]:
             mem = mems[space]
             if not write:
@@ -390,19 +376,19 @@ class DataflowWalk:
                     # reader that may have touched its bytes), at worst one token more than needed.
                     mem.last_read[q, g0:g1] = i
                 else:
-                    a = self.accs[k]
-                    w = np.asarray(mem.view(mem.writer, a, i))
+                    w = self._view(mem.writer, k, i)
                     lo, hi = int(w.min()), int(w.max())
                     if lo == -1 or (lo < -1 < hi and (w == -1).any()):
+                        a = self.accs[k]
                         raise VerificationError(f"reads {_NAMES[Space(space)]} byte "
                                                 f"{self._unwritten(a, i, mem):#x}, which nothing wrote", i, a.operand)
                     # only STOREs write DRAM, so its latest writer is the one to wait for
                     writers = (lo,) if lo == hi else (hi,) if space == Space.DRAM else np.unique(w).tolist()
-                    mem.view(mem.last_read[q], a, i)[...] = i
+                    self._view(mem.last_read[q], k, i)[...] = i
                 if space != Space.DRAM:
                     self.producer[self.accs[k].operand][i] = writers[0] if len(writers) == 1 else MULTIPLE
             elif dense:
-                writers = mem.runs.covering(g0, g1)
+                writers = () if space == Space.DRAM else mem.runs.covering(g0, g1)
                 if writers is None:
                     writers = np.unique(mem.writer[g0:g1]).tolist()
                 if mem.readers:
@@ -412,19 +398,23 @@ class DataflowWalk:
                 mem.writer[g0:g1] = i
                 mem.runs.assign(g0, g1, i)
             else:
-                a = self.accs[k]
-                w = np.asarray(mem.view(mem.writer, a, i))
-                writers = (int(w.max()),) if space == Space.DRAM else np.unique(w).tolist()
+                w = self._view(mem.writer, k, i)
+                writers = () if space == Space.DRAM else np.unique(w).tolist()
                 for r in mem.readers:
                     if r != q:
-                        needs[r] = max(needs[r], int(np.asarray(mem.view(mem.last_read[r], a, i)).max()))
-                mem.view(mem.writer, a, i)[...] = i
+                        needs[r] = max(needs[r], int(self._view(mem.last_read[r], k, i).max()))
+                w[...] = i
                 mem.runs.forget(g0, g1)
             for w in writers:
                 if w >= 0 and w > needs[queue[w]]:
                     needs[queue[w]] = w
         needs[q] = -1   # same queue: in order
         return needs
+
+    def _view(self, arr: np.ndarray, k: int, i: int) -> np.ndarray:
+        """`arr` (one int32 per granule) restricted to what access k of instruction i touches."""
+        shape, strides, offset = self.geometry[k]
+        return np.ndarray(shape[i].tolist(), np.int32, arr, int(offset[i]), strides[i].tolist())
 
     def result(self) -> Dataflow:
         return Dataflow(queue=self.queue, producer=self.producer, granule=self.granule)

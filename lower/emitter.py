@@ -39,16 +39,17 @@ ACC_DTYPE = {DType.F32: DType.F32, DType.I8: DType.I32}   # a MATMUL's operand t
 class ConstPool:
     """The constant blob: arrays placed once each (per layout), 64-byte aligned."""
 
-    chunks: list[bytes] = field(default_factory=list)
+    chunks: list = field(default_factory=list)   # byte views of the arrays and their padding
     size: int = 0
     _placed: dict = field(default_factory=dict)
 
     def place(self, key, array: np.ndarray) -> int:
         if key not in self._placed:
-            data = np.ascontiguousarray(array).tobytes()
+            # A byte view, not tobytes(): blob() then copies a model's weights once, not three times.
+            data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
             self._placed[key] = self.size
-            self.chunks.append(data + b"\0" * (align(len(data)) - len(data)))
-            self.size += align(len(data))
+            self.chunks += [data, bytes(align(data.size) - data.size)]
+            self.size += align(data.size)
         return self._placed[key]
 
     def tensor(self, key, array: np.ndarray, order=None) -> DramTensor:

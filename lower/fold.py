@@ -108,6 +108,8 @@ def fold(eqn, ins) -> list[np.ndarray]:
             pass
         else:
             aval = eqn.outvars[0].aval
-            return [np.array(out, aval.dtype, order="C").reshape(aval.shape)]
+            # A view where numpy gives one (a folded weight transpose): the constant pool copies each
+            # constant once, in the order its lowering streams, so copying here would only add a pass.
+            return [np.asarray(out, aval.dtype).reshape(aval.shape)]
     outs = eqn.primitive.bind(*ins, **eqn.params)
     return [np.asarray(o) for o in (outs if eqn.primitive.multiple_results else [outs])]

@@ -219,7 +219,8 @@ def _fold_node(node: Node, consts):
     # Folding changes the accumulator; nothing after may read it or a value folded on the way.
     if used == 0 or any(a < n_in + used and a != cur and a >= n_in or a == 0 for s in rest for a in s.args):
         return None
-    wv = np.asarray(consts[w.id], np.float32)
-    w_new = wv * (scale.reshape(-1, 1, 1, 1) if node.op == OpKind.CONV else scale)
+    w_new = np.asarray(consts[w.id], np.float32)
+    if (scale != 1).any():   # a bias alone (every linear layer) leaves the weights as they are: no copy
+        w_new = w_new * (scale.reshape(-1, 1, 1, 1) if node.op == OpKind.CONV else scale)
     bias = shift.reshape((1, -1, 1, 1) if node.op == OpKind.CONV else (-1,)) if shift.any() else None
-    return w_new.astype(np.float32), bias, used, cur
+    return w_new, bias, used, cur
