@@ -29,6 +29,7 @@ record (multiplier, shift, zero point, 0) per element.
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -101,6 +102,11 @@ class Graph:
     outputs: tuple[Value, ...]
     nodes: tuple[Node, ...]
     constants: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # Value.id -> ndarray
+
+    def fresh_ids(self) -> itertools.count:
+        """Value ids no value of this graph has, for a pass's new values."""
+        return itertools.count(1 + max([v.id for n in self.nodes for v in (*n.inputs, n.output)]
+                                       + [v.id for v in self.inputs] + list(self.constants)))
 
     def __str__(self) -> str:
         lines = [f"graph({', '.join(f'{v}: {_ty(v)}' for v in self.inputs)}) {{"]

@@ -143,7 +143,7 @@ def fold_affine(graph: Graph) -> Graph:
     """Per-channel scales and shifts leading a CONV/MATMUL epilogue fold into its constant
     weights and one bias (batch norm in inference disappears into the convolution)."""
     consts = dict(graph.constants)
-    next_id = max([v.id for n in graph.nodes for v in (*n.inputs, n.output)] + [v.id for v in graph.inputs]) + 1
+    ids = graph.fresh_ids()
     nodes = []
     for node in graph.nodes:
         folded = _fold_node(node, consts) if node.op in MATRIX_OPS else None
@@ -152,14 +152,12 @@ def fold_affine(graph: Graph) -> Graph:
             continue
         w_new, bias, used, cur = folded
         expr, n_in = node.attr("epilogue"), len(node.inputs) - 1
-        new_w = Value(next_id, node.inputs[1].shape)
+        new_w = Value(next(ids), node.inputs[1].shape)
         consts[new_w.id] = w_new
-        next_id += 1
         inputs, steps = [node.output] + list(node.inputs[2:]), []   # input 0: the accumulator placeholder
         if bias is not None:
-            b = Value(next_id, bias.shape)
+            b = Value(next(ids), bias.shape)
             consts[b.id] = bias
-            next_id += 1
             inputs.append(b)
             steps.append(Step("add", (0, n_in)))
         n_new, lead = len(inputs), len(steps)

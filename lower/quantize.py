@@ -53,16 +53,14 @@ class _Rewriter:
         self.graph, self.amax = graph, amax
         self.consts = dict(graph.constants)
         self.names = {n.output.id: n.name for n in graph.nodes}
-        self.next_id = 1 + max([v.id for n in graph.nodes for v in (*n.inputs, n.output)]
-                               + [v.id for v in graph.inputs] + list(graph.constants))
+        self.ids = graph.fresh_ids()
         self.nodes: list[Node] = []
         self.int8: dict[int, Value] = {}     # original value id -> its int8 version
         self.fp32: dict[int, Value] = {v.id: v for v in graph.inputs}   # original id -> its fp32 version
         self.scales: dict[int, float] = {}   # int8 value id -> scale
 
     def fresh(self, shape, dtype: str = "float32") -> Value:
-        self.next_id += 1
-        return Value(self.next_id - 1, tuple(shape), dtype)
+        return Value(next(self.ids), tuple(shape), dtype)
 
     def const(self, array: np.ndarray) -> Value:
         v = self.fresh(array.shape, str(array.dtype))

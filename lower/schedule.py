@@ -134,7 +134,8 @@ def footprint(kind: str, p: ConvProblem, m: TileMapping, extras=(0, 0)) -> tuple
 
 
 def _pick(p: ConvProblem, g: dict, spad: np.ndarray, acc: np.ndarray, cost: np.ndarray, hw: HardwareConfig,
-          layer: str, resident=None) -> TileMapping:
+          layer: str, resident=None, with_cost: bool = False):
+    """The cheapest candidate that fits, as a TileMapping (and its estimated cost, `with_cost`)."""
     ok = fits(p, spad, acc, g["th"], g["tw"], hw)
     if not ok.any():
         k = int(np.argmin(spad + acc))
@@ -142,18 +143,19 @@ def _pick(p: ConvProblem, g: dict, spad: np.ndarray, acc: np.ndarray, cost: np.n
                           f"(have {hw.scratchpad_bytes}) and {int(acc[k])} bytes of accumulator "
                           f"(have {hw.accumulator_bytes})")
     k = int(np.flatnonzero(ok)[np.argmin(cost[ok])])
-    return TileMapping(int(g["th"][k]), int(g["tw"][k]), int(g["to"][k]), int(g["tc"][k]), bool(g["db"][k]),
-                       bool(resident[k]) if resident is not None else False)
+    m = TileMapping(int(g["th"][k]), int(g["tw"][k]), int(g["to"][k]), int(g["tc"][k]), bool(g["db"][k]),
+                    bool(resident[k]) if resident is not None else False)
+    return (m, float(cost[k])) if with_cost else m
 
 
 def _dma_cycles(hw: HardwareConfig, count, nbytes):
     return count * hw.dma_latency_cycles + nbytes / hw.dma_bandwidth_bytes_per_cycle
 
 
-def map_conv(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), layer: str = "conv") -> TileMapping:
+def map_conv(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), layer: str = "conv", with_cost: bool = False):
     """Default mapping on the matrix unit: the candidate tiling (sizes from a small grid per dim)
-    that fits and minimizes an analytic estimate: the busiest of array, DMA and vector unit,
-    plus a small charge per instruction."""
+    that fits and minimizes an analytic estimate in cycles: the busiest of array, DMA and vector
+    unit, plus a small charge per instruction (`with_cost`: (mapping, that estimate))."""
     fold = p.kw if p.dilation[1] == 1 else 1   # MATMUL's k covers a kernel row: kw * tc <= the count limit
     g = _grid(th=_sizes(p.oh), tw=_sizes(p.ow), to=_sizes(p.o), tc=_sizes(p.c, MAX_HALO // fold),
               db=np.array([1, 0]), res=np.array([1, 0]))
@@ -183,12 +185,13 @@ def map_conv(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), layer: str = "co
     instructions = n_mm + halo_loads + w_loads + tiles_out * (1 + 2 * extras[0])
     # double buffering overlaps the DMA with the array; single buffering serializes them
     cost = np.where(db == 1, np.maximum(mm, dma), mm + dma) + 8.0 * instructions
-    return _pick(p, g, spad, acc, cost, hw, layer, res)
+    return _pick(p, g, spad, acc, cost, hw, layer, res, with_cost)
 
 
 def map_window(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), weighted: bool = True,
-               layer: str = "window") -> TileMapping:
-    """Default mapping of depthwise conv / pooling on the vector unit (channels as lanes)."""
+               layer: str = "window", with_cost: bool = False):
+    """Default mapping of depthwise conv / pooling on the vector unit (channels as lanes), ranked
+    as map_conv ranks its candidates."""
     g = _grid(th=_sizes(p.oh), tw=_sizes(p.ow), to=_sizes(p.o), tc=np.array([1]), db=np.array([1, 0]))
     th, tw, to, db = g["th"], g["tw"], g["to"], g["db"]
     spad, acc = window_footprint(p, th, tw, to, db, extras, weighted)
@@ -199,7 +202,7 @@ def map_window(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), weighted: bool
     vec = tiles_out * p.kh * p.kw * -(-(th * tw * to) // hw.vector_lanes)
     dma = _dma_cycles(hw, tiles_out * (2 + extras[0]), tiles_out * (ih * iw * to * FP32 + (1 + extras[0]) * out_tile))
     cost = np.where(db == 1, np.maximum(vec, dma), vec + dma) + 8.0 * tiles_out * (2 + p.kh * p.kw)
-    return _pick(p, g, spad, acc, cost, hw, layer)
+    return _pick(p, g, spad, acc, cost, hw, layer, with_cost=with_cost)
 
 
 def map_vector(shape: tuple[int, ...], operands: int, hw: HardwareConfig, layer: str = "vector",

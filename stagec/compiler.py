@@ -14,6 +14,7 @@ from stagec.lower.calibrate import calibrate
 from stagec.lower.canonicalize import canonicalize
 from stagec.lower.layout import assign_layout
 from stagec.lower.lowering import lower_to_program
+from stagec.lower.pack import pack_depthwise
 from stagec.lower.passes import dce, fold_affine, fuse_elementwise, fuse_epilogues
 from stagec.lower.quantize import quantize as quantize_graph
 from stagec.lower.schedule import make_schedule
@@ -30,7 +31,9 @@ QUANTIZE_STAGES = (   # quantize="int8" only; _quantize runs them
     "quantize",          # int8 CONV/MATMUL, QUANTIZE/DEQUANTIZE at the fp32 islands' boundaries
     "fuse_quantized",    # the boundaries -> their neighbours' expressions and epilogues
 )
-STAGES = ("jaxpr", "graph", *(name for name, _ in GRAPH_PASSES), *QUANTIZE_STAGES, "layout", "schedule", "program")
+STAGES = ("jaxpr", "graph", *(name for name, _ in GRAPH_PASSES), *QUANTIZE_STAGES,
+          "pack",   # depthwise convs that run cheaper packed on the array -> grouped convs (lower.pack)
+          "layout", "schedule", "program")
 QUANTIZE_MODES = (None, "int8")
 
 
@@ -101,6 +104,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     traced, graph = build_graph(model_or_fn, example_args, kwargs=kwargs, fuse=fuse, quantize=quantize,
                                 calibration=calibration, percentile=percentile, out=out)
     closed = traced.closed
+    graph = pack_depthwise(graph, hw, keep=frozenset(mappings or ()))
+    out("pack", graph)
     if tune is not None:
         from .tuning import DEFAULT_SETTINGS, TuneSettings, tune_graph
         if tune != "gradient" and not isinstance(tune, TuneSettings):

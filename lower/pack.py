@@ -1,0 +1,68 @@
+"""Depthwise convolutions on the array by channel packing, where that is cheaper than the vector unit.
+
+A depthwise conv runs by default on the vector unit (lower.window: channels as lanes).  Packed,
+it runs on the systolic array as a grouped conv of C/G groups, each G channels in and G out with
+block-diagonal weights: one array pass reduces G channels' taps at once (K = G*kh*kw rows, G
+columns), so a 1/G share of its MACs are useful.  That wins where the array is wide and the vector
+unit narrow.  Per layer, the pass takes the cheapest of the vector mapping and every packing
+G | C, G <= array columns, by the default mapper's estimate (lower.schedule), which both sides
+share.  Only fp32 layers pack: int8 depthwise keeps lower.window's integer sums.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import MappingProxyType
+
+import numpy as np
+
+from stagec.isa.config import HardwareConfig
+
+from .graph_ir import Graph, Node, OpKind, Value
+from .passes import dce
+from .schedule import map_conv, map_window, node_problem
+
+
+def packing(node: Node, hw: HardwareConfig) -> int:
+    """The channels per group G to pack the depthwise `node` by, or 0 for the vector unit."""
+    kind, p, extras = node_problem(node)
+    _, best = map_window(p, hw, extras, True, node.name, with_cost=True)
+    choice = 0
+    for g in range(2, min(p.c, hw.array_cols) + 1):
+        if p.c % g:
+            continue
+        _, cost = map_conv(replace(p, c=g, o=g), hw, extras, node.name, with_cost=True)
+        if p.c // g * cost < best:
+            best, choice = p.c // g * cost, g
+    return choice
+
+
+def block_diagonal(w: np.ndarray, g: int) -> np.ndarray:
+    """Depthwise weights [C, 1, KH, KW] as a grouped conv's [C, g, KH, KW]: output channel o
+    reads input channel o % g of its group through w[o], the other g - 1 through zeros."""
+    c = w.shape[0]
+    out = np.zeros((c, g) + w.shape[2:], w.dtype)
+    out[np.arange(c), np.arange(c) % g] = w[:, 0]
+    return out
+
+
+def pack_depthwise(graph: Graph, hw: HardwareConfig, keep=frozenset()) -> Graph:
+    """Every fp32 depthwise conv with constant weights that packs cheaper than it runs on the
+    vector unit, as its packed grouped conv (same name, same epilogue); the layers named in `keep`
+    (those the caller maps itself) stay as they are."""
+    consts = dict(graph.constants)
+    ids = graph.fresh_ids()
+    nodes = []
+    for node in graph.nodes:
+        found = node_problem(node) if node.op == OpKind.CONV else None
+        w = node.inputs[1] if found else None
+        g = packing(node, hw) if found and found[0] == "depthwise" and w.id in consts \
+            and node.inputs[0].dtype == "float32" and node.name not in keep else 0
+        if not g:
+            nodes.append(node)
+            continue
+        packed = Value(next(ids), (w.shape[0], g) + w.shape[2:], w.dtype)
+        consts[packed.id] = block_diagonal(np.asarray(consts[w.id]), g)
+        inputs = (node.inputs[0], packed) + node.inputs[2:]
+        nodes.append(Node(node.op, inputs, node.output, node.attrs, node.name).with_attrs(groups=w.shape[0] // g))
+    return dce(Graph(graph.inputs, graph.outputs, tuple(nodes), MappingProxyType(consts)))
