@@ -1,5 +1,5 @@
 """Core-ATen decomposition of an exported program in one trace: what
-`ExportedProgram.run_decompositions(decompositions())` gives, at a quarter of its cost.
+`ExportedProgram.run_decompositions(decompositions())` gives, at a third of its cost.
 
 run_decompositions re-exports the program through AOTAutograd, which runs the whole graph twice
 (once to collect aliasing metadata, once to trace) and recomputes the split of the decomposition
