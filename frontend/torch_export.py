@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import functools
 import operator
 import os
 import re
@@ -22,6 +21,7 @@ import torch
 from jax import lax
 
 from .aten import ATEN_RULES
+from .decompose import to_core_aten
 from .registry import jax_dtype, to_numpy
 
 _NOT_THE_MODEL = (os.path.dirname(torch.__file__), os.path.dirname(__file__))   # torch's frames and ours
@@ -44,14 +44,6 @@ class ExportError(RuntimeError):
 
 def supported_ops() -> list[str]:
     return sorted({str(op) for op in ATEN_RULES})
-
-
-@functools.cache
-def decompositions() -> dict:
-    """Core-ATen decompositions, except scaled_dot_product_attention: later stages see attention whole."""
-    table = torch.export.default_decompositions()
-    del table[torch.ops.aten.scaled_dot_product_attention.default]
-    return table
 
 
 def user_frame(trace: str) -> str | None:
@@ -93,7 +85,7 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> t
             ep = torch.export.export(model, tuple(args), kwargs=kwargs or {})
         except Exception as e:  # noqa: BLE001 - the exporter raises many types; keep its reason
             raise ExportError(_export_failure(str(e), "".join(traceback.format_tb(e.__traceback__)))) from e
-        ep = ep.run_decompositions(decompositions())
+        ep = to_core_aten(ep)
     _check_static_shapes(ep)
     return ep
 
