@@ -1,6 +1,7 @@
 """The full-size zoo on the accelerator, all in one run: per model, compile seconds, instruction
 count, DRAM bytes fused vs unfused, peak DRAM activations vs their sum, simulate seconds and the
-ratio of simulate time to jax.jit of the same jaxpr on the same inputs.
+ratio of simulate time to jax.jit of the same jaxpr on the same inputs, whether the batched executor
+ran (not the reference interpreter's fallback) and the simulator's error relative to that jaxpr.
 
     python experiments/bench_zoo.py [models...] [--repeat 5]
 
@@ -21,13 +22,16 @@ import warnings
 from pathlib import Path
 
 import jax
+import numpy as np
 import torch
+import torch.utils._pytree as pytree
 from jax.extend.core import jaxpr_as_fun
 from timing_utils import median_time
 
 import stagec
 from stagec import zoo
 from stagec.frontend import flatten_inputs, trace_torch
+from stagec.precision import max_relative_error
 from stagec.sim.energy import action_counts
 
 
@@ -43,19 +47,23 @@ def bench(name: str, repeat: int) -> dict:
     compile_s = time.perf_counter() - t
     unfused = stagec.compile(model, args, kwargs=kwargs, fuse=False)
     t = time.perf_counter()
-    stagec.simulate(program, *args, **kwargs)
+    out, _ = stagec.simulate(program, *args, **kwargs)
     first_s = time.perf_counter() - t
+    batched = program.cache["executor"] is not None   # not the reference interpreter's fallback
     sim_s = median_time(lambda: stagec.simulate(program, *args, **kwargs), repeat)
     traced = trace_torch(model, args, kwargs)
     flat = flatten_inputs(traced, args, kwargs)
     jitted = jax.jit(jaxpr_as_fun(traced.closed))
-    jax.block_until_ready(jitted(*flat))
+    want = jax.block_until_ready(jitted(*flat))
+    error = max(max_relative_error(np.asarray(g), np.asarray(w)) for g, w in zip(pytree.tree_leaves(out), want,
+                                                                                  strict=True))
     jit_s = median_time(lambda: jax.block_until_ready(jitted(*flat)), repeat)
     meta = program.metadata
     return {"model": name, "compile_s": compile_s, "instructions": len(program),
             "dram_bytes_fused": dram_bytes(program), "dram_bytes_unfused": dram_bytes(unfused),
             "peak_activation_bytes": meta["peak_activation_bytes"], "activation_bytes": meta["activation_bytes"],
-            "first_simulate_s": first_s, "simulate_s": sim_s, "jax_jit_s": jit_s, "simulate_over_jit": sim_s / jit_s}
+            "first_simulate_s": first_s, "simulate_s": sim_s, "jax_jit_s": jit_s, "simulate_over_jit": sim_s / jit_s,
+            "batched": batched, "max_rel_error_vs_jaxpr": error}
 
 
 def main():
@@ -77,7 +85,8 @@ def main():
         print(f"{name:<22} {r['compile_s']:>9.2f} {r['instructions']:>7} {r['dram_bytes_fused'] / 1e6:>13.1f} "
               f"{r['dram_bytes_unfused'] / 1e6:>8.1f} {r['peak_activation_bytes'] / 1e6:>11.2f} "
               f"{r['activation_bytes'] / 1e6:>10.2f} {r['first_simulate_s']:>9.1f} {r['simulate_s']:>7.3f} "
-              f"{r['jax_jit_s']:>7.3f} {r['simulate_over_jit']:>7.2f}", flush=True)
+              f"{r['jax_jit_s']:>7.3f} {r['simulate_over_jit']:>7.2f} {r['batched']!s:>7} "
+              f"{r['max_rel_error_vs_jaxpr']:>8.1e}", flush=True)
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     (out / "bench_zoo.json").write_text(json.dumps({"machine": platform.platform(), "jax": jax.__version__,

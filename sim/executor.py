@@ -113,29 +113,28 @@ def _store_fn(sig, how):
 
 
 @functools.cache
-def _matmul_fn(sig, hows, factored):
-    """One chain per member: out[t] = init[t] + sum_j A[t,j] @ B[t,j].  `factored`: the members
-    are the grid of S distinct A reads x O distinct B reads (a tiled loop nest: spatial tiles x
-    output-channel tiles), so each A and B is read once and `sel` picks each member's product."""
+def _matmul_fn(sig, hows, grid, permuted):
+    """One chain per member: out[t] = init[t] + sum_j A[t,j] @ B[t,j].  The members are blocks of
+    `grid` = S distinct A reads x O distinct B reads (a tiled loop nest: spatial tiles x output-channel
+    tiles, one block per attention head), so each A and B is read once; when `permuted`, `sel` puts
+    the products in member order."""
     j, (m1, m0, k, n), pa, pb, pc, has_init, _, out_dtype = sig
+    s, o = grid
     rel_a = offsets(pa, (m1, m0, k)).astype(np.int32)
     rel_b = offsets((*pb, 0), (k, n, 1)).astype(np.int32)
     rel_c = offsets(pc, (m1, m0, n)).astype(np.int32)
     acc = out_dtype.numpy
 
     def run(pa_, ra, oa, pb_, rb, ob, sel, *init):
-        s, o, t = ra.shape[0], rb.shape[0], sel.shape[0]
-        a = _read(pa_, ra, oa, rel_a, hows[0]).reshape(s, j, m1 * m0, k)
-        b = _read(pb_, rb, ob, rel_b, hows[1]).reshape(o, j, k, n)
-        if factored:
-            out = jnp.einsum("sjmk,ojkn->somn", a, b, precision=HIGHEST, preferred_element_type=acc)
-            out = out.reshape(s * o, m1 * m0 * n)[sel]
-        else:
-            out = jnp.einsum("tjmk,tjkn->tmn", a, b, precision=HIGHEST, preferred_element_type=acc)
-        out = out.reshape(t, m1 * m0, n)
+        blocks = ra.shape[0] // s
+        a = _read(pa_, ra, oa, rel_a, hows[0]).reshape(blocks, s, j, m1 * m0, k)
+        b = _read(pb_, rb, ob, rel_b, hows[1]).reshape(blocks, o, j, k, n)
+        out = jnp.einsum("bsjmk,bojkn->bsomn", a, b, precision=HIGHEST, preferred_element_type=acc)
+        out = out.reshape(blocks * s * o, m1 * m0 * n)
+        out = out[sel] if permuted else out
         if has_init:
             out = _read(*init, rel_c, hows[2]).reshape(out.shape) + out
-        return out.reshape(t, -1)
+        return out
     return jax.jit(run)
 
 
@@ -170,17 +169,33 @@ def _vector_fn(sig, hows):
     return jax.jit(run)
 
 
-def _factor(g: Group):
-    """(A members, B members, sel) when the members' (A read, B read) pairs are a full S x O grid,
-    else None."""
+def _blocks(g: Group):
+    """(A reads (B*S,), B reads (B*O,), sel, (S, O)): the members' (A read, B read) pairs as B blocks,
+    each a full S x O grid, with sel each member's place in the blocks' products.  Members with no
+    such structure are T blocks of 1 x 1."""
     a, b = g.reads["a"], g.reads["b"]
     _, ia, inv_a = np.unique(np.concatenate([a.rows, a.offs], 1), axis=0, return_index=True, return_inverse=True)
     _, ib, inv_b = np.unique(np.concatenate([b.rows, b.offs], 1), axis=0, return_index=True, return_inverse=True)
-    s, o, t = len(ia), len(ib), len(a.rows)
-    sel = inv_a.reshape(-1) * o + inv_b.reshape(-1)
-    if s * o != t or len(np.unique(sel)) != t:
-        return None
-    return ia, ib, sel
+    pairs = list(zip(inv_a.reshape(-1).tolist(), inv_b.reshape(-1).tolist(), strict=True))
+    partners: dict[int, list[int]] = {}
+    for x, y in pairs:
+        partners.setdefault(x, []).append(y)
+    blocks: dict[tuple, list[int]] = {}   # the A reads that pair with one set of B reads
+    for x, ys in partners.items():
+        blocks.setdefault(tuple(sorted(ys)), []).append(x)
+    shapes = {(len(xs), len(ys)) for ys, xs in blocks.items()}
+    b_reads = [y for ys in blocks for y in ys]
+    if len(shapes) != 1 or len(b_reads) != len(set(b_reads)) or len(set(pairs)) != len(pairs):
+        t = len(pairs)
+        return np.arange(t), np.arange(t), np.arange(t), (1, 1)
+    (s, o), = shapes
+    place = {}
+    for bi, (ys, xs) in enumerate(blocks.items()):
+        for si, x in enumerate(xs):
+            for oi, y in enumerate(ys):
+                place[x, y] = (bi * s + si) * o + oi
+    sel = np.array([place[p] for p in pairs])
+    return (ia[[x for xs in blocks.values() for x in xs]], ib[b_reads], sel, (s, o))
 
 
 def _how(g: Group, slot: str, plan: Plan, rows: np.ndarray, offs: np.ndarray) -> str:
@@ -194,7 +209,7 @@ def _how(g: Group, slot: str, plan: Plan, rows: np.ndarray, offs: np.ndarray) ->
     return "rows" if whole else "gather"
 
 
-def _group_fn(g: Group, hows: tuple, factored: bool):
+def _group_fn(g: Group, hows: tuple, grid: tuple, permuted: bool):
     if g.kind == "load":
         return _load_fn(g.sig)
     if g.kind == "gather":
@@ -202,7 +217,7 @@ def _group_fn(g: Group, hows: tuple, factored: bool):
     if g.kind == "store":
         return _store_fn(g.sig, hows[0])
     if g.kind == "matmul":
-        return _matmul_fn(g.sig, hows, factored)
+        return _matmul_fn(g.sig, hows, grid, permuted)
     return _vector_fn(g.sig, hows)
 
 
@@ -223,15 +238,15 @@ class Executor:
         self.steps = []
         for g in self.plan.groups:
             reads = {s: (g.reads[s].rows, g.reads[s].offs) for s in SLOTS[g.kind] if s in g.reads}
-            extra = ()
+            extra, grid, permuted = (), None, False
             if g.kind == "matmul":
-                grid = _factor(g)
-                ia, ib, sel = grid if grid is not None else (slice(None), slice(None), np.arange(len(g.members)))
+                ia, ib, sel, grid = _blocks(g)
                 reads["a"] = tuple(x[ia] for x in reads["a"])
                 reads["b"] = tuple(x[ib] for x in reads["b"])
+                permuted = bool((sel != np.arange(len(sel))).any())
                 extra = (jnp.asarray(sel, jnp.int32),)
             hows = tuple(_how(g, s, self.plan, *reads[s]) if s in reads else None for s in SLOTS[g.kind])
-            fn = _group_fn(g, hows, g.kind == "matmul" and grid is not None)
+            fn = _group_fn(g, hows, grid, permuted)
             args = [(g.reads[s].src, jnp.asarray(rows, jnp.int32), jnp.asarray(offs, jnp.int32))
                     for s, (rows, offs) in reads.items()]
             dram = jnp.asarray(g.dram, jnp.int32) if g.dram is not None else None

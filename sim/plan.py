@@ -15,7 +15,9 @@ list of *groups*, each executed as one batched gather -> compute -> (scatter):
    region (the taps and channel tiles of a convolution, the window of a pool)
    becomes one node whose result is a reduction over the chain.
 3. Levels.  A node's level is one more than the levels of the values it
-   reads and of the DRAM writes (or reads, for a store) it must follow.
+   reads and of the DRAM writes (or reads, for a store) it must follow.  A
+   chain stops where a member's operands come from another level, as they
+   must come from one producer group.
 4. Groups.  Nodes of one level with the same static signature (opcode,
    shapes, strides, pads, types) that read from the same producer groups are
    one group; it runs as one jitted function over all its members.
@@ -127,11 +129,27 @@ def build_plan(program: Program) -> Plan:
         p = producer[slot]
         np.add.at(readers, p[p >= 0], 1)
 
-    # --- nodes: single instructions, or chains accumulating into one region ---------------------
+    # --- nodes (single instructions, or chains accumulating into one region) and their levels ---
+    # A chain only reads values of finished nodes (a value read by anything but the chain's next
+    # member ends its chain), so levels are known while chains grow.
+    data_origin = const_bytes(program)
+    dram = _DramTracker(program, data_origin, flow.granule)
     node_of = np.full(N, -1, np.int64)
     members: list[list[int]] = []
     init: list[int] = []              # producer instruction of the node's initial dst value, or -1
     acc_mode: list[int] = []
+    level: list[int] = []
+
+    def operand_levels(i: int) -> tuple:
+        """Levels of the values instruction i reads, its accumulated destination aside."""
+        dst = "z" if op[i] == Opcode.MATMUL else "x"
+        return tuple(level[node_of[p]] for s in "xyz" if s != dst for p in [int(producer[s][i])] if p >= 0)
+
+    def level_of(i: int) -> int:
+        lv = max((level[node_of[p]] + 1 for s in "xyz" for p in [int(producer[s][i])]
+                  if p >= 0 and node_of[p] != node_of[i]), default=0)
+        return dram.access(i, lv) if op[i] in (Opcode.LOAD, Opcode.GATHER, Opcode.STORE) else lv
+
     for i in range(N):
         o = op[i]
         computes = o in (Opcode.MATMUL, Opcode.VECTOR)
@@ -139,8 +157,12 @@ def build_plan(program: Program) -> Plan:
             dst_slot = "z" if o == Opcode.MATMUL else "x"
             p = int(producer[dst_slot][i])
             k = node_of[p] if p >= 0 else -1
+            # NOTE: a chain's members read each operand from one producer group, so an operand made
+            # at another level (a conv over a concat of tensors made at different depths) starts a
+            # new node, which accumulates onto the chain so far.
             if (k >= 0 and members[k][-1] == p and readers[p] == 1 and _same_shape(code, p, i)
-                    and acc_mode[k] in (AccMode.OVERWRITE, mode[i])):
+                    and acc_mode[k] in (AccMode.OVERWRITE, mode[i])
+                    and operand_levels(i) == operand_levels(members[k][0])):
                 members[k].append(i)
                 node_of[i] = k
                 acc_mode[k] = int(mode[i])
@@ -153,23 +175,8 @@ def build_plan(program: Program) -> Plan:
         node_of[i] = len(members)
         members.append([i])
         acc_mode.append(int(mode[i]) if computes else 0)
-
-    # --- levels ---------------------------------------------------------------------------------
-    data_origin = const_bytes(program)
-    dram = _DramTracker(program, data_origin, flow.granule)
+        level.append(level_of(i))
     n_nodes = len(members)
-    level = np.zeros(n_nodes, np.int64)
-    for k in sorted(range(n_nodes), key=lambda k: members[k][-1]):
-        lv = 0
-        for i in members[k]:
-            for slot in "xyz":
-                p = int(producer[slot][i])
-                if p >= 0 and node_of[p] != k:
-                    lv = max(lv, level[node_of[p]] + 1)
-        i = members[k][0]
-        if op[i] in (Opcode.LOAD, Opcode.GATHER, Opcode.STORE):
-            lv = dram.access(i, lv)
-        level[k] = lv
 
     # --- groups ---------------------------------------------------------------------------------
     group_of = np.full(n_nodes, -1, np.int64)
