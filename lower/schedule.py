@@ -222,17 +222,26 @@ def map_window(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), weighted: bool
 
 
 def map_vector(shape: tuple[int, ...], operands: int, hw: HardwareConfig, layer: str = "vector",
-               resident_bytes: int = 0) -> TileMapping:
+               resident_bytes: int = 0, loads: int = 1, passes: float = 1.0) -> TileMapping:
     """Elementwise/reduce/copy tiles over a (<= 3-D) iteration space [d0, d1, d2]:
     `operands` dense tiles (inputs, temporaries, result) per buffer beside `resident_bytes` loaded
-    once (requant records); the biggest tile that fits, long innermost runs first (they are the
-    DMA's bursts)."""
+    once (requant records, broadcast scalars); per tile, `loads` LOADs of a whole tile, `passes`
+    vector cycles per lane group and one STORE.  Ranked by a pipeline estimate: the busiest of load
+    queue, store queue, DRAM channel and vector unit, plus one tile's load, passes and store (the
+    pipeline's fill and drain), so a tensor is cut into enough tiles to overlap, plus a charge per
+    instruction (compile time, and issue); long innermost runs break ties (DMA bursts)."""
     d0, d1, d2 = (1,) * (3 - len(shape)) + tuple(shape)[-3:]
     g = _grid(th=_sizes(d0), tw=_sizes(d1), to=_sizes(d2), tc=np.array([1]), db=np.array([1, 0]))
     tile = g["th"] * g["tw"] * g["to"]
     spad = (1 + g["db"]) * tile * FP32 * operands + resident_bytes
     tiles = -(-d0 // g["th"]) * -(-d1 // g["tw"]) * -(-d2 // g["to"])
-    cost = tiles * (1.0 + 0.5 * (1 - g["db"])) - 1e-6 * g["to"]
+    load = loads * _dma_cycles(hw, 1, tile * FP32)
+    store = _dma_cycles(hw, 1, tile * FP32)
+    vec = passes * np.ceil(tile / hw.vector_lanes)
+    channel = (loads + 1) * tile * FP32 / hw.dma_bandwidth_bytes_per_cycle
+    busiest = np.maximum(np.maximum(load, store), np.maximum(vec, channel))
+    cost = (np.where(g["db"] == 1, tiles * busiest + load + vec + store, tiles * (load + vec + store))
+            + 8.0 * tiles * (loads + 1 + np.ceil(passes)) - 1e-6 * g["to"])
     return _pick(ConvProblem(1, 1, 1, 1, 1), g, spad, np.zeros_like(spad), cost, hw, layer)
 
 
