@@ -9,7 +9,8 @@ style of Timeloop/MAESTRO: count each unit's work from the tile sizes, then comp
            once when resident), MATMUL cycles with SCALE-Sim's per-fold formula (sim.costs),
            vector lane groups of the taps and the fused epilogue, stores.
   overlap  double-buffered: the busiest of the load queue, store queue, DRAM channel, array
-           and vector unit, plus one output tile's pipeline fill and drain; single-buffered:
+           and vector unit, plus one output tile's pipeline fill and drain (its stages in series
+           less the busiest unit's share); single-buffered:
            the stages in series, less the next tile's load overlapping this tile's epilogue
            and store.  Resident weights and per-channel epilogue vectors load first.
   energy   the same action counts sim.energy takes from the instruction stream, times the
@@ -22,8 +23,9 @@ the reuse it can trade is weight residency (all weights loaded once and reused b
 tile, vs. a weight tile per output tile), the loop-order choice the model and tuner make.
 
 Every discrete step goes through costmodel.smooth, so `smooth=0` is the exact model and
-`smooth>0` its relaxation; the two switches of a mapping (double buffering, weight
-residency) enter linearly, so probabilities between 0 and 1 mix the candidates' costs.
+`smooth>0` its relaxation; the three switches of a mapping (double buffering, weight
+residency, a single accumulator tile) enter linearly, so probabilities between 0 and 1 mix
+the candidates' costs.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     taps_mm = L.kh * jnp.ceil(L.kw / fold)
     taps = L.kh * L.kw
     db, res = m.double_buffer, jnp.where(matrix, m.weights_resident, 0.0)
+    sa = jnp.where(matrix, m.single_acc, 0.0)   # one accumulator tile, the epilogue's result in the scratchpad
     bw, lat = hw.dma_bandwidth_bytes_per_cycle, hw.dma_latency_cycles
 
     # --- DMA: (instructions, bytes) per kind of transfer
@@ -164,7 +167,8 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
                                                  + fold * channels)
     array = jnp.where(matrix, hw.weight_stationary * ws_cycles + (1.0 - hw.weight_stationary) * os_cycles, 0.0)
     groups = L.n * _tile_sum(lambda a, b, o: ceil(a * b * o / hw.vector_lanes), hs, ws, os_)
-    epilogue = groups * (L.epi_plain + L.epi_hard * hw.vector_cycles_per_transcendental)
+    copy_out = sa * (L.epi_plain + L.epi_hard == 0)   # no epilogue: a COPY moves the tile out
+    epilogue = groups * (L.epi_plain + copy_out + L.epi_hard * hw.vector_cycles_per_transcendental)
     window = jnp.where(matrix, 0.0, taps * groups)
     vector = window + epilogue
 
@@ -172,14 +176,19 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     steps = jnp.maximum(tiles_out, 1.0)
     compute = array + window
     stage = jnp.stack([load_q, compute, epilogue, store_q]) / steps
-    pipelined = sm.maximum(jnp.stack([load_q, store_q, channel, array, vector]), s) + k.fill * (
-        jnp.sum(stage) - sm.maximum(stage, s))
+    # one accumulator tile: the next tile's MATMULs wait for this one's epilogue (the last tile's
+    # epilogue is the pipeline's drain, counted below)
+    waits = sa * epilogue * (steps - 1.0) / steps
+    busiest = sm.maximum(jnp.stack([load_q, store_q, channel, array + waits, vector]), s)
+    # the busiest unit's pace, plus filling and draining: one tile's stages in series less the
+    # busiest unit's share of it (a single tile is its stages in series)
+    pipelined = busiest + k.fill * (jnp.sum(stage) - busiest / steps)
     # single-buffered, only the next tile's first load (its first reduction step's) can overlap
     first_load = stage[0] / jnp.where(matrix, n_c, 1.0)
     hidden = -sm.maximum(-jnp.stack([first_load, stage[2] + stage[3]]), s)
     serial = load_q + compute + epilogue + store_q - k.overlap * (steps - 1.0) * hidden
     instructions = first_n + halo_n + w_n + ex_n + store_n + jnp.where(
-        matrix, n_sp * n_o * n_c * taps_mm, tiles_out * taps) + tiles_out * (L.epi_plain + L.epi_hard)
+        matrix, n_sp * n_o * n_c * taps_mm, tiles_out * taps) + tiles_out * (L.epi_plain + L.epi_hard + copy_out)
     cycles = L.repeat * (startup + db * pipelined + (1.0 - db) * serial + k.per_instruction * instructions)
 
     # --- energy: sim.energy's actions
@@ -188,12 +197,14 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     wst = hw.weight_stationary
     c_writes = taps_mm * pixels * L.o * (wst * k_folds + (1.0 - wst) * n_c)
     b_reads = taps_mm * fold * channels * L.o * (wst * n_sp + (1.0 - wst) * m_folds)
-    epi_ops = (L.epi_plain + L.epi_hard) * out_elems
+    epi_ops = (L.epi_plain + L.epi_hard + copy_out) * out_elems
+    # with one accumulator tile the epilogue's last op writes the scratchpad and the store reads it
+    moved = sa * out_elems * FP32
     halo_padded = halo_b * rows_padded * cols_padded / (rows * cols)
-    spad_write = halo_padded + w_b + ex_b + first_b
-    spad_read = jnp.where(matrix, (a_reads + b_reads) * FP32, taps * out_elems * FP32)
-    acc_write = jnp.where(matrix, c_writes, taps * out_elems) * FP32 + epi_ops * FP32
-    acc_read = (jnp.where(matrix, c_writes - out_elems, (taps - 1) * out_elems) + epi_ops + out_elems) * FP32
+    spad_write = halo_padded + w_b + ex_b + first_b + moved
+    spad_read = jnp.where(matrix, (a_reads + b_reads) * FP32, taps * out_elems * FP32) + moved
+    acc_write = jnp.where(matrix, c_writes, taps * out_elems) * FP32 + epi_ops * FP32 - moved
+    acc_read = (jnp.where(matrix, c_writes - out_elems, (taps - 1) * out_elems) + epi_ops + out_elems) * FP32 - moved
     counts = ActionCounts(macs_int8=0.0, macs_bf16=0.0, macs_fp32=L.repeat * macs,
                           vector_ops=L.repeat * (jnp.where(matrix, 0.0, taps * out_elems) + epi_ops),
                           scratchpad_read_bytes=L.repeat * spad_read, scratchpad_write_bytes=L.repeat * spad_write,
@@ -206,8 +217,8 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     extras = (L.tile_extras, L.channel_extras)
     p = _problem(L)
     spad_mx, acc_mx = (res * a + (1.0 - res) * b for a, b in zip(
-        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, True, extras, jnp),
-        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, False, extras, jnp), strict=True))
+        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, True, extras, jnp, sa),
+        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, False, extras, jnp, sa), strict=True))
     spad_win, acc_win = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, db, extras, True, jnp)
     no_weights = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, db, extras, False, jnp)[0]
     spad = jnp.where(matrix, spad_mx, jnp.where(L.kind == DEPTHWISE, spad_win, no_weights))

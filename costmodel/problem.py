@@ -3,7 +3,7 @@
 `LayerShape` holds everything about a conv-shaped layer that its emitted loop nest depends on
 besides the mapping (lower.schedule.ConvProblem's dims, the fused epilogue, the repeat count);
 `MappingArrays` is lower.schedule.TileMapping with every field a number (tile sizes may be
-fractional and the two switches probabilities in the relaxed model).  Both are pytrees of
+fractional and the three switches probabilities in the relaxed model).  Both are pytrees of
 arrays of one shape: a batch of layers or mappings is one of each with batched fields.
 """
 
@@ -69,8 +69,9 @@ class LayerShape:
 
 @dataclass(frozen=True)
 class MappingArrays:
-    """lower.schedule.TileMapping as numbers: tile sizes, and the double-buffering and
-    weight-residency switches (0/1, or probabilities in the relaxed model)."""
+    """lower.schedule.TileMapping as numbers: tile sizes, and the double-buffering,
+    weight-residency and single-accumulator switches (0/1, or probabilities in the relaxed model;
+    the tuner's space keeps the accumulator double-buffered, single_acc 0)."""
 
     tile_oh: object
     tile_ow: object
@@ -78,6 +79,7 @@ class MappingArrays:
     tile_c: object
     double_buffer: object
     weights_resident: object
+    single_acc: object
 
 
 for _cls in (LayerShape, MappingArrays):
@@ -98,13 +100,14 @@ def layer_shape(kind: str, p: ConvProblem, extras=(0, 0), epilogue=(0, 0), repea
 
 def mapping_arrays(m: TileMapping) -> MappingArrays:
     return MappingArrays(*(np.float32(v) for v in (m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, m.double_buffer,
-                                                   m.weights_resident)))
+                                                   m.weights_resident, m.single_acc)))
 
 
 def to_tile_mapping(m: MappingArrays) -> TileMapping:
     """An integer MappingArrays (scalars) back as a TileMapping."""
     return TileMapping(*(int(round(float(v))) for v in (m.tile_oh, m.tile_ow, m.tile_o, m.tile_c)),
-                       bool(round(float(m.double_buffer))), bool(round(float(m.weights_resident))))
+                       bool(round(float(m.double_buffer))), bool(round(float(m.weights_resident))),
+                       bool(round(float(m.single_acc))))
 
 
 def stack(items):

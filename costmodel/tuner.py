@@ -25,7 +25,7 @@ from .batch import exact_cost
 from .hardware import HardwarePoint
 from .model import DEFAULT_CONSTANTS, CostConstants, layer_cost
 from .problem import LayerShape, MappingArrays
-from .space import from_mapping, objective_of, project, random_theta, to_mapping
+from .space import NEIGHBOURS, from_mapping, objective_of, project, random_theta, to_mapping
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def _descend(theta, opt_state, step, layers, hw, constants, objective: str, sett
 
 @partial(jax.jit, static_argnames=("objective",))
 def project_all(theta, layers, fallback, hw, constants, objective: str):
-    """Every layer's points (n, starts, 6) projected: (mappings, exact objectives), both (n, starts)."""
+    """Every layer's points (n, starts, 7) projected: (mappings, exact objectives), both (n, starts)."""
     def one(t, L, fb):
         return project(to_mapping(t, L), L, hw, fb, constants, objective)
     return jax.vmap(jax.vmap(one, (0, None, None)), (0, 0, 0))(theta, layers, fallback)
@@ -122,7 +122,7 @@ def tune_layers(layers: LayerShape, fallback: MappingArrays, hw: HardwarePoint, 
         for step in range(r * settings.chunk, (r + 1) * settings.chunk):
             theta, opt_state = _descend(theta, opt_state, step, layers, hw, constants, objective, settings)
         cand, values = project_all(theta, layers, fallback, hw, constants, objective)
-        evaluations += 64 * n * settings.starts
+        evaluations += NEIGHBOURS * n * settings.starts
         best_m, best_v = _keep_best(cand, values, best_m, best_v)
         if progress is not None:
             progress((r + 1) * settings.chunk, rounds * settings.chunk, float(jnp.sum(best_v)),

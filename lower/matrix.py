@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space
+from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space, VectorFunc
 
 from . import tile_expr
 from .emitter import ACC_DTYPE
@@ -58,10 +58,17 @@ class Epilogue:
                           for _ in range(bufs)]
         self.temp_buf = [[spad.alloc(size) for _ in range(self.plan.temps if expr else 0)] for _ in range(bufs)]
 
-    def emit(self, em, acc_tile: tile_expr.LocalTile, n: int, o0: int, h0: int, w0: int, counts, buf: int):
-        """Run the epilogue on `acc_tile` (holding output box counts at (n, o0, h0, w0)); return the result tile."""
+    def emit(self, em, acc_tile: tile_expr.LocalTile, n: int, o0: int, h0: int, w0: int, counts, buf: int,
+             final: tile_expr.LocalTile | None = None):
+        """Run the epilogue on `acc_tile` (holding output box counts at (n, o0, h0, w0)); return the result
+        tile: `final` (a scratchpad tile) when given, which frees the accumulator tile before the store."""
         if not self.expr:
-            return acc_tile
+            if final is None:
+                return acc_tile
+            out = tile_expr.LocalTile(final.space, final.base, tuple(counts), acc_tile.dtype)
+            em.vector(VectorFunc.COPY, out.operand(counts), acc_tile.operand(counts), None, counts,
+                      dtype=acc_tile.dtype)
+            return out
         args = [acc_tile]
         for k, e in enumerate(self.extras):
             if k in self.resident:
@@ -74,7 +81,7 @@ class Epilogue:
             em.load(e, (n, o0, h0, w0), OUT_AXES, extent, tile.operand(extent))
             args.append(tile)
         temps = [tile_expr.LocalTile(Space.SPAD, b, tuple(counts)) for b in self.temp_buf[buf]]
-        return tile_expr.emit(em, self.expr, self.plan, args, temps, counts)
+        return tile_expr.emit(em, self.expr, self.plan, args, temps, counts, final)
 
 
 def _load_records(em, spad, e: DramTensor) -> tuple[int, int]:
@@ -112,7 +119,11 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
     else:
         w_buf = [spad.alloc(taps * m.tile_c * m.tile_o * wb) for _ in range(bufs)]
     epi = Epilogue(em, spad, expr, list(extras), (m.tile_oh, m.tile_ow, m.tile_o), bufs)
-    acc_buf = [acc.alloc(m.tile_oh * m.tile_ow * m.tile_o * ab) for _ in range(bufs)]
+    acc_buf = [acc.alloc(m.tile_oh * m.tile_ow * m.tile_o * ab) for _ in range(m.acc_buffers)]
+    # one accumulator tile: the epilogue writes its result to the scratchpad, so the next tile's
+    # MATMULs wait for the epilogue only, not the store
+    final = tile_expr.LocalTile(Space.SPAD, spad.alloc(m.tile_oh * m.tile_ow * m.tile_o * FP32), (1, 1, 1)) \
+        if m.single_acc else None
     c_tiles = tiles(p.c, m.tile_c)
     n_halo = n_w = n_out = 0
 
@@ -138,7 +149,7 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
             for ow0, tw in tiles(p.ow, m.tile_ow):
                 shared = load_halo(n, oh0, th, ow0, tw, 0, p.c) if len(c_tiles) == 1 else None
                 for o0, to in tiles(p.o, m.tile_o):
-                    c_base = acc_buf[n_out % bufs]
+                    c_base = acc_buf[n_out % m.acc_buffers]
                     c_op = Operand(Space.ACC, c_base, (tw * to, to, 1))
                     first = True
                     for c0, tc in c_tiles:
@@ -166,7 +177,7 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
                     if first:   # the whole receptive field is padding: the sum is zero
                         fill(Operand(Space.ACC, c_base, (tw * to, to, 1)), (th, tw, to), 0.0, acc_type)
                     acc_tile = tile_expr.LocalTile(Space.ACC, c_base, (th, tw, to), acc_type)
-                    result = epi.emit(em, acc_tile, n, o0, oh0, ow0, (th, tw, to), n_out % bufs)
+                    result = epi.emit(em, acc_tile, n, o0, oh0, ow0, (th, tw, to), n_out % bufs, final)
                     em.store(out, (n, o0, oh0, ow0), OUT_AXES, (th, tw, to), result.operand((th, tw, to)))
                     n_out += 1
 

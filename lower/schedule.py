@@ -62,7 +62,11 @@ class ConvProblem:
 
 @dataclass(frozen=True)
 class TileMapping:
-    """Output tile (rows x cols x channels), reduction tile, buffering, weight residency."""
+    """Output tile (rows x cols x channels), reduction tile, buffering, weight residency.
+
+    `single_acc` keeps one accumulator tile while the scratchpad tiles stay double-buffered: the
+    next output tile waits for this one's epilogue and store, but may be twice as large (a bigger
+    output-channel tile re-reads the input fewer times; a bigger spatial tile pays fewer folds)."""
 
     tile_oh: int
     tile_ow: int
@@ -70,9 +74,15 @@ class TileMapping:
     tile_c: int = 1
     double_buffer: bool = True
     weights_resident: bool = False
+    single_acc: bool = False
+
+    @property
+    def acc_buffers(self) -> int:
+        return 1 + (self.double_buffer and not self.single_acc)
 
     def __str__(self) -> str:
-        flags = [f for f, on in (("db", self.double_buffer), ("w-resident", self.weights_resident)) if on]
+        flags = [f for f, on in (("db", self.double_buffer), ("w-resident", self.weights_resident),
+                                 ("1-acc", self.single_acc)) if on]
         return f"tile(oh={self.tile_oh}, ow={self.tile_ow}, o={self.tile_o}, c={self.tile_c}) {' '.join(flags)}"
 
 
@@ -90,17 +100,20 @@ def _grid(**axes) -> dict[str, np.ndarray]:
     return {k: v.reshape(-1) for k, v in zip(axes, mesh, strict=True)}
 
 
-def conv_footprint(p: ConvProblem, th, tw, to, tc, double_buffer, resident, extras=(0, 0), xp=np):
+def conv_footprint(p: ConvProblem, th, tw, to, tc, double_buffer, resident, extras=(0, 0), xp=np, single_acc=0):
     """(scratchpad bytes, accumulator bytes) a matrix-unit mapping occupies, as lower.matrix
     allocates them: input halos, weights (tiles or all of them), epilogue operand tiles and
-    per-channel epilogue vectors; accumulator tiles.  Works on arrays of candidates."""
+    per-channel epilogue vectors; accumulator tiles (one with `single_acc`).  Works on arrays of
+    candidates."""
     tile_extras, channel_extras = extras
     bufs = 1 + double_buffer
     ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
     iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
     weights = xp.where(resident, p.kh * p.kw * p.c * p.o, bufs * p.kh * p.kw * tc * to) * FP32
-    spad = bufs * ih * iw * tc * FP32 + weights + bufs * tile_extras * th * tw * to * FP32 + channel_extras * p.o * FP32
-    return spad, bufs * th * tw * to * FP32
+    out_tile = th * tw * to * FP32
+    spad = (bufs * ih * iw * tc * FP32 + weights + (bufs * tile_extras + single_acc) * out_tile
+            + channel_extras * p.o * FP32)
+    return spad, (bufs - double_buffer * single_acc) * out_tile
 
 
 def window_footprint(p: ConvProblem, th, tw, to, double_buffer, extras=(0, 0), weighted=True, xp=np):
@@ -126,7 +139,7 @@ def footprint(kind: str, p: ConvProblem, m: TileMapping, extras=(0, 0)) -> tuple
     """(scratchpad, accumulator) bytes of one mapping of a node of `kind` (see node_problem)."""
     if kind == "matrix":
         spad, acc = conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, int(m.double_buffer),
-                                   m.weights_resident, extras)
+                                   m.weights_resident, extras, single_acc=int(m.single_acc))
     else:
         spad, acc = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, int(m.double_buffer), extras,
                                      kind == "depthwise")
@@ -134,7 +147,7 @@ def footprint(kind: str, p: ConvProblem, m: TileMapping, extras=(0, 0)) -> tuple
 
 
 def _pick(p: ConvProblem, g: dict, spad: np.ndarray, acc: np.ndarray, cost: np.ndarray, hw: HardwareConfig,
-          layer: str, resident=None, with_cost: bool = False):
+          layer: str, resident=None, single_acc=None, with_cost: bool = False):
     """The cheapest candidate that fits, as a TileMapping (and its estimated cost, `with_cost`)."""
     ok = fits(p, spad, acc, g["th"], g["tw"], hw)
     if not ok.any():
@@ -144,7 +157,8 @@ def _pick(p: ConvProblem, g: dict, spad: np.ndarray, acc: np.ndarray, cost: np.n
                           f"(have {hw.accumulator_bytes})")
     k = int(np.flatnonzero(ok)[np.argmin(cost[ok])])
     m = TileMapping(int(g["th"][k]), int(g["tw"][k]), int(g["to"][k]), int(g["tc"][k]), bool(g["db"][k]),
-                    bool(resident[k]) if resident is not None else False)
+                    bool(resident[k]) if resident is not None else False,
+                    bool(single_acc[k]) if single_acc is not None else False)
     return (m, float(cost[k])) if with_cost else m
 
 
@@ -158,11 +172,12 @@ def map_conv(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), layer: str = "co
     unit, plus a small charge per instruction (`with_cost`: (mapping, that estimate))."""
     fold = p.kw if p.dilation[1] == 1 else 1   # MATMUL's k covers a kernel row: kw * tc <= the count limit
     g = _grid(th=_sizes(p.oh), tw=_sizes(p.ow), to=_sizes(p.o), tc=_sizes(p.c, MAX_HALO // fold),
-              db=np.array([1, 0]), res=np.array([1, 0]))
+              db=np.array([1, 0]), res=np.array([1, 0]), sa=np.array([0, 1]))
     g["res"] = np.where(p.c * fold > MAX_HALO, 0, g["res"])
     g["tc"] = np.where(g["res"] == 1, p.c, g["tc"])   # resident weights: one channel tile
-    th, tw, to, tc, db, res = g["th"], g["tw"], g["to"], g["tc"], g["db"], g["res"]
-    spad, acc = conv_footprint(p, th, tw, to, tc, db, res == 1, extras)
+    g["sa"] = g["sa"] * g["db"]                       # a single accumulator tile is a double-buffered nest's choice
+    th, tw, to, tc, db, res, sa = g["th"], g["tw"], g["to"], g["tc"], g["db"], g["res"], g["sa"]
+    spad, acc = conv_footprint(p, th, tw, to, tc, db, res == 1, extras, single_acc=sa)
     ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
     iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
     m = th * tw
@@ -182,10 +197,14 @@ def map_conv(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), layer: str = "co
     dma = _dma_cycles(hw, halo_loads + w_loads + tiles_out * (1 + extras[0]),
                       halo_loads * ih * iw * tc * FP32 + np.where(res == 1, w_all, w_loads * w_tile)
                       + tiles_out * (1 + extras[0]) * m * to * FP32)
-    instructions = n_mm + halo_loads + w_loads + tiles_out * (1 + 2 * extras[0])
+    instructions = n_mm + halo_loads + w_loads + tiles_out * (1 + 2 * extras[0] + sa)
+    # one accumulator tile: the array waits for each tile's epilogue, about a pass over the tile per
+    # operand (a bias, a residual...) and one to apply it or move the result out
+    passes = 1 + extras[0] + (extras[1] > 0)
+    epilogue_wait = sa * tiles_out * passes * np.ceil(m * to / hw.vector_lanes)
     # double buffering overlaps the DMA with the array; single buffering serializes them
-    cost = np.where(db == 1, np.maximum(mm, dma), mm + dma) + 8.0 * instructions
-    return _pick(p, g, spad, acc, cost, hw, layer, res, with_cost)
+    cost = np.where(db == 1, np.maximum(mm + epilogue_wait, dma), mm + dma) + 8.0 * instructions
+    return _pick(p, g, spad, acc, cost, hw, layer, res, sa, with_cost)
 
 
 def map_window(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), weighted: bool = True,
@@ -206,17 +225,26 @@ def map_window(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), weighted: bool
 
 
 def map_vector(shape: tuple[int, ...], operands: int, hw: HardwareConfig, layer: str = "vector",
-               resident_bytes: int = 0) -> TileMapping:
+               resident_bytes: int = 0, loads: int = 1, passes: float = 1.0) -> TileMapping:
     """Elementwise/reduce/copy tiles over a (<= 3-D) iteration space [d0, d1, d2]:
     `operands` dense tiles (inputs, temporaries, result) per buffer beside `resident_bytes` loaded
-    once (requant records); the biggest tile that fits, long innermost runs first (they are the
-    DMA's bursts)."""
+    once (requant records, broadcast scalars); per tile, `loads` LOADs of a whole tile, `passes`
+    vector cycles per lane group and one STORE.  Ranked by a pipeline estimate: the busiest of load
+    queue, store queue, DRAM channel and vector unit, plus one tile's load, passes and store (the
+    pipeline's fill and drain), so a tensor is cut into enough tiles to overlap, plus a charge per
+    instruction (compile time, and issue); long innermost runs break ties (DMA bursts)."""
     d0, d1, d2 = (1,) * (3 - len(shape)) + tuple(shape)[-3:]
     g = _grid(th=_sizes(d0), tw=_sizes(d1), to=_sizes(d2), tc=np.array([1]), db=np.array([1, 0]))
     tile = g["th"] * g["tw"] * g["to"]
     spad = (1 + g["db"]) * tile * FP32 * operands + resident_bytes
     tiles = -(-d0 // g["th"]) * -(-d1 // g["tw"]) * -(-d2 // g["to"])
-    cost = tiles * (1.0 + 0.5 * (1 - g["db"])) - 1e-6 * g["to"]
+    load = loads * _dma_cycles(hw, 1, tile * FP32)
+    store = _dma_cycles(hw, 1, tile * FP32)
+    vec = passes * np.ceil(tile / hw.vector_lanes)
+    channel = (loads + 1) * tile * FP32 / hw.dma_bandwidth_bytes_per_cycle
+    busiest = np.maximum(np.maximum(load, store), np.maximum(vec, channel))
+    cost = (np.where(g["db"] == 1, tiles * busiest + load + vec + store, tiles * (load + vec + store))
+            + 8.0 * tiles * (loads + 1 + np.ceil(passes)) - 1e-6 * g["to"])
     return _pick(ConvProblem(1, 1, 1, 1, 1), g, spad, np.zeros_like(spad), cost, hw, layer)
 
 

@@ -72,11 +72,13 @@ def plan(expr: Expr, n_inputs: int, writable: frozenset[int]) -> ExprPlan:
     return ExprPlan(tuple(dst), temps)
 
 
-def emit(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTile], counts) -> LocalTile:
-    """Emit one vector instruction per step over the box `counts`; returns the result's tile."""
+def emit(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTile], counts,
+         final: LocalTile | None = None) -> LocalTile:
+    """Emit one vector instruction per step over the box `counts`; returns the result's tile (in
+    `final`'s place when given, instead of the plan's slot for the last step)."""
     values = list(args)
-    for step, (kind, k) in zip(expr, p.dst, strict=True):
-        slot = args[k] if kind == "arg" else temps[k]
+    for j, (step, (kind, k)) in enumerate(zip(expr, p.dst, strict=True)):
+        slot = final if final is not None and j == len(expr) - 1 else args[k] if kind == "arg" else temps[k]
         src = [values[a] for a in step.args]
         out_type = DTYPE_OF[RESULT_DTYPES[step.func]] if step.func in RESULT_DTYPES else src[-1 if step.func == "select"
                                                                                                 else 0].dtype

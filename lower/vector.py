@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stagec.isa.instructions import REQUANT_RECORD_BYTES, AccMode, DType, Operand, Space, VectorFunc
+from stagec.isa.instructions import REQUANT_RECORD_BYTES, TRANSCENDENTAL, AccMode, DType, Operand, Space, VectorFunc
 
 from . import tile_expr
 from .emitter import MAX_COUNT
@@ -38,7 +38,7 @@ def _at(t: DramTensor, lead_idx, lead_strides, inner_strides) -> DramTensor:
 
 def emit_elementwise(em, expr: Expr, inputs: list[DramTensor], out: DramTensor) -> None:
     """out = expr(inputs...), inputs broadcast numpy-style to out's shape; requant records (one
-    record for the whole tensor) are loaded once."""
+    record for the whole tensor) and broadcast scalars are loaded once."""
     records = record_inputs(expr)
     data = [k for k in range(len(inputs)) if k not in records]
     views = [inputs[k].broadcast_to(out.shape) for k in data]
@@ -46,25 +46,30 @@ def emit_elementwise(em, expr: Expr, inputs: list[DramTensor], out: DramTensor) 
     lead, lead_s, inner, inner_s = _split3(shape, *strides)
     n_in = len(inputs)
     writable = frozenset(k for i, k in enumerate(data) if all(inner_s[i + 1][d] or inner[d] == 1 for d in range(3)))
+    # a broadcast scalar (a constant of the expression) is loaded once, not per tile
+    scalars = {k for i, k in enumerate(data) if not any(inner_s[i + 1]) and not any(lead_s[i + 1])}
     p = tile_expr.plan(expr, n_in, writable)
-    m = map_vector(inner, len(data) + p.temps, em.hw, em.layer_name, len(records) * REQUANT_RECORD_BYTES)
+    m = map_vector(inner, len(data) - len(scalars) + p.temps, em.hw, em.layer_name,
+                   len(records) * REQUANT_RECORD_BYTES + len(scalars) * FP32,
+                   loads=len(data) - len(scalars), passes=_passes(expr, em.hw))
     bufs = 2 if m.double_buffer else 1
     spad = em.spad()
     record_tiles = {k: _load_record(em, spad, inputs[k]) for k in records}
+    record_tiles |= {k: _load_scalar(em, spad, views[data.index(k)]) for k in scalars}
     size = m.tile_oh * m.tile_ow * m.tile_o * FP32
-    in_buf = [[spad.alloc(size) for _ in data] for _ in range(bufs)]
+    in_buf = [{i: spad.alloc(size) for i, k in enumerate(data) if k not in scalars} for _ in range(bufs)]
     tmp_buf = [[spad.alloc(size) for _ in range(p.temps)] for _ in range(bufs)]
     k = 0
     for idx in np.ndindex(*lead):
         dst = _at(out, idx, lead_s[0], inner_s[0])
-        srcs = [_at(v, idx, lead_s[i + 1], inner_s[i + 1]) for i, v in enumerate(views)]
+        srcs = {i: _at(v, idx, lead_s[i + 1], inner_s[i + 1]) for i, v in enumerate(views) if data[i] not in scalars}
         for a0, t0 in tiles(inner[0], m.tile_oh):
             for a1, t1 in tiles(inner[1], m.tile_ow):
                 for a2, t2 in tiles(inner[2], m.tile_o):
                     counts, start, buf = (t0, t1, t2), (a0, a1, a2), k % bufs
                     k += 1
                     loaded = {}
-                    for i, src in enumerate(srcs):
+                    for i, src in srcs.items():
                         extent = tuple(c if s else 1 for c, s in zip(counts, src.strides, strict=True))
                         tile = tile_expr.LocalTile(Space.SPAD, in_buf[buf][i], extent, src.dtype)
                         em.load(src, start, (0, 1, 2), extent, tile.operand(extent))
@@ -73,6 +78,22 @@ def emit_elementwise(em, expr: Expr, inputs: list[DramTensor], out: DramTensor) 
                     temps = [tile_expr.LocalTile(Space.SPAD, b, counts) for b in tmp_buf[buf]]
                     result = tile_expr.emit(em, expr, p, args, temps, counts)
                     em.store(dst, start, (0, 1, 2), counts, result.operand(counts))
+
+
+def _passes(expr: Expr, hw) -> float:
+    """Vector cycles per lane group of a tile that `expr` costs (a select is a copy and a select;
+    a copy may be none, counted as one)."""
+    hard = {f.name.lower() for f in TRANSCENDENTAL}
+    return sum(2 if s.func == "select" else hw.vector_cycles_per_transcendental if s.func in hard else 1
+               for s in expr)
+
+
+def _load_scalar(em, spad, t: DramTensor) -> tile_expr.LocalTile:
+    """LOAD a broadcast scalar operand (one element) into the scratchpad once."""
+    base = spad.alloc(t.dtype.itemsize)
+    tile = tile_expr.LocalTile(Space.SPAD, base, (1, 1, 1), t.dtype)
+    em.load(_at(t, (), (), (0, 0, 0)), (0, 0, 0), (0, 1, 2), (1, 1, 1), tile.operand((1, 1, 1)))
+    return tile
 
 
 def _load_record(em, spad, t: DramTensor) -> tile_expr.LocalTile:
@@ -102,7 +123,7 @@ def emit_reduce(em, func: str, x: DramTensor, axes: tuple[int, ...], out: DramTe
     kin = (1,) * (2 - len(kshape[klead:])) + tuple(kshape[klead:])
     kin_x = (0,) * (2 - len(kx[klead:])) + tuple(kx[klead:])
     kin_o = (0,) * (2 - len(ko[klead:])) + tuple(ko[klead:])
-    m = map_vector(kin + (rshape[-1],), 2, em.hw, em.layer_name)
+    m = map_vector(kin + (rshape[-1],), 2, em.hw, em.layer_name, passes=1 + widen)
     bufs = 2 if m.double_buffer else 1
     spad = em.spad()
     in_buf = [spad.alloc(m.tile_oh * m.tile_ow * m.tile_o * FP32) for _ in range(bufs)]
@@ -149,7 +170,7 @@ def emit_gather(em, table: DramTensor, indices: DramTensor, out: DramTensor) -> 
     if row is None or idx is None or dst is None:
         raise ValueError(f"{em.layer_name}: gather operands must be row-contiguous views")
     width = row.shape[1]
-    m = map_vector((indices.size, 1, width), 2, em.hw, em.layer_name)
+    m = map_vector((indices.size, 1, width), 2, em.hw, em.layer_name, passes=0)
     bufs = 2 if m.double_buffer else 1
     spad = em.spad()
     idx_buf = [spad.alloc(m.tile_oh * FP32) for _ in range(bufs)]

@@ -158,3 +158,19 @@ def test_embedding_masks_and_integer_ops():
     np.testing.assert_allclose(out, jax.jit(f)(ids, mask), rtol=1e-6)
     with pytest.raises(stagec.SimulationError, match=r"\(GATHER\): index 50 at position 3 is outside the table's 50"):
         stagec.simulate(program, np.where(np.arange(14).reshape(2, 7) == 3, 50, ids).astype(np.int32), mask)
+
+
+@pytest.mark.parametrize("module", [nn.Sequential(nn.Conv2d(8, 24, 3, padding=1), nn.ReLU()),
+                                    nn.Conv2d(8, 24, 1, bias=False)])
+def test_single_accumulator_tile_matches_torch(module):
+    """One accumulator tile (the epilogue, or a COPY, moves each result to the scratchpad)."""
+    from stagec.layers import model_graph, model_layers
+    from stagec.lower.schedule import TileMapping
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 10, 10)
+    (layer,) = model_layers(model_graph(module.eval(), (x,)))
+    m = TileMapping(5, 10, 16, 8, double_buffer=True, single_acc=True)
+    program = stagec.compile(module, (x,), mappings={layer.name: m})
+    assert "1-acc" in str(m) and m.acc_buffers == 1
+    y, _ = stagec.simulate(program, x)
+    assert rel_err(np.asarray(y), module(x).detach().numpy()) < 1e-5
