@@ -76,7 +76,8 @@ def main():
     warm_up = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(288, 4))
     stagec.compile(warm_up, (torch.randn(1, 3, 8, 8),))
     header = (f"{'model':<22} {'compile s':>9} {'instr':>7} {'DRAM MB fused':>13} {'unfused':>8} "
-              f"{'peak act MB':>11} {'sum act MB':>10} {'1st sim s':>9} {'sim s':>7} {'jit s':>7} {'sim/jit':>7}")
+              f"{'peak act MB':>11} {'sum act MB':>10} {'1st sim s':>9} {'sim s':>7} {'jit s':>7} {'sim/jit':>7} "
+              f"{'batched':>7} {'err':>8}")
     print(header, flush=True)
     rows = []
     for name in args.models:
