@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import inspect
 import warnings
 from pathlib import Path
@@ -71,6 +73,21 @@ def trace(model_or_fn, example_args, kwargs=None) -> TracedModel:
     raise TypeError(f"compile takes a torch.nn.Module or a JAX function, not {type(model_or_fn).__name__}")
 
 
+@contextlib.contextmanager
+def paused_gc():
+    """Python's cyclic garbage collector paused: compiling (or a first simulation) allocates millions
+    of long-lived objects (graph nodes, instructions and their operands, the walk's and the plan's
+    tables) and frees no cycle a later stage needs, so the full collections their allocation count
+    triggers are pure cost (a quarter of BERT-base's lowering time)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=None,  # noqa: A001
             fuse: bool = True, mappings: dict | None = None, kwargs: dict | None = None,
             tune=None, objective: str = "latency", quantize: str | None = None, calibration=None,
@@ -101,28 +118,30 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
         raise ValueError("tune with quantize: the cost model (stagec.costmodel) models fp32 layers only; "
                          "tune the fp32 model or pass int8 mappings=")
     out = _Dump(dump)
-    traced, graph = build_graph(model_or_fn, example_args, kwargs=kwargs, fuse=fuse, quantize=quantize,
-                                calibration=calibration, percentile=percentile, out=out)
+    with paused_gc():
+        traced, graph = build_graph(model_or_fn, example_args, kwargs=kwargs, fuse=fuse, quantize=quantize,
+                                    calibration=calibration, percentile=percentile, out=out)
     closed = traced.closed
     graph = pack_depthwise(graph, hw, keep=frozenset(mappings or ()))
     out("pack", graph)
-    if tune is not None:
+    if tune is not None:   # with the collector on: a long optimization, whose JAX tracing makes cycles
         from .tuning import DEFAULT_SETTINGS, TuneSettings, tune_graph
         if tune != "gradient" and not isinstance(tune, TuneSettings):
             raise ValueError(f"unknown tune={tune!r}; expected None, 'gradient' or a stagec.TuneSettings")
         settings = tune if isinstance(tune, TuneSettings) else DEFAULT_SETTINGS
         mappings = {**tune_graph(graph, hw, objective, settings).mappings, **(mappings or {})}
-    layout = assign_layout(graph)
-    out("layout", layout)
-    schedule = make_schedule(graph, hw, mappings)
-    out("schedule", schedule)
-    name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
-        model_or_fn, "__name__", "function")
-    meta = {"model": name, "in_tree": traced.in_tree, "out_tree": traced.out_tree, "note": traced.note,
-            "out_dtypes": [str(v.aval.dtype) for v in closed.jaxpr.outvars], "quantize": quantize}
-    program = lower_to_program(graph, layout, schedule, hw, meta)
-    out("program", lambda: disassemble(program))
-    verify(program)   # cached: the token-inserting walk verified the program
+    with paused_gc():
+        layout = assign_layout(graph)
+        out("layout", layout)
+        schedule = make_schedule(graph, hw, mappings)
+        out("schedule", schedule)
+        name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
+            model_or_fn, "__name__", "function")
+        meta = {"model": name, "in_tree": traced.in_tree, "out_tree": traced.out_tree, "note": traced.note,
+                "out_dtypes": [str(v.aval.dtype) for v in closed.jaxpr.outvars], "quantize": quantize}
+        program = lower_to_program(graph, layout, schedule, hw, meta)
+        out("program", lambda: disassemble(program))
+        verify(program)   # cached: the token-inserting walk verified the program
     return program
 
 
