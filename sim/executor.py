@@ -69,14 +69,108 @@ def _read(P, rows, offs, rel, how):
     return P.reshape(-1).at[idx].get(mode="promise_in_bounds")
 
 
+# --- DMA groups over a regular grid of boxes: slices and reshapes instead of gathers and scatters ---
+
+def _grid(bases: np.ndarray, depth: int = 3) -> tuple | None:
+    """The members' DRAM bases as an affine grid ((count, stride), ...), outermost first, or None."""
+    t = len(bases)
+    if t == 1:
+        return ()
+    d = int(bases[1] - bases[0])
+    run = np.flatnonzero(bases - bases[0] != np.arange(t) * d)
+    r = int(run[0]) if run.size else t
+    if r == t:
+        return ((t, d),)
+    if depth == 1 or t % r:
+        return None
+    b = bases.reshape(t // r, r)
+    if ((b - b[:, :1]) != np.arange(r) * d).any():
+        return None
+    outer = _grid(b[:, 0], depth - 1)
+    return None if outer is None else (*outer, (r, d))
+
+
+def _box(dims, unique: bool):
+    """A strided read or write of `dims` ((count, stride), ...; natural order) as nested slices:
+    (live dims (natural index, count, stride) by decreasing stride, span), or None where the box
+    overlaps itself or is too sparse to be worth reading whole."""
+    live = [(k, c, s) for k, (c, s) in enumerate(dims) if c > 1]
+    if any(s < 0 for _, _, s in live) or (unique and any(s == 0 for _, _, s in live)):
+        return None
+    live = sorted((x for x in live if x[2] > 0), key=lambda x: -x[2])
+    tail = 0
+    for _, c, s in reversed(live):
+        if tail >= s:
+            return None
+        tail += (c - 1) * s
+    total = int(np.prod([c for _, c, _ in live], dtype=np.int64))
+    if live and live[0][1] * live[0][2] > 8 * total + 4096:
+        return None
+    return tuple(live), tail + 1
+
+
+def _fit(x, n: int):
+    """x with its last axis cut or zero-padded to length n."""
+    m = x.shape[-1]
+    if m > n:
+        return x[..., :n]
+    if m < n:
+        return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n - m)])
+    return x
+
+
+def _take_box(flat, dims, live):
+    """flat[sum_j i_j * stride_j] for every index of dims, shaped by the dims' counts (natural order)."""
+    x = flat
+    for _, c, s in live:
+        x = _fit(x, c * s).reshape(*x.shape[:-1], c, s)
+    x = x[..., 0]
+    order = sorted(range(len(live)), key=lambda i: live[i][0])
+    x = x.transpose(order)
+    keep = {k for k, _, _ in live}
+    x = x.reshape([c if k in keep else 1 for k, (c, _) in enumerate(dims)])
+    return jnp.broadcast_to(x, [c for c, _ in dims])
+
+
+def _put_box(vals, dims, live, span):
+    """The inverse of _take_box: vals (dims' counts, natural order) laid out flat over span elements
+    (zeros between the box's elements)."""
+    natural = sorted(k for k, _, _ in live)
+    x = vals.reshape([dims[k][0] for k in natural]).transpose([natural.index(k) for k, _, _ in live])
+    x = x[..., None]
+    for _, c, s in reversed(live):
+        x = _fit(x, s)
+        x = x.reshape(*x.shape[:-2], c * s)
+    return _fit(x, span)
+
+
+def _box_positions(dims) -> np.ndarray:
+    pos = np.zeros(1, np.int64)
+    for c, s in dims:
+        pos = (pos[:, None] + np.arange(c) * s).reshape(-1)
+    return pos
+
+
 @functools.cache
-def _load_fn(sig):
+def _load_fn(sig, grid=None):
     n, strides, pad, padval, _, dtype = sig
     dims = (n[0] + pad[0] + pad[1], n[1] + pad[2] + pad[3], n[2] + pad[4] + pad[5])
     i0, i1, i2 = np.meshgrid(*(np.arange(d) - pad[2 * k] for k, d in enumerate(dims)), indexing="ij")
     inside = ((i0 >= 0) & (i0 < n[0]) & (i1 >= 0) & (i1 < n[1]) & (i2 >= 0) & (i2 < n[2])).reshape(-1)
     rel = np.where(inside, (i0 * strides[0] + i1 * strides[1] + i2 * strides[2]).reshape(-1), 0).astype(np.int32)
     fill = pad_value(PadValue(padval), dtype)
+    dims = (*grid, *zip(n, strides, strict=True)) if grid is not None else None
+    box = _box(dims, unique=False) if dims is not None else None
+    if box is not None:
+        live, span = box
+
+        def run_box(mem, bases):
+            v = _take_box(lax.dynamic_slice(mem, (bases[0],), (span,)), dims, live)
+            v = v.reshape(-1, *n)
+            if any(pad):
+                v = jnp.pad(v, ((0, 0), (pad[0], pad[1]), (pad[2], pad[3]), (pad[4], pad[5])), constant_values=fill)
+            return v.reshape(v.shape[0], -1)
+        return jax.jit(run_box)
 
     def run(mem, bases):
         v = mem.at[bases[:, None] + rel].get(mode="promise_in_bounds")
@@ -100,10 +194,23 @@ def _gather_fn(sig, how):
 
 
 @functools.cache
-def _store_fn(sig, how):
+def _store_fn(sig, how, grid=None):
     n, dram_strides, local, _ = sig
     rel_src = offsets(local, n).astype(np.int32)
     rel_dram = offsets(dram_strides, n).astype(np.int32)
+    dims = (*grid, *zip(n, dram_strides, strict=True)) if grid is not None else None
+    box = _box(dims, unique=True) if dims is not None else None
+    if box is not None:
+        live, span = box
+        mask = np.zeros(span, bool)
+        mask[_box_positions(dims)] = True
+
+        def run_box(data, P, rows, offs, bases):
+            new = _put_box(_read(P, rows, offs, rel_src, how), dims, live, span)
+            if not mask.all():
+                new = jnp.where(mask, new, lax.dynamic_slice(data, (bases[0],), (span,)))
+            return lax.dynamic_update_slice(data, new, (bases[0],))
+        return jax.jit(run_box, donate_argnums=0)
 
     def run(data, P, rows, offs, bases):
         vals = _read(P, rows, offs, rel_src, how)
@@ -211,11 +318,11 @@ def _how(g: Group, slot: str, plan: Plan, rows: np.ndarray, offs: np.ndarray) ->
 
 def _group_fn(g: Group, hows: tuple, grid: tuple, permuted: bool):
     if g.kind == "load":
-        return _load_fn(g.sig)
+        return _load_fn(g.sig, _grid(g.dram))
     if g.kind == "gather":
         return _gather_fn(g.sig, hows[0])
     if g.kind == "store":
-        return _store_fn(g.sig, hows[0])
+        return _store_fn(g.sig, hows[0], _grid(g.dram))
     if g.kind == "matmul":
         return _matmul_fn(g.sig, hows, grid, permuted)
     return _vector_fn(g.sig, hows)
