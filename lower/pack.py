@@ -20,18 +20,17 @@ from stagec.isa.config import HardwareConfig
 
 from .graph_ir import Graph, Node, OpKind, Value
 from .passes import dce
-from .schedule import map_conv, map_window, node_problem
+from .schedule import ConvProblem, map_conv, map_window, node_problem
 
 
-def packing(node: Node, hw: HardwareConfig) -> int:
-    """The channels per group G to pack the depthwise `node` by, or 0 for the vector unit."""
-    kind, p, extras = node_problem(node)
-    _, best = map_window(p, hw, extras, True, node.name, with_cost=True)
+def packing(p: ConvProblem, extras, hw: HardwareConfig, layer: str) -> int:
+    """The channels per group G to pack the depthwise conv `p` by, or 0 for the vector unit."""
+    _, best = map_window(p, hw, extras, True, layer, with_cost=True)
     choice = 0
     for g in range(2, min(p.c, hw.array_cols) + 1):
         if p.c % g:
             continue
-        _, cost = map_conv(replace(p, c=g, o=g), hw, extras, node.name, with_cost=True)
+        _, cost = map_conv(replace(p, c=g, o=g), hw, extras, layer, with_cost=True)
         if p.c // g * cost < best:
             best, choice = p.c // g * cost, g
     return choice
@@ -55,14 +54,18 @@ def pack_depthwise(graph: Graph, hw: HardwareConfig, keep=frozenset()) -> Graph:
     nodes = []
     for node in graph.nodes:
         found = node_problem(node) if node.op == OpKind.CONV else None
-        w = node.inputs[1] if found else None
-        g = packing(node, hw) if found and found[0] == "depthwise" and w.id in consts \
-            and node.inputs[0].dtype == "float32" and node.name not in keep else 0
+        g = 0
+        if (found and found[0] == "depthwise" and node.inputs[1].id in consts and node.inputs[0].dtype == "float32"
+                and node.name not in keep):
+            g = packing(found[1], found[2], hw, node.name)
         if not g:
             nodes.append(node)
             continue
+        w = node.inputs[1]
         packed = Value(next(ids), (w.shape[0], g) + w.shape[2:], w.dtype)
         consts[packed.id] = block_diagonal(np.asarray(consts[w.id]), g)
         inputs = (node.inputs[0], packed) + node.inputs[2:]
         nodes.append(Node(node.op, inputs, node.output, node.attrs, node.name).with_attrs(groups=w.shape[0] // g))
+    if len(consts) == len(graph.constants):   # nothing packed: each packing adds its weights
+        return graph
     return dce(Graph(graph.inputs, graph.outputs, tuple(nodes), MappingProxyType(consts)))

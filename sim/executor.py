@@ -154,23 +154,24 @@ def _box_positions(dims) -> np.ndarray:
 @functools.cache
 def _load_fn(sig, grid=None):
     n, strides, pad, padval, _, dtype = sig
-    dims = (n[0] + pad[0] + pad[1], n[1] + pad[2] + pad[3], n[2] + pad[4] + pad[5])
-    i0, i1, i2 = np.meshgrid(*(np.arange(d) - pad[2 * k] for k, d in enumerate(dims)), indexing="ij")
-    inside = ((i0 >= 0) & (i0 < n[0]) & (i1 >= 0) & (i1 < n[1]) & (i2 >= 0) & (i2 < n[2])).reshape(-1)
-    rel = np.where(inside, (i0 * strides[0] + i1 * strides[1] + i2 * strides[2]).reshape(-1), 0).astype(np.int32)
     fill = pad_value(PadValue(padval), dtype)
-    dims = (*grid, *zip(n, strides, strict=True)) if grid is not None else None
-    box = _box(dims, unique=False) if dims is not None else None
+    box_dims = (*grid, *zip(n, strides, strict=True)) if grid is not None else None
+    box = _box(box_dims, unique=False) if box_dims is not None else None
     if box is not None:
         live, span = box
 
         def run_box(mem, bases):
-            v = _take_box(lax.dynamic_slice(mem, (bases[0],), (span,)), dims, live)
+            v = _take_box(lax.dynamic_slice(mem, (bases[0],), (span,)), box_dims, live)
             v = v.reshape(-1, *n)
             if any(pad):
                 v = jnp.pad(v, ((0, 0), (pad[0], pad[1]), (pad[2], pad[3]), (pad[4], pad[5])), constant_values=fill)
             return v.reshape(v.shape[0], -1)
         return jax.jit(run_box)
+
+    dims = (n[0] + pad[0] + pad[1], n[1] + pad[2] + pad[3], n[2] + pad[4] + pad[5])
+    i0, i1, i2 = np.meshgrid(*(np.arange(d) - pad[2 * k] for k, d in enumerate(dims)), indexing="ij")
+    inside = ((i0 >= 0) & (i0 < n[0]) & (i1 >= 0) & (i1 < n[1]) & (i2 >= 0) & (i2 < n[2])).reshape(-1)
+    rel = np.where(inside, (i0 * strides[0] + i1 * strides[1] + i2 * strides[2]).reshape(-1), 0).astype(np.int32)
 
     def run(mem, bases):
         v = mem.at[bases[:, None] + rel].get(mode="promise_in_bounds")
