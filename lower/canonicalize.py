@@ -151,8 +151,12 @@ _UNARY = {"neg": "neg", "abs": "abs", "exp": "exp", "log": "log", "tanh": "tanh"
           "erf": "erf", "sqrt": "sqrt", "rsqrt": "rsqrt"}
 
 
+def _is_const(x, c: float) -> bool:
+    return not isinstance(x, Value) and np.size(x) == 1 and float(np.asarray(x).reshape(())) == c
+
+
 def _is_zero(x) -> bool:
-    return not isinstance(x, Value) and np.size(x) == 1 and float(np.asarray(x).reshape(())) == 0.0
+    return _is_const(x, 0.0)
 
 
 @rule(*_BINARY)
@@ -160,6 +164,10 @@ def binary(b, eqn, x, y):
     name = eqn.primitive.name
     if name == "max" and (_is_zero(x) or _is_zero(y)):
         return b.elementwise([y if _is_zero(x) else x], (Step("relu", (0,)),), _out_shape(eqn))
+    if name == "mul" and _dtype_of(x) == _dtype_of(y) == "float32":   # x * 1 is x, exactly (attention's scale 1)
+        for v, one in ((x, y), (y, x)):
+            if _is_const(one, 1.0) and isinstance(v, Value) and v.shape == tuple(_out_shape(eqn)):
+                return v
     return b.elementwise([x, y], (Step(_BINARY[name], (0, 1)),), _out_shape(eqn))
 
 
@@ -167,6 +175,9 @@ def binary(b, eqn, x, y):
 def div(b, eqn, x, y):
     if not isinstance(y, Value):    # division by a constant: multiply by its reciprocal
         return b.elementwise([x, (1.0 / np.asarray(y, np.float64)).astype(np.float32)], (Step("mul", (0, 1)),),
+                             _out_shape(eqn))
+    if y.size < math.prod(_out_shape(eqn)):   # a broadcast divisor (softmax's row sums): one reciprocal per row
+        return b.elementwise([x, b.elementwise([y], (Step("recip", (0,)),), y.shape)], (Step("mul", (0, 1)),),
                              _out_shape(eqn))
     return b.elementwise([x, y], (Step("recip", (1,)), Step("mul", (0, 2))), _out_shape(eqn))
 

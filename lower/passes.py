@@ -1,4 +1,5 @@
-"""Graph passes: dead-code elimination, elementwise fusion, epilogue fusion, affine folding.
+"""Graph passes: dead-code elimination, reshape sinking, elementwise fusion, deferred row scales,
+epilogue fusion, affine folding.
 
 Each pass is Graph -> Graph; the compile driver lists them in order.
 """
@@ -22,6 +23,82 @@ def dce(graph: Graph) -> Graph:
             live.update(v.id for v in node.inputs)
     consts = {k: a for k, a in graph.constants.items() if k in live}
     return Graph(graph.inputs, graph.outputs, tuple(reversed(kept)), MappingProxyType(consts))
+
+
+def _uses(graph: Graph) -> tuple[dict[int, int], set[int], dict[int, Node]]:
+    """(how many nodes read each value, the graph's output ids, each value's producer)."""
+    uses: dict[int, int] = {}
+    for n in graph.nodes:
+        for v in set(n.inputs):
+            uses[v.id] = uses.get(v.id, 0) + 1
+    return uses, {v.id for v in graph.outputs}, {n.output.id: n for n in graph.nodes}
+
+
+def sink_reshapes(graph: Graph) -> Graph:
+    """An elementwise op whose one tensor operand is a single-use RESHAPE (every other operand a
+    scalar) runs before the reshape instead, so that it can fuse into the reshaped value's producer
+    (the scale after an attention matmul, split into heads by a reshape)."""
+    uses, outputs, producer = _uses(graph)
+    ids = graph.fresh_ids()
+    moved, nodes = False, []
+    for node in graph.nodes:
+        tensors = [v for v in node.inputs if v.size != 1]
+        r = producer.get(tensors[0].id) if node.op == OpKind.ELEMENTWISE and len(tensors) == 1 else None
+        if (r is None or r.op != OpKind.RESHAPE or uses[r.output.id] != 1 or r.output.id in outputs
+                or node.output.shape != r.output.shape
+                or any(v.size == 1 and len(v.shape) > len(r.inputs[0].shape) for v in node.inputs)):
+            nodes.append(node)
+            continue
+        source = r.inputs[0]
+        before = Value(next(ids), source.shape, node.output.dtype)
+        nodes.append(Node(OpKind.ELEMENTWISE, tuple(source if v == r.output else v for v in node.inputs), before,
+                          node.attrs, node.name))
+        nodes.append(Node(OpKind.RESHAPE, (before,), node.output, r.attrs, r.name))
+        moved = True
+    # the moved reshapes' old nodes are read by nothing now
+    return dce(Graph(graph.inputs, graph.outputs, tuple(nodes), graph.constants)) if moved else graph
+
+
+def defer_row_scale(graph: Graph) -> Graph:
+    """matmul(x * r, b) with r one scale per row of x becomes matmul(x, b) * r: the scale moves to
+    the (fusable) output, N values a row instead of K (softmax's normalization before attention's
+    P @ V, as flash attention defers it).  Exact up to rounding."""
+    uses, outputs, producer = _uses(graph)
+
+    def single(v: Value, op: OpKind) -> Node | None:
+        p = producer.get(v.id)
+        return p if p is not None and p.op == op and uses[v.id] == 1 and v.id not in outputs else None
+
+    ids = graph.fresh_ids()
+    nodes, changed = [], False
+    for node in graph.nodes:
+        a = node.inputs[0]
+        view = single(a, OpKind.RESHAPE) if node.op == OpKind.MATMUL else None
+        scaled = single(view.inputs[0] if view else a, OpKind.ELEMENTWISE) if node.op == OpKind.MATMUL else None
+        if (scaled is None or node.attr("epilogue") or len(node.inputs) != 2 or a.dtype != "float32"
+                or scaled.attr("expr") != (Step("mul", (0, 1)),) or a.shape[-1] != scaled.output.shape[-1]):
+            nodes.append(node)
+            continue
+        shape = scaled.output.shape
+        rows = shape[:-1] + (1,)
+        x, r = scaled.inputs if scaled.inputs[1].shape == rows else scaled.inputs[::-1]
+        if x.shape != shape or r.shape != rows:
+            nodes.append(node)
+            continue
+        if view:
+            x_view = Value(next(ids), a.shape, a.dtype)
+            nodes.append(Node(OpKind.RESHAPE, (x,), x_view, view.attrs, view.name))
+            x = x_view
+        row_shape = node.output.shape[:-1] + (1,)
+        if r.shape != row_shape:
+            r_view = Value(next(ids), row_shape, r.dtype)
+            nodes.append(Node(OpKind.RESHAPE, (r,), r_view, (), f"{scaled.name}/rows"))
+            r = r_view
+        product = Value(next(ids), node.output.shape, node.output.dtype)
+        nodes.append(Node(OpKind.MATMUL, (x, node.inputs[1]), product, node.attrs, node.name))
+        nodes.append(Node(OpKind.ELEMENTWISE, (product, r), node.output, scaled.attrs, scaled.name))
+        changed = True
+    return dce(Graph(graph.inputs, graph.outputs, tuple(nodes), graph.constants)) if changed else graph
 
 
 def compose(outer_inputs, outer_expr: Expr, k: int, inner_inputs, inner_expr: Expr):
@@ -67,12 +144,7 @@ def dedupe(inputs, expr: Expr):
 
 def _fuse(graph: Graph, consumer_ok, absorb) -> Graph:
     """Absorb single-use producers into their consumer, at the consumer's position."""
-    uses: dict[int, int] = {}
-    for n in graph.nodes:
-        for v in set(n.inputs):
-            uses[v.id] = uses.get(v.id, 0) + 1
-    outputs = {v.id for v in graph.outputs}
-    producer = {n.output.id: n for n in graph.nodes}
+    uses, outputs, producer = _uses(graph)
     removed = set()
     nodes = list(graph.nodes)
     for i, node in enumerate(nodes):

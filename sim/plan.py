@@ -375,27 +375,45 @@ def _check_reads(g: Group, groups: list[Group]) -> None:
             raise PlanError(f"group {g.id} ({g.kind}) reads past the value its producer wrote")
 
 
-def read_pattern(g: Group, slot: str) -> np.ndarray:
-    """Element offsets of a read, in the order the compute consumes them."""
+def read_dims(g: Group, slot: str) -> tuple[tuple[int, int], ...]:
+    """A read's element offsets as a box, ((count, stride), ...) outermost first, in the order the
+    compute consumes them."""
     s = g.sig
     if g.kind == "store":
         n, _, local, _ = s
-        return offsets(local, n)
+        return _dims(local, n)
     if g.kind == "gather":
         n, _, index_stride, _, _ = s
-        return offsets((index_stride, 0, 0), (n[0], 1, 1))
+        return _dims((index_stride, 0, 0), (n[0], 1, 1))
     if g.kind == "matmul":
         _, (m1, m0, k, n), pa, pb, pc, *_ = s
         if slot == "a":
-            return offsets(pa, (m1, m0, k))
+            return _dims(pa, (m1, m0, k))
         if slot == "b":
-            return offsets((*pb, 0), (k, n, 1))
-        return offsets(pc, (m1, m0, n))
+            return _dims((*pb, 0), (k, n, 1))
+        return _dims(pc, (m1, m0, n))
     _, f, _, n, pd, p1, p2, *_ = s
     if slot == "src1":
-        return offsets(p1, n)
+        return _dims(p1, n)
     if slot == "src2" and f == VectorFunc.REQUANT:   # records of RECORD_WORDS int32 words
-        return (offsets(p2, n)[:, None] * RECORD_WORDS + np.arange(RECORD_WORDS)).reshape(-1)
+        return (*((c, st * RECORD_WORDS) for c, st in _dims(p2, n)), (RECORD_WORDS, 1))
     if slot == "src2":
-        return offsets(p2, n)
-    return offsets(pd, (n[0], n[1], 1) if f in REDUCTIONS else n)
+        return _dims(p2, n)
+    return _dims(pd, (n[0], n[1], 1) if f in REDUCTIONS else n)
+
+
+def _dims(strides, counts) -> tuple[tuple[int, int], ...]:
+    return tuple((int(c), int(st)) for c, st in zip(counts, strides, strict=True))
+
+
+def box_positions(dims) -> np.ndarray:
+    """The element offsets of a box ((count, stride), ...), outermost first."""
+    pos = np.zeros(1, np.int64)
+    for c, st in dims:
+        pos = (pos[:, None] + np.arange(c) * st).reshape(-1)
+    return pos
+
+
+def read_pattern(g: Group, slot: str) -> np.ndarray:
+    """Element offsets of a read, in the order the compute consumes them."""
+    return box_positions(read_dims(g, slot))

@@ -17,17 +17,19 @@ from stagec.lower.canonicalize import canonicalize
 from stagec.lower.layout import assign_layout
 from stagec.lower.lowering import lower_to_program
 from stagec.lower.pack import pack_depthwise
-from stagec.lower.passes import dce, fold_affine, fuse_elementwise, fuse_epilogues
+from stagec.lower.passes import dce, defer_row_scale, fold_affine, fuse_elementwise, fuse_epilogues, sink_reshapes
 from stagec.lower.quantize import quantize as quantize_graph
 from stagec.lower.schedule import make_schedule
 
 GRAPH_PASSES = [
     ("dce", dce),                            # drop what no output needs
+    ("sink_reshapes", sink_reshapes),        # scalar elementwise ops before a reshape -> after it, to fuse
     ("fuse_elementwise", fuse_elementwise),  # elementwise chains -> one node
+    ("defer_row_scale", defer_row_scale),    # matmul(x * row scale, b) -> matmul(x, b) * row scale
     ("fuse_epilogues", fuse_epilogues),      # bias/activation/residual -> the conv/matmul's accumulator tile
     ("fold_affine", fold_affine),            # per-channel scale and shift (batch norm) -> weights and bias
 ]
-FUSION_PASSES = {"fuse_elementwise", "fuse_epilogues"}
+FUSION_PASSES = {"sink_reshapes", "fuse_elementwise", "defer_row_scale", "fuse_epilogues"}
 QUANTIZE_STAGES = (   # quantize="int8" only; _quantize runs them
     "calibrate",         # every fp32 value's range over the calibration batches
     "quantize",          # int8 CONV/MATMUL, QUANTIZE/DEQUANTIZE at the fp32 islands' boundaries

@@ -61,3 +61,43 @@ def test_graph_prints():
     _, graphs = _graphs(model, x)
     text = str(graphs[-1][1])
     assert "conv(" in text and "epilogue={t0=add(i0,i1); t1=relu(t0)}" in text and "return" in text
+
+
+class PrescaledAttention(torch.nn.Module):
+    """Whisper's attention in small: q scaled after its projection (then split into heads by a
+    reshape), attention with scale 1, softmax normalization before P @ V."""
+
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v = (torch.nn.Linear(d, d) for _ in range(3))
+
+    def forward(self, x):
+        b, n, d = x.shape
+
+        def split(t):
+            return t.reshape(b, n, self.heads, d // self.heads).transpose(1, 2)
+        q = split(self.q(x) * (d // self.heads) ** -0.5)
+        o = torch.nn.functional.scaled_dot_product_attention(q, split(self.k(x)), split(self.v(x)), scale=1.0)
+        return o.transpose(1, 2).reshape(b, n, d)
+
+
+def test_attention_scales_fold_and_softmax_normalizes_after_p_at_v():
+    torch.manual_seed(0)
+    model, x = PrescaledAttention().eval(), torch.randn(1, 12, 16)
+    ref, graphs = _graphs(model, x)
+    for name, g in graphs:
+        assert rel_err(evaluate(g, x.numpy())[0], ref) < 1e-5, name
+    final = graphs[-1][1]
+    scores = (1, 2, 12, 12)
+    # no multiply by attention's scale 1, and q's scale folded into its projection's weights
+    assert not any(n.op == OpKind.ELEMENTWISE and "mul" in {s.func for s in n.attr("expr")} for n in final.nodes)
+    # one reciprocal per row of the scores, not per score
+    recips = [n for n in final.nodes if n.op == OpKind.ELEMENTWISE and n.attr("expr")[0].func == "recip"]
+    assert [n.output.shape for n in recips] == [scores[:-1] + (1,)]
+    # the normalization runs on P @ V's output tile: N values per row instead of K
+    pv = [n for n in final.nodes if n.op == OpKind.MATMUL and "mul" in {s.func for s in n.attr("epilogue") or ()}]
+    assert len(pv) == 1 and [s.func for s in pv[0].attr("epilogue")] == ["mul"]
+    assert pv[0].inputs[2].shape == pv[0].output.shape[:-1] + (1,)
+    assert not any(n.op == OpKind.ELEMENTWISE and n.output.shape == scores and n.inputs[0].shape == scores
+                   and "mul" in {s.func for s in n.attr("expr")} for n in final.nodes)

@@ -38,3 +38,25 @@ def test_pointwise_conv_over_concat_of_two_producers():
     assert program.cache["executor"] is not None
     with torch.no_grad():
         assert rel_err(out, model(x).numpy()) < 1e-4
+
+
+class WideRows(nn.Module):
+    """Attention over 96 positions: score tiles stored as rows of contiguous elements (one windowed
+    scatter), read back as strided boxes of the producer's values and broadcast row maxima."""
+
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def test_box_reads_and_row_scatter_stores_match_the_reference_interpreter():
+    from stagec.sim import reference
+    from stagec.sim.executor import Executor
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 96, 16) for _ in range(3))
+    program = stagec.compile(WideRows().eval(), (q, k, v))
+    inputs = [t.numpy() for t in (q, k, v)]
+    got = Executor(program).run(inputs)[0]
+    want = reference.execute(program, inputs)[0]
+    assert rel_err(got, want) < 1e-6
+    with torch.no_grad():
+        assert rel_err(got, WideRows()(q, k, v).numpy()) < 1e-4
