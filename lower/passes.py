@@ -72,33 +72,39 @@ def defer_row_scale(graph: Graph) -> Graph:
     ids = graph.fresh_ids()
     nodes, changed = [], False
     for node in graph.nodes:
-        a = node.inputs[0]
-        view = single(a, OpKind.RESHAPE) if node.op == OpKind.MATMUL else None
-        scaled = single(view.inputs[0] if view else a, OpKind.ELEMENTWISE) if node.op == OpKind.MATMUL else None
-        if (scaled is None or node.attr("epilogue") or len(node.inputs) != 2 or a.dtype != "float32"
-                or scaled.attr("expr") != (Step("mul", (0, 1)),) or a.shape[-1] != scaled.output.shape[-1]):
-            nodes.append(node)
-            continue
-        shape = scaled.output.shape
-        rows = shape[:-1] + (1,)
-        x, r = scaled.inputs if scaled.inputs[1].shape == rows else scaled.inputs[::-1]
-        if x.shape != shape or r.shape != rows:
-            nodes.append(node)
-            continue
-        if view:
-            x_view = Value(next(ids), a.shape, a.dtype)
-            nodes.append(Node(OpKind.RESHAPE, (x,), x_view, view.attrs, view.name))
-            x = x_view
-        row_shape = node.output.shape[:-1] + (1,)
-        if r.shape != row_shape:
-            r_view = Value(next(ids), row_shape, r.dtype)
-            nodes.append(Node(OpKind.RESHAPE, (r,), r_view, (), f"{scaled.name}/rows"))
-            r = r_view
-        product = Value(next(ids), node.output.shape, node.output.dtype)
-        nodes.append(Node(OpKind.MATMUL, (x, node.inputs[1]), product, node.attrs, node.name))
-        nodes.append(Node(OpKind.ELEMENTWISE, (product, r), node.output, scaled.attrs, scaled.name))
-        changed = True
+        deferred = _deferred_row_scale(node, single, ids) if node.op == OpKind.MATMUL else None
+        nodes.extend(deferred or [node])
+        changed = changed or bool(deferred)
     return dce(Graph(graph.inputs, graph.outputs, tuple(nodes), graph.constants)) if changed else graph
+
+
+def _deferred_row_scale(node: Node, single, ids) -> list[Node] | None:
+    """The nodes replacing MATMUL `node` whose left operand is (a reshape of) a single-use x * r,
+    r one scale per row of x, or None."""
+    a = node.inputs[0]
+    view = single(a, OpKind.RESHAPE)
+    scaled = single(view.inputs[0] if view else a, OpKind.ELEMENTWISE)
+    if (scaled is None or node.attr("epilogue") or len(node.inputs) != 2 or a.dtype != "float32"
+            or scaled.attr("expr") != (Step("mul", (0, 1)),) or a.shape[-1] != scaled.output.shape[-1]):
+        return None
+    rows = scaled.output.shape[:-1] + (1,)
+    x, r = scaled.inputs if scaled.inputs[1].shape == rows else scaled.inputs[::-1]
+    if x.shape != scaled.output.shape or r.shape != rows:
+        return None
+    nodes = []
+    if view:
+        x_view = Value(next(ids), a.shape, a.dtype)
+        nodes.append(Node(OpKind.RESHAPE, (x,), x_view, view.attrs, view.name))
+        x = x_view
+    row_shape = node.output.shape[:-1] + (1,)
+    if r.shape != row_shape:
+        r_view = Value(next(ids), row_shape, r.dtype)
+        nodes.append(Node(OpKind.RESHAPE, (r,), r_view, (), f"{scaled.name}/rows"))
+        r = r_view
+    product = Value(next(ids), node.output.shape, node.output.dtype)
+    nodes.append(Node(OpKind.MATMUL, (x, node.inputs[1]), product, node.attrs, node.name))
+    nodes.append(Node(OpKind.ELEMENTWISE, (product, r), node.output, scaled.attrs, scaled.name))
+    return nodes
 
 
 def compose(outer_inputs, outer_expr: Expr, k: int, inner_inputs, inner_expr: Expr):

@@ -148,15 +148,23 @@ ROW_SCATTER = lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_wind
                                           scatter_dims_to_operand_dims=(0,))
 
 
-def _put_box(vals, dims, live):
-    """The inverse of _take_box: vals (dims' counts, natural order) laid out flat (zeros between the
-    box's elements), over its span and up to a stride beyond: the caller cuts it where it uses it,
-    so that the cut fuses there instead of copying the whole box."""
+def _put_box(vals, dims, live, span):
+    """The inverse of _take_box: vals (dims' counts, natural order) laid out flat over span elements
+    (zeros between the box's elements)."""
     x = _in_live_order(vals, dims, live)[..., None]
     for _, c, s in reversed(live):
         x = _fit(x, s)
         x = x.reshape(*x.shape[:-2], c * s)
-    return x
+    return _fit(x, span)
+
+
+def _contiguous_run(live) -> tuple[int, int]:
+    """(how many live dims lie outside the box's innermost contiguous run, the run's length)."""
+    inner, width = len(live), 1
+    while inner and live[inner - 1][2] == width:
+        inner -= 1
+        width *= live[inner][1]
+    return inner, width
 
 
 @functools.cache
@@ -206,16 +214,19 @@ def _gather_fn(sig, how):
 def _store_fn(sig, how, grid=None):
     n, dram_strides, local, _ = sig
     rel_src = offsets(local, n).astype(np.int32)
-    rel_dram = offsets(dram_strides, n).astype(np.int32)
     dims = (*grid, *zip(n, dram_strides, strict=True)) if grid is not None else None
     box = _box(dims, unique=True) if dims is not None else None
-    if box is not None:
-        live, span = box
-        inner, width = len(live), 1   # the box's innermost dims that are one contiguous run
-        while inner and live[inner - 1][2] == width:
-            inner -= 1
-            width *= live[inner][1]
-    if box is not None and width >= 64:
+    if box is None:
+        rel_dram = offsets(dram_strides, n).astype(np.int32)
+
+        def run(data, P, rows, offs, bases):
+            vals = _read(P, rows, offs, rel_src, how)
+            idx = (bases[:, None] + rel_dram).reshape(-1)
+            return data.at[idx].set(vals.reshape(-1), mode="promise_in_bounds", unique_indices=True)
+        return jax.jit(run, donate_argnums=0)
+    live, span = box
+    inner, width = _contiguous_run(live)
+    if width >= 64:
         # runs of `width` contiguous elements: one windowed scatter, in place (QK^T's 54 MB scores:
         # 17 ms against 44 ms for the padded layout below)
         starts = box_positions([(c, s) for _, c, s in live[:inner]]).astype(np.int32)[:, None]
@@ -225,27 +236,18 @@ def _store_fn(sig, how, grid=None):
             return lax.scatter(data, bases[0] + starts, vals, ROW_SCATTER, indices_are_sorted=True,
                                unique_indices=True, mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
         return jax.jit(run_rows, donate_argnums=0)
-    if box is not None:
-        mask = np.zeros(span, bool)
-        mask[box_positions(dims)] = True
+    mask = np.zeros(span, bool)
+    mask[box_positions(dims)] = True
+    # two computations: XLA fuses the box's transposes and pads into an in-place update of the
+    # whole DRAM array as one slow loop (54 MB: 57 ms against 38 ms apart)
+    layout = jax.jit(lambda P, rows, offs: _put_box(_read(P, rows, offs, rel_src, how), dims, live, span))
 
-        # two computations: XLA fuses the box's transposes and pads into an in-place update of the
-        # whole DRAM array as one slow loop (54 MB: 57 ms against 38 ms apart)
-        layout = jax.jit(lambda P, rows, offs: _put_box(_read(P, rows, offs, rel_src, how), dims, live))
-
-        def write(data, new, bases):
-            new = _fit(new, span)
-            if not mask.all():
-                new = jnp.where(mask, new, lax.dynamic_slice(data, (bases[0],), (span,)))
-            return lax.dynamic_update_slice(data, new, (bases[0],))
-        write = jax.jit(write, donate_argnums=0)
-        return lambda data, P, rows, offs, bases: write(data, layout(P, rows, offs), bases)
-
-    def run(data, P, rows, offs, bases):
-        vals = _read(P, rows, offs, rel_src, how)
-        idx = (bases[:, None] + rel_dram).reshape(-1)
-        return data.at[idx].set(vals.reshape(-1), mode="promise_in_bounds", unique_indices=True)
-    return jax.jit(run, donate_argnums=0)
+    def write(data, new, bases):
+        if not mask.all():
+            new = jnp.where(mask, new, lax.dynamic_slice(data, (bases[0],), (span,)))
+        return lax.dynamic_update_slice(data, new, (bases[0],))
+    write = jax.jit(write, donate_argnums=0)
+    return lambda data, P, rows, offs, bases: write(data, layout(P, rows, offs), bases)
 
 
 @functools.cache
@@ -406,6 +408,8 @@ class Executor:
                       for d in DType if d != DType.BF16}
         self.const_values = {}   # loads of the constant region, computed on the first run
         self.spare = None        # the last run's DRAM arrays
+        self.fill = _fill_fn(tuple((ref.dtype, (ref.offset - self.plan.data_origin) // ref.dtype.itemsize)
+                                   for ref in program.inputs))
         self.steps = []
         for g in self.plan.groups:
             reads = {s: (g.reads[s].rows, g.reads[s].offs) for s in SLOTS[g.kind] if s in g.reads}
@@ -428,9 +432,8 @@ class Executor:
         if self.spare is None:
             self.spare = {d: jnp.zeros(plan.data_bytes // d.itemsize, d.numpy) for d in plan.dtypes}
         data, self.spare = self.spare, None
-        starts = tuple((ref.dtype, (ref.offset - plan.data_origin) // ref.dtype.itemsize) for ref in p.inputs)
-        data = _fill_fn(starts)(data, [np.asarray(x, ref.dtype.numpy).reshape(-1)
-                                       for ref, x in zip(p.inputs, inputs, strict=True)])
+        data = self.fill(data, [np.asarray(x, ref.dtype.numpy).reshape(-1) for ref, x in zip(p.inputs, inputs,
+                                                                                              strict=True)])
         values, checks = {}, []
         for g, fn, args, extra, dram in self.steps:
             flat = [a for src, rows, offs in args for a in (values[src], rows, offs)]
