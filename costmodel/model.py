@@ -23,8 +23,8 @@ the reuse it can trade is weight residency (all weights loaded once and reused b
 tile, vs. a weight tile per output tile), the loop-order choice the model and tuner make.
 
 Every discrete step goes through costmodel.smooth, so `smooth=0` is the exact model and
-`smooth>0` its relaxation; the three switches of a mapping (double buffering, weight
-residency, a single accumulator tile) enter linearly, so probabilities between 0 and 1 mix
+`smooth>0` its relaxation; the four switches of a mapping (double buffering, weight
+residency, a single accumulator tile, transposed operands) enter linearly, so probabilities between 0 and 1 mix
 the candidates' costs.
 """
 
@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import jax
 import jax.numpy as jnp
 
-from stagec.lower.schedule import FP32, MAX_HALO, conv_footprint, window_footprint
+from stagec.lower.schedule import FP32, MAX_HALO, conv_footprint, tile_line, window_footprint
 from stagec.sim.costs import matmul_fold_cycles
 from stagec.sim.energy import ActionCounts, energy_pj
 
@@ -129,6 +129,7 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     taps_mm = L.kh * jnp.ceil(L.kw / fold)
     taps = L.kh * L.kw
     db, res = m.double_buffer, jnp.where(matrix, m.weights_resident, 0.0)
+    tr = jnp.where(matrix, m.transposed, 0.0)   # output channels streamed, a COPY turns each tile
     sa = jnp.where(matrix, m.single_acc, 0.0)   # one accumulator tile, the epilogue's result in the scratchpad
     bw, lat = hw.dma_bandwidth_bytes_per_cycle, hw.dma_latency_cycles
 
@@ -158,17 +159,25 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
 
     # sim.costs' per-fold cycles with the streamed length (m for WS, k for OS) summed apart,
     # since it is linear: sum over matmuls of folds x (fixed + length)
+    # transposed, B's columns are each tile's line through its halo (lower.schedule.tile_line)
+    p = _problem(L)
+    lines = L.n * _tile_sum(lambda a, b: tile_line(p, a, b)[0], hs, ws)
+    line_folds = L.n * _tile_sum(lambda a, b: ceil(tile_line(p, a, b)[0] / c), hs, ws)
     col_folds = _tile_sum(lambda o: ceil(o / c), os_)
     k_folds = _tile_sum(lambda t: ceil(fold * t / r), cs)
     m_folds = L.n * _tile_sum(lambda a, b: ceil(a * b / r), hs, ws)
-    ws_cycles = taps_mm * k_folds * col_folds * (n_sp * matmul_fold_cycles(0, 0, 0, r, c, "weight_stationary")
-                                                 + pixels)
-    os_cycles = taps_mm * m_folds * col_folds * (n_c * matmul_fold_cycles(0, 0, 0, r, c, "output_stationary")
-                                                 + fold * channels)
+    o_folds = _tile_sum(lambda o: ceil(o / r), os_)
+    fixed_ws = matmul_fold_cycles(0, 0, 0, r, c, "weight_stationary")
+    fixed_os = matmul_fold_cycles(0, 0, 0, r, c, "output_stationary")
+    ws_cycles = taps_mm * k_folds * ((1.0 - tr) * col_folds * (n_sp * fixed_ws + pixels)
+                                     + tr * line_folds * (n_o * fixed_ws + L.o))
+    os_cycles = taps_mm * ((1.0 - tr) * m_folds * col_folds + tr * o_folds * line_folds) * (
+        n_c * fixed_os + fold * channels)
     array = jnp.where(matrix, hw.weight_stationary * ws_cycles + (1.0 - hw.weight_stationary) * os_cycles, 0.0)
     groups = L.n * _tile_sum(lambda a, b, o: ceil(a * b * o / hw.vector_lanes), hs, ws, os_)
-    copy_out = sa * (L.epi_plain + L.epi_hard == 0)   # no epilogue: a COPY moves the tile out
-    epilogue = groups * (L.epi_plain + copy_out + L.epi_hard * hw.vector_cycles_per_transcendental)
+    copy_out = (1.0 - tr) * sa * (L.epi_plain + L.epi_hard == 0)   # no epilogue: a COPY moves the tile out
+    turn = tr * groups                                               # the COPY that turns a transposed tile
+    epilogue = groups * (L.epi_plain + copy_out + L.epi_hard * hw.vector_cycles_per_transcendental) + turn
     window = jnp.where(matrix, 0.0, taps * groups)
     vector = window + epilogue
 
@@ -176,9 +185,9 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     steps = jnp.maximum(tiles_out, 1.0)
     compute = array + window
     stage = jnp.stack([load_q, compute, epilogue, store_q]) / steps
-    # one accumulator tile: the next tile's MATMULs wait for this one's epilogue (the last tile's
-    # epilogue is the pipeline's drain, counted below)
-    waits = sa * epilogue * (steps - 1.0) / steps
+    # one accumulator tile: the next tile's MATMULs wait for this one's epilogue, or its COPY when
+    # transposed (the last tile's is the pipeline's drain, counted below)
+    waits = sa * ((1.0 - tr) * epilogue + turn) * (steps - 1.0) / steps
     busiest = sm.maximum(jnp.stack([load_q, store_q, channel, array + waits, vector]), s)
     # the busiest unit's pace, plus filling and draining: one tile's stages in series less the
     # busiest unit's share of it (a single tile is its stages in series)
@@ -188,25 +197,35 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     hidden = -sm.maximum(-jnp.stack([first_load, stage[2] + stage[3]]), s)
     serial = load_q + compute + epilogue + store_q - k.overlap * (steps - 1.0) * hidden
     instructions = first_n + halo_n + w_n + ex_n + store_n + jnp.where(
-        matrix, n_sp * n_o * n_c * taps_mm, tiles_out * taps) + tiles_out * (L.epi_plain + L.epi_hard + copy_out)
+        matrix, n_sp * n_o * n_c * taps_mm, tiles_out * taps) + tiles_out * (L.epi_plain + L.epi_hard + copy_out + tr)
     cycles = L.repeat * (startup + db * pipelined + (1.0 - db) * serial + k.per_instruction * instructions)
 
     # --- energy: sim.energy's actions
+    # MACs the array performs: transposed, the dropped line positions' too
     macs = jnp.where(matrix, L.n * oh * ow * L.o * L.c * taps, 0.0)
-    a_reads = taps_mm * pixels * fold * channels * col_folds
+    macs = macs + tr * taps_mm * fold * channels * L.o * (lines - L.n * oh * ow)
+    # the streamed operand (A) is read once per column fold, the held one (B) once per MATMUL (per
+    # row fold, output stationary); transposed, A is the weights and B the halo's lines
     wst = hw.weight_stationary
-    c_writes = taps_mm * pixels * L.o * (wst * k_folds + (1.0 - wst) * n_c)
-    b_reads = taps_mm * fold * channels * L.o * (wst * n_sp + (1.0 - wst) * m_folds)
+    a_reads = taps_mm * fold * channels * ((1.0 - tr) * pixels * col_folds + tr * L.o * line_folds)
+    b_reads = taps_mm * fold * channels * ((1.0 - tr) * L.o * (wst * n_sp + (1.0 - wst) * m_folds)
+                                           + tr * lines * (wst * n_o + (1.0 - wst) * o_folds))
+    products = (1.0 - tr) * pixels + tr * lines       # accumulator elements per output channel
+    c_writes = taps_mm * products * L.o * (wst * k_folds + (1.0 - wst) * n_c)
     epi_ops = (L.epi_plain + L.epi_hard + copy_out) * out_elems
-    # with one accumulator tile the epilogue's last op writes the scratchpad and the store reads it
-    moved = sa * out_elems * FP32
+    # with one accumulator tile the epilogue's last op writes the scratchpad and the store reads it;
+    # transposed, the COPY moves every tile there and the epilogue runs on it in the scratchpad
+    moved = ((1.0 - tr) * sa + tr) * out_elems * FP32
+    epi_spad = tr * epi_ops * FP32
     halo_padded = halo_b * rows_padded * cols_padded / (rows * cols)
-    spad_write = halo_padded + w_b + ex_b + first_b + moved
-    spad_read = jnp.where(matrix, (a_reads + b_reads) * FP32, taps * out_elems * FP32) + moved
-    acc_write = jnp.where(matrix, c_writes, taps * out_elems) * FP32 + epi_ops * FP32 - moved
-    acc_read = (jnp.where(matrix, c_writes - out_elems, (taps - 1) * out_elems) + epi_ops + out_elems) * FP32 - moved
+    spad_write = halo_padded + w_b + ex_b + first_b + moved + epi_spad
+    spad_read = jnp.where(matrix, (a_reads + b_reads) * FP32, taps * out_elems * FP32) + moved + epi_spad
+    acc_write = jnp.where(matrix, c_writes, taps * out_elems) * FP32 + epi_ops * FP32 - moved + tr * out_elems * FP32 \
+        - epi_spad
+    acc_read = (jnp.where(matrix, c_writes - products * L.o, (taps - 1) * out_elems) + epi_ops + out_elems) * FP32 \
+        - moved + tr * out_elems * FP32 - epi_spad
     counts = ActionCounts(macs_int8=0.0, macs_bf16=0.0, macs_fp32=L.repeat * macs,
-                          vector_ops=L.repeat * (jnp.where(matrix, 0.0, taps * out_elems) + epi_ops),
+                          vector_ops=L.repeat * (jnp.where(matrix, 0.0, taps * out_elems) + epi_ops + tr * out_elems),
                           scratchpad_read_bytes=L.repeat * spad_read, scratchpad_write_bytes=L.repeat * spad_write,
                           accumulator_read_bytes=L.repeat * acc_read, accumulator_write_bytes=L.repeat * acc_write,
                           dram_read_bytes=L.repeat * (first_b + halo_b + w_b + ex_b),
@@ -215,10 +234,9 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
 
     # --- capacity
     extras = (L.tile_extras, L.channel_extras)
-    p = _problem(L)
     spad_mx, acc_mx = (res * a + (1.0 - res) * b for a, b in zip(
-        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, True, extras, jnp, sa),
-        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, False, extras, jnp, sa), strict=True))
+        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, True, extras, jnp, sa, tr),
+        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, False, extras, jnp, sa, tr), strict=True))
     spad_win, acc_win = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, db, extras, True, jnp)
     no_weights = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, db, extras, False, jnp)[0]
     spad = jnp.where(matrix, spad_mx, jnp.where(L.kind == DEPTHWISE, spad_win, no_weights))

@@ -1,10 +1,11 @@
 """The mapping space of a layer: bounds, the relaxed parameters, random legal points, projection.
 
-A relaxed mapping is seven numbers per layer: the log of each tile size (oh, ow, o, c) and the
-logits of double buffering, weight residency and a single accumulator tile.  `project` turns any
-of them into the nearest legal mapping: the floor and ceiling of every tile size (in log space)
-crossed with the three switches, evaluated with the exact model, the cheapest one that fits kept; a layer none of
-whose neighbours fit falls back to the grid search's mapping (lower.schedule), always legal.
+A relaxed mapping is eight numbers per layer: the log of each tile size (oh, ow, o, c) and the
+logits of double buffering, weight residency, a single accumulator tile and transposed operands.
+`project` turns any of them into the nearest legal mapping: the floor and ceiling of every tile
+size (in log space) crossed with the four switches, evaluated with the exact model, the cheapest
+one that fits kept; a layer none of whose neighbours fit falls back to the grid search's mapping
+(lower.schedule), always legal.
 """
 
 from __future__ import annotations
@@ -33,18 +34,27 @@ def tile_bounds(L: LayerShape):
     return jnp.stack([jnp.minimum(L.oh, MAX_HALO), jnp.minimum(L.ow, MAX_HALO), jnp.minimum(L.o, MAX_HALO), c], -1)
 
 
+def matrix_switches(L: LayerShape):
+    """Where weight residency and a single accumulator tile, and where transposed operands, exist:
+    on the matrix unit; transposed only where a tile's pixels lie on one line (lower.schedule's
+    ConvProblem.turns)."""
+    matrix = L.kind == MATRIX
+    return matrix, matrix & (jnp.mod(L.stride_h, L.stride_w) == 0)
+
+
 def to_mapping(theta, L: LayerShape) -> MappingArrays:
-    """Relaxed parameters (..., 7) -> a MappingArrays of fractional tiles within their bounds
+    """Relaxed parameters (..., 8) -> a MappingArrays of fractional tiles within their bounds
     and switch probabilities (window ops never hold weights resident nor a single accumulator)."""
     tiles = jnp.clip(jnp.exp(theta[..., :4]), 1.0, tile_bounds(L))
     db = jax.nn.sigmoid(theta[..., 4])
-    res, single = (jax.nn.sigmoid(theta[..., i]) * (L.kind == MATRIX) for i in (5, 6))
-    return MappingArrays(*(tiles[..., i] for i in range(4)), db, res, single)
+    matrix, turns = matrix_switches(L)
+    res, single, turned = (jax.nn.sigmoid(theta[..., i]) * on for i, on in ((5, matrix), (6, matrix), (7, turns)))
+    return MappingArrays(*(tiles[..., i] for i in range(4)), db, res, single, turned)
 
 
 def from_mapping(m: MappingArrays):
     """A (legal, integer) mapping as relaxed parameters: a start for gradient descent."""
-    switches = jnp.stack([m.double_buffer, m.weights_resident, m.single_acc], -1)
+    switches = jnp.stack([m.double_buffer, m.weights_resident, m.single_acc, m.transposed], -1)
     tiles = jnp.stack([m.tile_oh, m.tile_ow, m.tile_o, m.tile_c], -1)
     return jnp.concatenate([jnp.log(tiles), jnp.where(switches > 0.5, 3.0, -3.0)], -1)
 
@@ -54,12 +64,16 @@ def random_theta(key, L: LayerShape, count: int):
     k1, k2 = jax.random.split(key)
     hi = jnp.log(tile_bounds(L))
     tiles = jax.random.uniform(k1, (count, 4)) * hi
-    return jnp.concatenate([tiles, jax.random.uniform(k2, (count, 3), minval=-3.0, maxval=3.0)], -1)
+    # the transposed switch draws from its own key, so the other seven numbers stay as they were drawn
+    # before it existed (the same seed, the same starts)
+    switches = [jax.random.uniform(k, (count, n), minval=-3.0, maxval=3.0)
+                for k, n in ((k2, 3), (jax.random.fold_in(k2, 1), 1))]
+    return jnp.concatenate([tiles, *switches], -1)
 
 
-# the 16 floor/ceil corners of four tile sizes, times the eight switch settings
+# the 16 floor/ceil corners of four tile sizes, times the 16 switch settings
 _CORNERS = np.array(list(itertools.product((0, 1), repeat=4)), np.float32)
-_SWITCHES = np.array(list(itertools.product((0, 1), repeat=3)), np.float32)
+_SWITCHES = np.array(list(itertools.product((0, 1), repeat=4)), np.float32)
 NEIGHBOURS = len(_CORNERS) * len(_SWITCHES)
 
 
@@ -69,10 +83,11 @@ def neighbours(m: MappingArrays, L: LayerShape) -> MappingArrays:
     lo = jnp.clip(jnp.floor(tiles), 1.0, tile_bounds(L))
     hi = jnp.clip(jnp.ceil(tiles), 1.0, tile_bounds(L))
     corner = lo[..., None, :] + _CORNERS * (hi - lo)[..., None, :]          # (..., 16, 4)
-    corner = jnp.repeat(corner, len(_SWITCHES), -2)                           # (..., 128, 4)
-    switch = jnp.broadcast_to(jnp.tile(_SWITCHES, (len(_CORNERS), 1)), corner.shape[:-1] + (3,))
-    res, single = (switch[..., i] * (L.kind == MATRIX)[..., None] for i in (1, 2))
-    return MappingArrays(*(corner[..., i] for i in range(4)), switch[..., 0], res, single)
+    corner = jnp.repeat(corner, len(_SWITCHES), -2)                           # (..., 256, 4)
+    switch = jnp.broadcast_to(jnp.tile(_SWITCHES, (len(_CORNERS), 1)), corner.shape[:-1] + (4,))
+    matrix, turns = matrix_switches(L)
+    res, single, turned = (switch[..., i] * on[..., None] for i, on in ((1, matrix), (2, matrix), (3, turns)))
+    return MappingArrays(*(corner[..., i] for i in range(4)), switch[..., 0], res, single, turned)
 
 
 def objective_of(cycles, energy_pj, objective: str):
@@ -109,7 +124,7 @@ def random_legal(key, L: LayerShape, hw: HardwarePoint, count: int, max_instruct
     theta = random_theta(key, L, count * oversample)
     m = to_mapping(theta, L)
     m = MappingArrays(*(jnp.round(getattr(m, f)) for f in TILE_FIELDS), jnp.round(m.double_buffer),
-                      jnp.round(m.weights_resident), jnp.round(m.single_acc))
+                      jnp.round(m.weights_resident), jnp.round(m.single_acc), jnp.round(m.transposed))
     cost = exact_cost(jax.tree.map(lambda v: jnp.broadcast_to(v, m.tile_oh.shape), L), m, hw)
     keep = np.flatnonzero(np.asarray((cost.violation == 0) & (cost.instructions <= max_instructions)))[:count]
     return jax.tree.map(lambda a: np.asarray(a)[keep], m)

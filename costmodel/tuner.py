@@ -87,7 +87,7 @@ def _descend(theta, opt_state, step, layers, hw, constants, objective: str, sett
 
 @partial(jax.jit, static_argnames=("objective",))
 def project_all(theta, layers, fallback, hw, constants, objective: str):
-    """Every layer's points (n, starts, 7) projected: (mappings, exact objectives), both (n, starts)."""
+    """Every layer's points (n, starts, 8) projected: (mappings, exact objectives), both (n, starts)."""
     def one(t, L, fb):
         return project(to_mapping(t, L), L, hw, fb, constants, objective)
     return jax.vmap(jax.vmap(one, (0, None, None)), (0, 0, 0))(theta, layers, fallback)

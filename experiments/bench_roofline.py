@@ -9,8 +9,9 @@ Targets (issue 5): at most 1.25 for ResNet-50 and BERT-base.  The `floor` column
 the gap no mapping can close on this hardware: each array layer's roofline with its compute term
 replaced by SCALE-Sim's weight-stationary fold time at the layer's whole M (every fold pays 2R + C - 2
 cycles of preload, fill and drain besides its M streamed rows: at M = 128, BERT's sequence, that is
-1.36x MACs / peak on a 16x16 array).  Writes experiments/results/
-bench_roofline.json and experiments/results/roofline_<model>/{timeline,roofline,layers}.{png,svg}.
+1.36x MACs / peak on a 16x16 array), or at its whole N when the operands are transposed, the lesser.
+Writes experiments/results/bench_roofline.json and
+experiments/results/roofline_<model>/{timeline,roofline,layers}.{png,svg}.
 """
 
 from __future__ import annotations
@@ -32,14 +33,18 @@ RESULTS = Path(__file__).parent / "results"
 
 def fold_floor(layer, hw) -> float:
     """A lower bound on the layer's cycles under the timing model: memory bound, or the array's
-    weight-stationary folds at the layer's whole M (splitting M only adds fold overhead)."""
+    weight-stationary folds at the layer's whole M (splitting M only adds fold overhead), or, with
+    the operands transposed (schedule.TileMapping), at its whole N streamed over ceil(M / C)
+    column folds, whichever is less."""
     bound = layer.roofline["bound_cycles"]
     if not layer.instructions["matrix"] or hw.dataflow != "weight_stationary" or not layer.macs:
         return bound
     out = layer.out_shape
-    m = math.prod(out) // out[1] if layer.op == "conv" else out[-2]
+    m, n = (math.prod(out) // out[1], out[1]) if layer.op == "conv" else (out[-2], out[-1])
     r, c = hw.array_rows, hw.array_cols
-    return max(bound, layer.macs / (r * c) * (2 * r + c + m - 2) / m)
+    pixels_held = layer.macs / (r * c) * (2 * r + c + m - 2) / m
+    channels_held = layer.macs / (r * c) * (c * math.ceil(m / c) / m) * (2 * r + c + n - 2) / n
+    return max(bound, min(pixels_held, channels_held))
 
 
 def main():

@@ -8,7 +8,9 @@ channels) and input-channel tile:
     LOAD  weights [kh*kw, c, o]          (once, when they fit resident)
     MATMUL per tap: A = the halo window for that tap (im2col as an address
           pattern), B = the tap's weights, C += into the accumulator tile
-then the fused epilogue on the accumulator tile, and one STORE.
+then the fused epilogue on the accumulator tile, and one STORE.  A transposed mapping
+(schedule.TileMapping) swaps A and B, so the output channels stream through the array, and
+COPYs each accumulator tile back to (rows, cols, channels) before the epilogue.
 """
 
 from __future__ import annotations
@@ -119,11 +121,17 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
     else:
         w_buf = [spad.alloc(taps * m.tile_c * m.tile_o * wb) for _ in range(bufs)]
     epi = Epilogue(em, spad, expr, list(extras), (m.tile_oh, m.tile_ow, m.tile_o), bufs)
-    acc_buf = [acc.alloc(m.tile_oh * m.tile_ow * m.tile_o * ab) for _ in range(m.acc_buffers)]
+    if m.transposed and not p.turns:
+        raise ValueError(f"{em.layer_name}: a transposed mapping needs the row stride a multiple of the column "
+                         f"stride, not {p.stride}")
+    acc_pixels = p.line(m.tile_oh, m.tile_ow)[0] if m.transposed else m.tile_oh * m.tile_ow
+    acc_buf = [acc.alloc(acc_pixels * m.tile_o * ab) for _ in range(m.acc_buffers)]
+    out_tile = m.tile_oh * m.tile_ow * m.tile_o * FP32
     # one accumulator tile: the epilogue writes its result to the scratchpad, so the next tile's
-    # MATMULs wait for the epilogue only, not the store
-    final = tile_expr.LocalTile(Space.SPAD, spad.alloc(m.tile_oh * m.tile_ow * m.tile_o * FP32), (1, 1, 1)) \
-        if m.single_acc else None
+    # MATMULs wait for the epilogue only, not the store; a transposed nest's COPY does that already
+    final = tile_expr.LocalTile(Space.SPAD, spad.alloc(out_tile), (1, 1, 1)) \
+        if m.single_acc and not m.transposed else None
+    turned = [spad.alloc(out_tile) for _ in range(bufs)] if m.transposed else None
     c_tiles = tiles(p.c, m.tile_c)
     n_halo = n_w = n_out = 0
 
@@ -150,7 +158,8 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
                 shared = load_halo(n, oh0, th, ow0, tw, 0, p.c) if len(c_tiles) == 1 else None
                 for o0, to in tiles(p.o, m.tile_o):
                     c_base = acc_buf[n_out % m.acc_buffers]
-                    c_op = Operand(Space.ACC, c_base, (tw * to, to, 1))
+                    line, pitch = p.line(th, tw)   # transposed: C[o][line position], else C[row][col][o]
+                    c_op = Operand(Space.ACC, c_base, (0, line, 1) if m.transposed else (tw * to, to, 1))
                     first = True
                     for c0, tc in c_tiles:
                         halo = shared if len(c_tiles) == 1 else load_halo(n, oh0, th, ow0, tw, c0, tc)
@@ -169,14 +178,24 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
                         fold = p.kw if dw == 1 else 1
                         for kh in range(p.kh):
                             for kw in range(0, p.kw, fold):
-                                a = Operand(Space.SPAD, h_base + (kh * dh * iw * tc + kw * dw * tc) * xb,
-                                            (sh * iw * tc, sw * tc, 1))
-                                b = Operand(Space.SPAD, w_base + (kh * p.kw + kw) * tap_stride * wb, (k_stride, 1, 0))
-                                em.matmul(a, b, c_op, th, tw, fold * tc, to, accumulate=not first, dtype=x.dtype)
+                                a_base = h_base + (kh * dh * iw * tc + kw * dw * tc) * xb
+                                b_base = w_base + (kh * p.kw + kw) * tap_stride * wb
+                                if m.transposed:   # A: the weights' transpose [o][k]; B: the halo's [k][line]
+                                    em.matmul(Operand(Space.SPAD, b_base, (0, 1, k_stride)),
+                                              Operand(Space.SPAD, a_base, (1, sw * tc, 0)), c_op, 1, to, fold * tc,
+                                              line, accumulate=not first, dtype=x.dtype)
+                                else:
+                                    em.matmul(Operand(Space.SPAD, a_base, (sh * iw * tc, sw * tc, 1)),
+                                              Operand(Space.SPAD, b_base, (k_stride, 1, 0)), c_op, th, tw,
+                                              fold * tc, to, accumulate=not first, dtype=x.dtype)
                                 first = False
                     if first:   # the whole receptive field is padding: the sum is zero
-                        fill(Operand(Space.ACC, c_base, (tw * to, to, 1)), (th, tw, to), 0.0, acc_type)
+                        fill(c_op, (1, to, line) if m.transposed else (th, tw, to), 0.0, acc_type)
                     acc_tile = tile_expr.LocalTile(Space.ACC, c_base, (th, tw, to), acc_type)
+                    if m.transposed:
+                        acc_tile = tile_expr.LocalTile(Space.SPAD, turned[n_out % bufs], (th, tw, to), acc_type)
+                        em.vector(VectorFunc.COPY, acc_tile.operand((th, tw, to)),
+                                  Operand(Space.ACC, c_base, (pitch, 1, line)), None, (th, tw, to), dtype=acc_type)
                     result = epi.emit(em, acc_tile, n, o0, oh0, ow0, (th, tw, to), n_out % bufs, final)
                     em.store(out, (n, o0, oh0, ow0), OUT_AXES, (th, tw, to), result.operand((th, tw, to)))
                     n_out += 1

@@ -59,6 +59,23 @@ class ConvProblem:
         return ((th - 1) * self.stride[0] + (self.kh - 1) * self.dilation[0] + 1,
                 (tw - 1) * self.stride[1] + (self.kw - 1) * self.dilation[1] + 1)
 
+    @property
+    def turns(self) -> bool:
+        """Whether a transposed mapping can hold a tile's pixels as one evenly spaced line through its
+        halo: row r, column q at halo pixel r * sh * iw + q * sw, i.e. line position r * pitch + q."""
+        return self.stride[0] % self.stride[1] == 0
+
+    def line(self, th, tw):
+        return tile_line(self, th, tw)
+
+
+def tile_line(p, th, tw):
+    """(B's columns, row pitch) of a transposed tile of `p` (a ConvProblem or what has its stride,
+    dilation and kw): the line from the tile's first pixel to its last, the columns between its rows
+    (halo columns no output reads) computed and dropped.  Works on arrays of candidates."""
+    pitch = p.stride[0] // p.stride[1] * ((tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1)
+    return (th - 1) * pitch + tw, pitch
+
 
 @dataclass(frozen=True)
 class TileMapping:
@@ -66,7 +83,17 @@ class TileMapping:
 
     `single_acc` keeps one accumulator tile while the scratchpad tiles stay double-buffered: the
     next output tile waits for this one's epilogue and store, but may be twice as large (a bigger
-    output-channel tile re-reads the input fewer times; a bigger spatial tile pays fewer folds)."""
+    output-channel tile re-reads the input fewer times; a bigger spatial tile pays fewer folds).
+
+    `transposed` swaps the array's operands (SCALE-Sim's input-stationary dataflow on a
+    weight-stationary array): the input pixels sit in the array and the output channels stream
+    through, so a fold streams `tile_o` rows instead of `tile_oh * tile_ow`.  Late CNN layers
+    (7x7 pixels, 512+ channels) pay the per-fold fill and drain over 49 rows one way and over
+    hundreds the other.  B's columns are the tile's pixels as one evenly spaced line through the
+    halo (ConvProblem.line: a 7x7 tile of a 3x3 conv is 61 columns, the 2 per row between rows
+    computed and dropped).  The products land channel-major; a COPY per tile turns them back to
+    (rows, cols, channels) in the scratchpad, which frees the accumulator tile as `single_acc`'s
+    result tile does."""
 
     tile_oh: int
     tile_ow: int
@@ -75,6 +102,7 @@ class TileMapping:
     double_buffer: bool = True
     weights_resident: bool = False
     single_acc: bool = False
+    transposed: bool = False
 
     @property
     def acc_buffers(self) -> int:
@@ -82,7 +110,7 @@ class TileMapping:
 
     def __str__(self) -> str:
         flags = [f for f, on in (("db", self.double_buffer), ("w-resident", self.weights_resident),
-                                 ("1-acc", self.single_acc)) if on]
+                                 ("1-acc", self.single_acc), ("transposed", self.transposed)) if on]
         return f"tile(oh={self.tile_oh}, ow={self.tile_ow}, o={self.tile_o}, c={self.tile_c}) {' '.join(flags)}"
 
 
@@ -100,20 +128,23 @@ def _grid(**axes) -> dict[str, np.ndarray]:
     return {k: v.reshape(-1) for k, v in zip(axes, mesh, strict=True)}
 
 
-def conv_footprint(p: ConvProblem, th, tw, to, tc, double_buffer, resident, extras=(0, 0), xp=np, single_acc=0):
+def conv_footprint(p: ConvProblem, th, tw, to, tc, double_buffer, resident, extras=(0, 0), xp=np, single_acc=0,
+                   transposed=0):
     """(scratchpad bytes, accumulator bytes) a matrix-unit mapping occupies, as lower.matrix
     allocates them: input halos, weights (tiles or all of them), epilogue operand tiles and
-    per-channel epilogue vectors; accumulator tiles (one with `single_acc`).  Works on arrays of
-    candidates."""
+    per-channel epilogue vectors, the result tile of `single_acc` or the turned tiles of
+    `transposed`; accumulator tiles (one with `single_acc`).  Works on arrays of candidates."""
     tile_extras, channel_extras = extras
     bufs = 1 + double_buffer
     ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
     iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
     weights = xp.where(resident, p.kh * p.kw * p.c * p.o, bufs * p.kh * p.kw * tc * to) * FP32
     out_tile = th * tw * to * FP32
-    spad = (bufs * ih * iw * tc * FP32 + weights + (bufs * tile_extras + single_acc) * out_tile
+    spad = (bufs * ih * iw * tc * FP32 + weights
+            + (bufs * (tile_extras + transposed) + single_acc * (1 - transposed)) * out_tile
             + channel_extras * p.o * FP32)
-    return spad, (bufs - double_buffer * single_acc) * out_tile
+    acc_tile = (transposed * tile_line(p, th, tw)[0] + (1 - transposed) * th * tw) * to * FP32
+    return spad, (bufs - double_buffer * single_acc) * acc_tile
 
 
 def window_footprint(p: ConvProblem, th, tw, to, double_buffer, extras=(0, 0), weighted=True, xp=np):
@@ -139,7 +170,8 @@ def footprint(kind: str, p: ConvProblem, m: TileMapping, extras=(0, 0)) -> tuple
     """(scratchpad, accumulator) bytes of one mapping of a node of `kind` (see node_problem)."""
     if kind == "matrix":
         spad, acc = conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, int(m.double_buffer),
-                                   m.weights_resident, extras, single_acc=int(m.single_acc))
+                                   m.weights_resident, extras, single_acc=int(m.single_acc),
+                                   transposed=int(m.transposed))
     else:
         spad, acc = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, int(m.double_buffer), extras,
                                      kind == "depthwise")
@@ -147,8 +179,9 @@ def footprint(kind: str, p: ConvProblem, m: TileMapping, extras=(0, 0)) -> tuple
 
 
 def _pick(p: ConvProblem, g: dict, spad: np.ndarray, acc: np.ndarray, cost: np.ndarray, hw: HardwareConfig,
-          layer: str, resident=None, single_acc=None, with_cost: bool = False):
-    """The cheapest candidate that fits, as a TileMapping (and its estimated cost, `with_cost`)."""
+          layer: str, with_cost: bool = False):
+    """The cheapest candidate that fits, as a TileMapping (and its estimated cost, `with_cost`); the
+    grid's switches beyond double buffering (res, sa, tr) are off where it has none."""
     ok = fits(p, spad, acc, g["th"], g["tw"], hw)
     if not ok.any():
         k = int(np.argmin(spad + acc))
@@ -156,9 +189,8 @@ def _pick(p: ConvProblem, g: dict, spad: np.ndarray, acc: np.ndarray, cost: np.n
                           f"(have {hw.scratchpad_bytes}) and {int(acc[k])} bytes of accumulator "
                           f"(have {hw.accumulator_bytes})")
     k = int(np.flatnonzero(ok)[np.argmin(cost[ok])])
-    m = TileMapping(int(g["th"][k]), int(g["tw"][k]), int(g["to"][k]), int(g["tc"][k]), bool(g["db"][k]),
-                    bool(resident[k]) if resident is not None else False,
-                    bool(single_acc[k]) if single_acc is not None else False)
+    m = TileMapping(*(int(g[d][k]) for d in ("th", "tw", "to", "tc")),
+                    *(bool(g[f][k]) if f in g else False for f in ("db", "res", "sa", "tr")))
     return (m, float(cost[k])) if with_cost else m
 
 
@@ -172,39 +204,43 @@ def map_conv(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), layer: str = "co
     unit, plus a small charge per instruction (`with_cost`: (mapping, that estimate))."""
     fold = p.kw if p.dilation[1] == 1 else 1   # MATMUL's k covers a kernel row: kw * tc <= the count limit
     g = _grid(th=_sizes(p.oh), tw=_sizes(p.ow), to=_sizes(p.o), tc=_sizes(p.c, MAX_HALO // fold),
-              db=np.array([1, 0]), res=np.array([1, 0]), sa=np.array([0, 1]))
+              db=np.array([1, 0]), res=np.array([1, 0]), sa=np.array([0, 1]),
+              tr=np.array([0, 1] if p.turns else [0]))
     g["res"] = np.where(p.c * fold > MAX_HALO, 0, g["res"])
     g["tc"] = np.where(g["res"] == 1, p.c, g["tc"])   # resident weights: one channel tile
     g["sa"] = g["sa"] * g["db"]                       # a single accumulator tile is a double-buffered nest's choice
-    th, tw, to, tc, db, res, sa = g["th"], g["tw"], g["to"], g["tc"], g["db"], g["res"], g["sa"]
-    spad, acc = conv_footprint(p, th, tw, to, tc, db, res == 1, extras, single_acc=sa)
+    th, tw, to, tc, db, res, sa, tr = (g[k] for k in ("th", "tw", "to", "tc", "db", "res", "sa", "tr"))
+    spad, acc = conv_footprint(p, th, tw, to, tc, db, res == 1, extras, single_acc=sa, transposed=tr)
     ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
     iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
     m = th * tw
+    line = p.line(th, tw)[0]
     w_all = p.kh * p.kw * p.c * p.o * FP32
     w_tile = p.kh * p.kw * tc * to * FP32
     n_sp = p.n * -(-p.oh // th) * -(-p.ow // tw)
     n_o, n_c = -(-p.o // to), -(-p.c // tc)
     n_mm = n_sp * n_o * n_c * p.kh * -(-p.kw // fold)
     r, c = hw.array_rows, hw.array_cols
+    rows, cols = np.where(tr == 1, to, m), np.where(tr == 1, line, to)    # the operand streamed, the one held
     if hw.dataflow == "weight_stationary":
-        mm = n_mm * -(-(fold * tc) // r) * -(-to // c) * (2 * r + c + m - 2)
+        mm = n_mm * -(-(fold * tc) // r) * -(-cols // c) * (2 * r + c + rows - 2)
     else:
-        mm = n_mm * -(-m // r) * -(-to // c) * (2 * r + c + fold * tc - 2)
+        mm = n_mm * -(-rows // r) * -(-cols // c) * (2 * r + c + fold * tc - 2)
     halo_loads = n_sp * n_c * np.where(n_c > 1, n_o, 1)
     w_loads = np.where(res == 1, 1, n_sp * n_o * n_c)
     tiles_out = n_sp * n_o
     dma = _dma_cycles(hw, halo_loads + w_loads + tiles_out * (1 + extras[0]),
                       halo_loads * ih * iw * tc * FP32 + np.where(res == 1, w_all, w_loads * w_tile)
                       + tiles_out * (1 + extras[0]) * m * to * FP32)
-    instructions = n_mm + halo_loads + w_loads + tiles_out * (1 + 2 * extras[0] + sa)
+    instructions = n_mm + halo_loads + w_loads + tiles_out * (1 + 2 * extras[0] + np.maximum(sa, tr))
     # one accumulator tile: the array waits for each tile's epilogue, about a pass over the tile per
-    # operand (a bias, a residual...) and one to apply it or move the result out
-    passes = 1 + extras[0] + (extras[1] > 0)
+    # operand (a bias, a residual...) and one to apply it or move the result out; a transposed
+    # tile is free once its COPY has turned it
+    passes = np.where(tr == 1, 1, 1 + extras[0] + (extras[1] > 0))
     epilogue_wait = sa * tiles_out * passes * np.ceil(m * to / hw.vector_lanes)
     # double buffering overlaps the DMA with the array; single buffering serializes them
     cost = np.where(db == 1, np.maximum(mm + epilogue_wait, dma), mm + dma) + 8.0 * instructions
-    return _pick(p, g, spad, acc, cost, hw, layer, res, sa, with_cost)
+    return _pick(p, g, spad, acc, cost, hw, layer, with_cost)
 
 
 def map_window(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), weighted: bool = True,
@@ -221,7 +257,7 @@ def map_window(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), weighted: bool
     vec = tiles_out * p.kh * p.kw * -(-(th * tw * to) // hw.vector_lanes)
     dma = _dma_cycles(hw, tiles_out * (2 + extras[0]), tiles_out * (ih * iw * to * FP32 + (1 + extras[0]) * out_tile))
     cost = np.where(db == 1, np.maximum(vec, dma), vec + dma) + 8.0 * tiles_out * (2 + p.kh * p.kw)
-    return _pick(p, g, spad, acc, cost, hw, layer, with_cost=with_cost)
+    return _pick(p, g, spad, acc, cost, hw, layer, with_cost)
 
 
 def map_vector(shape: tuple[int, ...], operands: int, hw: HardwareConfig, layer: str = "vector",
@@ -339,6 +375,9 @@ def make_schedule(graph, hw: HardwareConfig, mappings: dict | None = None) -> Sc
         if node.name in mappings:
             m = mappings.pop(node.name)
             spad, acc = footprint(kind, p, m, extras)
+            if m.transposed and not (kind == "matrix" and p.turns):
+                raise TilingError(f"{node.name}: mapping {m} is transposed, which needs a matrix-unit op whose "
+                                  f"row stride is a multiple of its column stride (have {kind}, {p.stride})")
             if not fits(p, spad, acc, m.tile_oh, m.tile_ow, hw):
                 raise TilingError(f"{node.name}: mapping {m} needs {spad} bytes of scratchpad (have "
                                   f"{hw.scratchpad_bytes}) and {acc} of accumulator (have {hw.accumulator_bytes})")
