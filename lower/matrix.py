@@ -139,7 +139,7 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
     # MATMULs wait for the epilogue only, not the store; a transposed nest's COPY does that already
     final = tile_expr.LocalTile(Space.SPAD, spad.alloc(out_tile), (1, 1, 1)) \
         if m.single_acc and not m.transposed else None
-    turned = [spad.alloc(out_tile) for _ in range(bufs)] if m.transposed else None
+    turned = [spad.alloc(out_tile) for _ in range(m.acc_buffers)] if m.transposed else None
     c_tiles = tiles(p.c, m.tile_c)
     n_halo = n_w = n_out = 0
 
@@ -218,7 +218,8 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
                         fill(c_op, (1, to, line) if m.transposed else (th, tw, to), 0.0, acc_type)
                     acc_tile = tile_expr.LocalTile(Space.ACC, c_base, (th, tw, to), acc_type)
                     if m.transposed:
-                        acc_tile = tile_expr.LocalTile(Space.SPAD, turned[n_out % bufs], (th, tw, to), acc_type)
+                        acc_tile = tile_expr.LocalTile(Space.SPAD, turned[n_out % m.acc_buffers], (th, tw, to),
+                                                       acc_type)
                         em.vector(VectorFunc.COPY, acc_tile.operand((th, tw, to)),
                                   Operand(Space.ACC, c_base, (pitch, 1, line)), None, (th, tw, to), dtype=acc_type)
                     result = epi.emit(em, acc_tile, n, o0, oh0, ow0, (th, tw, to), n_out % bufs, final)

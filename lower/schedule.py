@@ -155,11 +155,13 @@ def conv_footprint(p: ConvProblem, th, tw, to, tc, double_buffer, resident, extr
     weights = xp.where(resident, p.kh * p.kw * p.c * p.o, bufs * p.kh * p.kw * tc * to) * FP32
     out_tile = th * tw * to * FP32
     halo = (stacked * th * p.kh + (1 - stacked) * ih) * iw * tc
+    acc_bufs = bufs - double_buffer * single_acc
+    # a transposed nest turns each accumulator tile into one of as many scratchpad tiles
     spad = (bufs * halo * FP32 + weights
-            + (bufs * (tile_extras + transposed) + single_acc * (1 - transposed)) * out_tile
+            + (bufs * tile_extras + transposed * acc_bufs + single_acc * (1 - transposed)) * out_tile
             + channel_extras * p.o * FP32)
     acc_tile = (transposed * tile_line(p, th, tw)[0] + (1 - transposed) * th * tw) * to * FP32
-    return spad, (bufs - double_buffer * single_acc) * acc_tile
+    return spad, acc_bufs * acc_tile
 
 
 def window_footprint(p: ConvProblem, th, tw, to, double_buffer, extras=(0, 0), weighted=True, xp=np):
