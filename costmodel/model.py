@@ -24,8 +24,8 @@ tile, vs. a weight tile per output tile), the loop-order choice the model and tu
 
 Every discrete step goes through costmodel.smooth, so `smooth=0` is the exact model and
 `smooth>0` its relaxation; the four switches of a mapping (double buffering, weight
-residency, a single accumulator tile, transposed operands) enter linearly, so probabilities between 0 and 1 mix
-the candidates' costs.
+residency, a single accumulator tile, transposed operands) enter linearly, so probabilities
+between 0 and 1 mix the candidates' costs.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stagec.lower.schedule import MAX_HALO
+from stagec.lower.schedule import MAX_HALO, strides_turn
 
 from .batch import exact_cost
 from .hardware import HardwarePoint
@@ -37,9 +37,9 @@ def tile_bounds(L: LayerShape):
 def matrix_switches(L: LayerShape):
     """Where weight residency and a single accumulator tile, and where transposed operands, exist:
     on the matrix unit; transposed only where a tile's pixels lie on one line (lower.schedule's
-    ConvProblem.turns)."""
+    strides_turn)."""
     matrix = L.kind == MATRIX
-    return matrix, matrix & (jnp.mod(L.stride_h, L.stride_w) == 0)
+    return matrix, matrix & strides_turn((L.stride_h, L.stride_w))
 
 
 def to_mapping(theta, L: LayerShape) -> MappingArrays:

@@ -22,7 +22,7 @@ from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space,
 from . import tile_expr
 from .emitter import ACC_DTYPE
 from .graph_ir import RECORD_WORDS, Expr, record_inputs
-from .schedule import FP32, ConvProblem, TileMapping, tiles
+from .schedule import FP32, ConvProblem, TileMapping, tile_line, tiles
 from .tensors import DramTensor
 
 # Tile axes of an NCHW output: rows (H), cols (W), channels (O).
@@ -121,10 +121,7 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
     else:
         w_buf = [spad.alloc(taps * m.tile_c * m.tile_o * wb) for _ in range(bufs)]
     epi = Epilogue(em, spad, expr, list(extras), (m.tile_oh, m.tile_ow, m.tile_o), bufs)
-    if m.transposed and not p.turns:
-        raise ValueError(f"{em.layer_name}: a transposed mapping needs the row stride a multiple of the column "
-                         f"stride, not {p.stride}")
-    acc_pixels = p.line(m.tile_oh, m.tile_ow)[0] if m.transposed else m.tile_oh * m.tile_ow
+    acc_pixels = tile_line(p, m.tile_oh, m.tile_ow)[0] if m.transposed else m.tile_oh * m.tile_ow
     acc_buf = [acc.alloc(acc_pixels * m.tile_o * ab) for _ in range(m.acc_buffers)]
     out_tile = m.tile_oh * m.tile_ow * m.tile_o * FP32
     # one accumulator tile: the epilogue writes its result to the scratchpad, so the next tile's
@@ -156,9 +153,9 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
         for oh0, th in tiles(p.oh, m.tile_oh):
             for ow0, tw in tiles(p.ow, m.tile_ow):
                 shared = load_halo(n, oh0, th, ow0, tw, 0, p.c) if len(c_tiles) == 1 else None
+                line, pitch = tile_line(p, th, tw)   # transposed: C[o][line position], else C[row][col][o]
                 for o0, to in tiles(p.o, m.tile_o):
                     c_base = acc_buf[n_out % m.acc_buffers]
-                    line, pitch = p.line(th, tw)   # transposed: C[o][line position], else C[row][col][o]
                     c_op = Operand(Space.ACC, c_base, (0, line, 1) if m.transposed else (tw * to, to, 1))
                     first = True
                     for c0, tc in c_tiles:
@@ -191,8 +188,9 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
                                 first = False
                     if first:   # the whole receptive field is padding: the sum is zero
                         fill(c_op, (1, to, line) if m.transposed else (th, tw, to), 0.0, acc_type)
-                    acc_tile = tile_expr.LocalTile(Space.ACC, c_base, (th, tw, to), acc_type)
-                    if m.transposed:
+                    if not m.transposed:
+                        acc_tile = tile_expr.LocalTile(Space.ACC, c_base, (th, tw, to), acc_type)
+                    else:
                         acc_tile = tile_expr.LocalTile(Space.SPAD, turned[n_out % m.acc_buffers], (th, tw, to),
                                                        acc_type)
                         em.vector(VectorFunc.COPY, acc_tile.operand((th, tw, to)),

@@ -62,12 +62,14 @@ class ConvProblem:
 
     @property
     def turns(self) -> bool:
-        """Whether a transposed mapping can hold a tile's pixels as one evenly spaced line through its
-        halo: row r, column q at halo pixel r * sh * iw + q * sw, i.e. line position r * pitch + q."""
-        return self.stride[0] % self.stride[1] == 0
+        return strides_turn(self.stride)
 
-    def line(self, th, tw):
-        return tile_line(self, th, tw)
+
+def strides_turn(stride):
+    """Whether a transposed mapping can hold a tile's pixels as one evenly spaced line through its
+    halo: row r, column q at halo pixel r * sh * iw + q * sw, i.e. line position r * pitch + q, which
+    needs sh a multiple of sw.  Works on arrays (the cost model's LayerShape fields)."""
+    return stride[0] % stride[1] == 0
 
 
 def tile_line(p, th, tw):
@@ -91,7 +93,7 @@ class TileMapping:
     through, so a fold streams `tile_o` rows instead of `tile_oh * tile_ow`.  Late CNN layers
     (7x7 pixels, 512+ channels) pay the per-fold fill and drain over 49 rows one way and over
     hundreds the other.  B's columns are the tile's pixels as one evenly spaced line through the
-    halo (ConvProblem.line: a 7x7 tile of a 3x3 conv is 61 columns, the 2 per row between rows
+    halo (tile_line: a 7x7 tile of a 3x3 conv is 61 columns, the 2 per row between rows
     computed and dropped).  The products land channel-major; a COPY per tile turns them back to
     (rows, cols, channels) in the scratchpad, which frees the accumulator tile as `single_acc`'s
     result tile does."""
@@ -228,7 +230,7 @@ def _map_conv(p: ConvProblem, hw: HardwareConfig, extras: tuple[int, int]):
     ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
     iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
     m = th * tw
-    line = p.line(th, tw)[0]
+    line = tile_line(p, th, tw)[0]
     w_all = p.kh * p.kw * p.c * p.o * FP32
     w_tile = p.kh * p.kw * tc * to * FP32
     n_sp = p.n * -(-p.oh // th) * -(-p.ow // tw)
