@@ -1,6 +1,9 @@
 """The batched executor: runs a Plan group by group, each group one jitted function.
 
-Compiled functions are cached by the group's static signature, so a shape met
+A load from the data region that one group reads whole runs inside that
+group's function (when no store between overwrites its bytes), so XLA reads the
+DRAM box straight into the layout the compute wants.  Compiled functions are
+cached by the group's static signature, so a shape met
 once (in this program or an earlier one) is never compiled again; the dynamic
 parts (which rows, at which offsets, which DRAM addresses) are arguments.
 """
@@ -368,6 +371,50 @@ SLOTS = {"load": (), "gather": ("idx",), "store": ("src",), "matmul": ("a", "b",
          "vector": ("src1", "src2", "init")}
 
 
+def _extent(g: Group) -> tuple[int, int]:
+    """The first and last DRAM element a load or store group touches."""
+    n, strides = g.sig[0], g.sig[1]
+    rel = offsets(strides, n[:3])
+    return int(g.dram.min() + rel.min()), int(g.dram.max() + rel.max())
+
+
+def _inlined_loads(plan: Plan) -> set[int]:
+    """Loads of the data region that run inside the function of the one group reading them: XLA
+    then reads the DRAM box straight into the layout the compute wants (P @ V's probabilities:
+    a tile stack that the matmul would transpose back, 34 -> 20 ms).  Only where no store between
+    the two writes the bytes the load reads, so that reading later reads the same values."""
+    readers: dict[int, set[int]] = {}
+    for g in plan.groups:
+        for r in g.reads.values():
+            if r.src >= 0:
+                readers.setdefault(r.src, set()).add(g.id)
+    stores = {g.id: (g.sig[-1], *_extent(g)) for g in plan.groups if g.kind == "store"}
+    inlined = set()
+    for g in plan.groups:
+        if g.kind != "load" or g.sig[-2] == DRAM_CONST or len(readers.get(g.id, ())) != 1:
+            continue
+        (c,) = readers[g.id]
+        if plan.groups[c].kind not in ("matmul", "vector"):
+            continue
+        lo, hi = _extent(g)
+        if not any(s in stores and stores[s][0] == g.sig[-1] and lo <= stores[s][2] and stores[s][1] <= hi
+                   for s in range(g.id + 1, c)):
+            inlined.add(g.id)
+    return inlined
+
+
+@functools.cache
+def _with_loads(fn, loads: tuple):
+    """fn with the producer arrays at positions `loads` ((position, load function), ...) computed
+    inside it from (DRAM array, bases) arguments."""
+    def run(*args):
+        args = list(args)
+        for pos, load in loads:
+            args[pos] = load(*args[pos])
+        return fn(*args)
+    return jax.jit(run)
+
+
 @functools.cache
 def recycle_large_buffers() -> bool:
     """Have glibc's malloc serve large blocks from its heap and keep freed memory, so that XLA's
@@ -410,7 +457,7 @@ class Executor:
         self.spare = None        # the last run's DRAM arrays
         self.fill = _fill_fn(tuple((ref.dtype, (ref.offset - self.plan.data_origin) // ref.dtype.itemsize)
                                    for ref in program.inputs))
-        self.steps = []
+        prepared = []
         for g in self.plan.groups:
             reads = {s: (g.reads[s].rows, g.reads[s].offs) for s in SLOTS[g.kind] if s in g.reads}
             extra, grid, permuted = (), None, False
@@ -421,9 +468,26 @@ class Executor:
                 permuted = bool((sel != np.arange(len(sel))).any())
                 extra = (jnp.asarray(sel, jnp.int32),)
             hows = tuple(_how(g, s, self.plan, *reads[s]) if s in reads else None for s in SLOTS[g.kind])
+            prepared.append((g, reads, extra, grid, permuted, hows))
+        # a load is inlined only where its reader takes it whole: XLA would recompute a fused
+        # producer for every element a gather picks (a conv's taps)
+        inlined = _inlined_loads(self.plan) - {g.reads[s].src for g, reads, *_, hows in prepared
+                                                for s, how in zip(SLOTS[g.kind], hows, strict=True)
+                                                if s in reads and how != "whole"}
+        self.inlined = {g.id: (g.sig[-1], jnp.asarray(g.dram, jnp.int32)) for g in self.plan.groups
+                        if g.id in inlined}   # inlined load group id -> (element type, DRAM bases)
+        self.steps = []
+        for g, reads, extra, grid, permuted, hows in prepared:
+            if g.id in inlined:
+                continue
             fn = _group_fn(g, hows, grid, permuted)
             args = [(g.reads[s].src, jnp.asarray(rows, jnp.int32), jnp.asarray(offs, jnp.int32))
                     for s, (rows, offs) in reads.items()]
+            # positions in fn's arguments: the triples (value, rows, offs), matmul's sel after two of them
+            loads = tuple((3 * k + (k >= 2 and g.kind == "matmul"), _group_fn(self.plan.groups[src], (), None,
+                                                                                  False))
+                          for k, (src, _, _) in enumerate(args) if src in inlined)
+            fn = _with_loads(fn, loads) if loads else fn
             dram = jnp.asarray(g.dram, jnp.int32) if g.dram is not None else None
             self.steps.append((g, fn, args, extra, dram))
 
@@ -436,7 +500,7 @@ class Executor:
                                                                                               strict=True)])
         values, checks = {}, []
         for g, fn, args, extra, dram in self.steps:
-            flat = [a for src, rows, offs in args for a in (values[src], rows, offs)]
+            flat = [a for src, rows, offs in args for a in (self._value(src, values, data), rows, offs)]
             if g.kind in ("load", "gather"):
                 space, dtype = g.sig[-2], g.sig[-1]
                 mem = self.const[dtype] if space == DRAM_CONST else data[dtype]
@@ -456,7 +520,7 @@ class Executor:
                 values[g.id] = fn(*flat[:6], *extra, *flat[6:])
             for src in {src for src, _, _ in args}:
                 if plan.last_use.get(src) == g.id:
-                    del values[src]
+                    values.pop(src, None)
         for g, idx in checks:   # data-dependent bounds: any bad index discards the run
             idx = np.asarray(idx)
             for t in np.flatnonzero(((idx < 0) | (idx >= g.sig[0][3])).any(1))[:1]:
@@ -467,6 +531,13 @@ class Executor:
             outs.append(np.array(data[t.dtype][start:start + t.nbytes // t.dtype.itemsize]).reshape(t.shape))
         self.spare = data   # the next run zeroes these pages instead of faulting in fresh ones
         return outs
+
+    def _value(self, src: int, values: dict, data: dict):
+        """A producer group's value, or for an inlined load what its reader computes it from."""
+        if src in self.inlined:
+            dtype, bases = self.inlined[src]
+            return data[dtype], bases
+        return values[src]
 
 
 def execute(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
