@@ -18,7 +18,7 @@ from pathlib import Path
 import jax
 import numpy as np
 from jax.extend.core import jaxpr_as_fun
-from timing_utils import median_time
+from timing_utils import median_times
 
 import stagec
 from stagec.frontend import from_torch
@@ -42,8 +42,8 @@ def main():
 
     cj = from_torch(model, (x,))
     jitted = jax.jit(jaxpr_as_fun(cj))
-    sim_s = median_time(lambda: stagec.simulate(program, xn), args.repeat)
-    jit_s = median_time(lambda: jax.block_until_ready(jitted(xn)), args.repeat)
+    sim_s, jit_s = median_times([lambda: stagec.simulate(program, xn), lambda: jax.block_until_ready(jitted(xn))],
+                                args.repeat)
     ref = np.asarray(jitted(xn)[0])
     row = {
         "model": "HandKeypointNet", "input": list(xn.shape), "instructions": len(program),

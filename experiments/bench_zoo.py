@@ -5,10 +5,11 @@ ran (not the reference interpreter's fallback) and the simulator's error relativ
 
     python experiments/bench_zoo.py [models...] [--repeat 5]
 
-Times are medians after a warm-up run (jit compilation excluded on both sides; the first
-simulation, with its compilation, is reported apart).  Compile seconds are each model's first
-compile, after one compile of a small model so that the process's one-time start-up (imports,
-torch.export's and XLA's first calls) is not charged to whichever model comes first.
+Times are medians after a warm-up run, simulation and jit taking turns (jit compilation
+excluded on both sides; the first simulation, with its compilation, is reported apart).  Compile
+seconds are each model's first compile, after one compile of a small model so that the process's
+one-time start-up (imports, torch.export's and XLA's first calls) is not charged to whichever
+model comes first.
 Writes experiments/results/bench_zoo.json.
 """
 
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 from jax.extend.core import jaxpr_as_fun
-from timing_utils import median_time
+from timing_utils import median_times
 
 import stagec
 from stagec import zoo
@@ -50,14 +51,14 @@ def bench(name: str, repeat: int) -> dict:
     out, _ = stagec.simulate(program, *args, **kwargs)
     first_s = time.perf_counter() - t
     batched = program.cache["executor"] is not None   # not the reference interpreter's fallback
-    sim_s = median_time(lambda: stagec.simulate(program, *args, **kwargs), repeat)
     traced = trace_torch(model, args, kwargs)
     flat = flatten_inputs(traced, args, kwargs)
     jitted = jax.jit(jaxpr_as_fun(traced.closed))
     want = jax.block_until_ready(jitted(*flat))
     error = max(max_relative_error(np.asarray(g), np.asarray(w)) for g, w in zip(pytree.tree_leaves(out), want,
                                                                                   strict=True))
-    jit_s = median_time(lambda: jax.block_until_ready(jitted(*flat)), repeat)
+    sim_s, jit_s = median_times([lambda: stagec.simulate(program, *args, **kwargs),
+                                 lambda: jax.block_until_ready(jitted(*flat))], repeat)
     meta = program.metadata
     return {"model": name, "compile_s": compile_s, "instructions": len(program),
             "dram_bytes_fused": dram_bytes(program), "dram_bytes_unfused": dram_bytes(unfused),
