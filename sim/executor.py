@@ -2,7 +2,8 @@
 
 A load from the data region that one group reads whole runs inside that
 group's function (when no store between overwrites its bytes), so XLA reads the
-DRAM box straight into the layout the compute wants.  Compiled functions are
+DRAM box straight into the layout the compute wants; so does a vector op that
+one compute group reads whole (one pass instead of two).  Compiled functions are
 cached by the group's static signature, so a shape met
 once (in this program or an earlier one) is never compiled again; the dynamic
 parts (which rows, at which offsets, which DRAM addresses) are arguments.
@@ -378,16 +379,21 @@ def _extent(g: Group) -> tuple[int, int]:
     return int(g.dram.min() + rel.min()), int(g.dram.max() + rel.max())
 
 
-def _inlined_loads(plan: Plan) -> set[int]:
-    """Loads of the data region that run inside the function of the one group reading them: XLA
-    then reads the DRAM box straight into the layout the compute wants (P @ V's probabilities:
-    a tile stack that the matmul would transpose back, 34 -> 20 ms).  Only where no store between
-    the two writes the bytes the load reads, so that reading later reads the same values."""
+def _readers(plan: Plan) -> dict[int, set[int]]:
+    """group id -> the groups reading its value."""
     readers: dict[int, set[int]] = {}
     for g in plan.groups:
         for r in g.reads.values():
             if r.src >= 0:
                 readers.setdefault(r.src, set()).add(g.id)
+    return readers
+
+
+def _inlined_loads(plan: Plan, readers: dict[int, set[int]]) -> set[int]:
+    """Loads of the data region that run inside the function of the one group reading them: XLA
+    then reads the DRAM box straight into the layout the compute wants (P @ V's probabilities:
+    a tile stack that the matmul would transpose back, 34 -> 20 ms).  Only where no store between
+    the two writes the bytes the load reads, so that reading later reads the same values."""
     stores = {g.id: (g.sig[-1], *_extent(g)) for g in plan.groups if g.kind == "store"}
     inlined = set()
     for g in plan.groups:
@@ -404,13 +410,13 @@ def _inlined_loads(plan: Plan) -> set[int]:
 
 
 @functools.cache
-def _with_loads(fn, loads: tuple):
-    """fn with the producer arrays at positions `loads` ((position, load function), ...) computed
-    inside it from (DRAM array, bases) arguments."""
+def _with_producers(fn, producers: tuple):
+    """fn with the values at positions `producers` ((position, producer's function), ...) computed
+    inside it, from the producer's own arguments given there as a tuple."""
     def run(*args):
         args = list(args)
-        for pos, load in loads:
-            args[pos] = load(*args[pos])
+        for pos, producer in producers:
+            args[pos] = producer(*args[pos])
         return fn(*args)
     return jax.jit(run)
 
@@ -471,25 +477,57 @@ class Executor:
             prepared.append((g, reads, extra, grid, permuted, hows))
         # a load is inlined only where its reader takes it whole: XLA would recompute a fused
         # producer for every element a gather picks (a conv's taps)
-        inlined = _inlined_loads(self.plan) - {g.reads[s].src for g, reads, *_, hows in prepared
-                                                for s, how in zip(SLOTS[g.kind], hows, strict=True)
-                                                if s in reads and how != "whole"}
+        partial = {g.reads[s].src for g, reads, *_, hows in prepared
+                   for s, how in zip(SLOTS[g.kind], hows, strict=True) if s in reads and how != "whole"}
+        readers = _readers(self.plan)
+        inlined = _inlined_loads(self.plan, readers) - partial
         self.inlined = {g.id: (g.sig[-1], jnp.asarray(g.dram, jnp.int32)) for g in self.plan.groups
                         if g.id in inlined}   # inlined load group id -> (element type, DRAM bases)
+        # Likewise a vector op that one compute group reads whole runs inside it (softmax's x - max
+        # inside its exp: one pass over the scores instead of two), unless it reads an inlined load,
+        # whose store check ends at its own reader.
+        deferred = {g.id for g in self.plan.groups
+                    if g.kind == "vector" and len(readers.get(g.id, ())) == 1 and g.id not in partial
+                    and self.plan.groups[min(readers[g.id])].kind in ("vector", "matmul")
+                    and not any(r.src in inlined for r in g.reads.values())}
+        self.deferred = {}   # deferred vector group id -> its (src, rows, offs) arguments
         self.steps = []
+        fns = {}
         for g, reads, extra, grid, permuted, hows in prepared:
             if g.id in inlined:
+                fns[g.id] = _group_fn(g, (), None, False)
                 continue
             fn = _group_fn(g, hows, grid, permuted)
             args = [(g.reads[s].src, jnp.asarray(rows, jnp.int32), jnp.asarray(offs, jnp.int32))
                     for s, (rows, offs) in reads.items()]
             # positions in fn's arguments: the triples (value, rows, offs), matmul's sel after two of them
-            loads = tuple((3 * k + (k >= 2 and g.kind == "matmul"), _group_fn(self.plan.groups[src], (), None,
-                                                                                  False))
-                          for k, (src, _, _) in enumerate(args) if src in inlined)
-            fn = _with_loads(fn, loads) if loads else fn
+            producers = tuple((3 * k + (k >= 2 and g.kind == "matmul"), fns[src])
+                              for k, (src, _, _) in enumerate(args) if src in inlined or src in deferred)
+            fn = _with_producers(fn, producers) if producers else fn
+            if g.id in deferred:
+                fns[g.id] = fn
+                self.deferred[g.id] = args
+                continue
             dram = jnp.asarray(g.dram, jnp.int32) if g.dram is not None else None
             self.steps.append((g, fn, args, extra, dram))
+        # values a step reads, through the deferred groups it runs, are freed after their last reader
+        self.frees = [[] for _ in self.steps]
+        last = {}
+        for k, (_, _, args, _, _) in enumerate(self.steps):
+            for src in self._sources(args):
+                last[src] = k
+        for src, k in last.items():
+            self.frees[k].append(src)
+
+    def _sources(self, args) -> set[int]:
+        """The values a step's arguments read, those of the deferred groups it runs included."""
+        out = set()
+        for src, _, _ in args:
+            if src in self.deferred:
+                out |= self._sources(self.deferred[src])
+            elif src not in self.inlined:
+                out.add(src)
+        return out
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         p, plan = self.program, self.plan
@@ -499,7 +537,7 @@ class Executor:
         data = self.fill(data, [np.asarray(x, ref.dtype.numpy).reshape(-1) for ref, x in zip(p.inputs, inputs,
                                                                                               strict=True)])
         values, checks = {}, []
-        for g, fn, args, extra, dram in self.steps:
+        for (g, fn, args, extra, dram), frees in zip(self.steps, self.frees, strict=True):
             flat = [a for src, rows, offs in args for a in (self._value(src, values, data), rows, offs)]
             if g.kind in ("load", "gather"):
                 space, dtype = g.sig[-2], g.sig[-1]
@@ -518,9 +556,8 @@ class Executor:
                 data[dtype] = fn(data[dtype], *flat, dram)
             else:
                 values[g.id] = fn(*flat[:6], *extra, *flat[6:])
-            for src in {src for src, _, _ in args}:
-                if plan.last_use.get(src) == g.id:
-                    values.pop(src, None)
+            for src in frees:
+                del values[src]
         for g, idx in checks:   # data-dependent bounds: any bad index discards the run
             idx = np.asarray(idx)
             for t in np.flatnonzero(((idx < 0) | (idx >= g.sig[0][3])).any(1))[:1]:
@@ -533,10 +570,13 @@ class Executor:
         return outs
 
     def _value(self, src: int, values: dict, data: dict):
-        """A producer group's value, or for an inlined load what its reader computes it from."""
+        """A producer group's value, or for an inlined load or a deferred vector op what its reader
+        computes it from."""
         if src in self.inlined:
             dtype, bases = self.inlined[src]
             return data[dtype], bases
+        if src in self.deferred:
+            return tuple(a for s, rows, offs in self.deferred[src] for a in (self._value(s, values, data), rows, offs))
         return values[src]
 
 

@@ -87,7 +87,6 @@ class Plan:
     data_origin: int                 # byte address where the data part of DRAM starts
     data_bytes: int
     dtypes: frozenset                # element types held in DRAM
-    last_use: dict[int, int]         # group id -> index of the last group reading it
 
 
 def _patterns(code, i):
@@ -231,12 +230,7 @@ def build_plan(program: Program) -> Plan:
             _check_reads(g, groups)
             groups.append(g)
 
-    last_use = {}
-    for g in groups:
-        for r in g.reads.values():
-            if r.src >= 0:
-                last_use[r.src] = g.id
-    plan = Plan(groups, data_origin, max(program.dram_bytes - data_origin, 0), frozenset(dram.types), last_use)
+    plan = Plan(groups, data_origin, max(program.dram_bytes - data_origin, 0), frozenset(dram.types))
     program.cache["plan"] = plan
     return plan
 
