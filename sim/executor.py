@@ -1,12 +1,12 @@
 """The batched executor: runs a Plan group by group, each group one jitted function.
 
-A load from the data region that one group reads whole runs inside that
-group's function (when no store between overwrites its bytes), so XLA reads the
-DRAM box straight into the layout the compute wants; so does a vector op that
-one compute group reads whole (one pass instead of two).  Compiled functions are
-cached by the group's static signature, so a shape met
-once (in this program or an earlier one) is never compiled again; the dynamic
-parts (which rows, at which offsets, which DRAM addresses) are arguments.
+A load from the data region that one group reads whole runs inside that group's
+function (when no store between overwrites its bytes), so XLA reads the DRAM box
+straight into the layout the compute wants; so does a vector op that one compute
+group reads whole (one pass instead of two).  Compiled functions are cached by
+the group's static signature, so a shape met once (in this program or an earlier
+one) is never compiled again; the dynamic parts (which rows, at which offsets,
+which DRAM addresses) are arguments.
 """
 
 from __future__ import annotations
@@ -379,33 +379,33 @@ def _extent(g: Group) -> tuple[int, int]:
     return int(g.dram.min() + rel.min()), int(g.dram.max() + rel.max())
 
 
-def _readers(plan: Plan) -> dict[int, set[int]]:
-    """group id -> the groups reading its value."""
+def _fusable(plan: Plan, partial: set[int]) -> dict[int, int]:
+    """group id -> the one compute group (matmul or vector) that reads its value, and reads it
+    whole (not in `partial`): such a value can be computed inside its reader's function."""
     readers: dict[int, set[int]] = {}
     for g in plan.groups:
         for r in g.reads.values():
             if r.src >= 0:
                 readers.setdefault(r.src, set()).add(g.id)
-    return readers
+    return {src: c for src, rs in readers.items() if len(rs) == 1 and src not in partial
+            for c in rs if plan.groups[c].kind in ("matmul", "vector")}
 
 
-def _inlined_loads(plan: Plan, readers: dict[int, set[int]]) -> set[int]:
+def _inlined_loads(plan: Plan, fusable: dict[int, int]) -> set[int]:
     """Loads of the data region that run inside the function of the one group reading them: XLA
     then reads the DRAM box straight into the layout the compute wants (P @ V's probabilities:
     a tile stack that the matmul would transpose back, 34 -> 20 ms).  Only where no store between
     the two writes the bytes the load reads, so that reading later reads the same values."""
     stores = {g.id: (g.sig[-1], *_extent(g)) for g in plan.groups if g.kind == "store"}
     inlined = set()
-    for g in plan.groups:
-        if g.kind != "load" or g.sig[-2] == DRAM_CONST or len(readers.get(g.id, ())) != 1:
-            continue
-        (c,) = readers[g.id]
-        if plan.groups[c].kind not in ("matmul", "vector"):
+    for src, c in fusable.items():
+        g = plan.groups[src]
+        if g.kind != "load" or g.sig[-2] == DRAM_CONST:
             continue
         lo, hi = _extent(g)
         if not any(s in stores and stores[s][0] == g.sig[-1] and lo <= stores[s][2] and stores[s][1] <= hi
-                   for s in range(g.id + 1, c)):
-            inlined.add(g.id)
+                   for s in range(src + 1, c)):
+            inlined.add(src)
     return inlined
 
 
@@ -475,21 +475,18 @@ class Executor:
                 extra = (jnp.asarray(sel, jnp.int32),)
             hows = tuple(_how(g, s, self.plan, *reads[s]) if s in reads else None for s in SLOTS[g.kind])
             prepared.append((g, reads, extra, grid, permuted, hows))
-        # a load is inlined only where its reader takes it whole: XLA would recompute a fused
-        # producer for every element a gather picks (a conv's taps)
+        # Only values read whole run inside their reader: XLA would recompute a fused producer for
+        # every element a gather picks (a conv's taps).
         partial = {g.reads[s].src for g, reads, *_, hows in prepared
                    for s, how in zip(SLOTS[g.kind], hows, strict=True) if s in reads and how != "whole"}
-        readers = _readers(self.plan)
-        inlined = _inlined_loads(self.plan, readers) - partial
-        self.inlined = {g.id: (g.sig[-1], jnp.asarray(g.dram, jnp.int32)) for g in self.plan.groups
-                        if g.id in inlined}   # inlined load group id -> (element type, DRAM bases)
-        # Likewise a vector op that one compute group reads whole runs inside it (softmax's x - max
-        # inside its exp: one pass over the scores instead of two), unless it reads an inlined load,
-        # whose store check ends at its own reader.
-        deferred = {g.id for g in self.plan.groups
-                    if g.kind == "vector" and len(readers.get(g.id, ())) == 1 and g.id not in partial
-                    and self.plan.groups[min(readers[g.id])].kind in ("vector", "matmul")
-                    and not any(r.src in inlined for r in g.reads.values())}
+        fusable = _fusable(self.plan, partial)
+        inlined = _inlined_loads(self.plan, fusable)
+        self.inlined = {src: (self.plan.groups[src].sig[-1], jnp.asarray(self.plan.groups[src].dram, jnp.int32))
+                        for src in inlined}   # inlined load group id -> (element type, DRAM bases)
+        # Likewise a vector op (softmax's x - max inside its exp: one pass over the scores instead
+        # of two), unless it reads an inlined load, whose store check ends at its own reader.
+        deferred = {src for src in fusable if self.plan.groups[src].kind == "vector"
+                    and not any(r.src in inlined for r in self.plan.groups[src].reads.values())}
         self.deferred = {}   # deferred vector group id -> its (src, rows, offs) arguments
         self.steps = []
         fns = {}
