@@ -23,9 +23,9 @@ the reuse it can trade is weight residency (all weights loaded once and reused b
 tile, vs. a weight tile per output tile), the loop-order choice the model and tuner make.
 
 Every discrete step goes through costmodel.smooth, so `smooth=0` is the exact model and
-`smooth>0` its relaxation; the four switches of a mapping (double buffering, weight
-residency, a single accumulator tile, transposed operands) enter linearly, so probabilities
-between 0 and 1 mix the candidates' costs.
+`smooth>0` its relaxation; the five switches of a mapping (double buffering, weight
+residency, a single accumulator tile, transposed operands, stacked kernel rows) enter linearly,
+so probabilities between 0 and 1 mix the candidates' costs.
 """
 
 from __future__ import annotations
@@ -108,6 +108,18 @@ def _valid_extent(size, out, tiles, stride, dilation, k, pad_lo):
     return jnp.maximum(halos - pad_lo - overflow, 1.0), halos
 
 
+def _rows_outside(L: LayerShape):
+    """Kernel rows that fall in the top or bottom padding, summed over the output rows: output row r
+    reads input rows r * sh - pad_top + (0 .. kh - 1) (undilated, as stacked mappings are)."""
+    sh, pt = L.stride_h, L.pad_top
+    above = jnp.minimum(jnp.ceil(pt / sh), L.oh)                  # rows r with r * sh < pt
+    top = above * pt - sh * above * (above - 1.0) / 2.0
+    first = jnp.maximum(jnp.floor((pt + L.h - L.kh) / sh) + 1.0, 0.0)   # rows reaching past the input
+    below = jnp.maximum(L.oh - first, 0.0)
+    bottom = below * (L.kh - pt - L.h) + sh * below * (first + L.oh - 1.0) / 2.0
+    return top + bottom
+
+
 def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConstants = DEFAULT_CONSTANTS,
                smooth=0.0) -> LayerCost:
     """Cost of `L` under mapping `m` on `hw` (scalars; vmap for batches).  smooth=0: exact."""
@@ -125,8 +137,13 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     pixels = L.n * _tile_sum(lambda a, b: a * b, hs, ws)          # sum of m = th * tw over spatial tiles
     out_elems = pixels * _tile_sum(lambda o: o, os_)
     channels = _tile_sum(lambda c: c, cs)
-    fold = jnp.where(L.dilation_w == 1, L.kw, 1.0)
-    taps_mm = L.kh * jnp.ceil(L.kw / fold)
+    # stacked: the whole kernel in one MATMUL's k, a LOAD per output row.  lower.schedule.row_tiles
+    # makes the rows whose kernel reaches into the padding tiles of one row; the row tiles here
+    # are the upright ones (a ResNet stem at 4 rows a tile: 31 emitted, 28 counted)
+    st = jnp.where(matrix, m.stacked, 0.0)
+    # per MATMUL: k = fold * tile_c (a kernel row, or the whole kernel stacked), taps_mm of them per tile
+    fold = st * L.kh * L.kw + (1.0 - st) * jnp.where(L.dilation_w == 1, L.kw, 1.0)
+    taps_mm = st + (1.0 - st) * L.kh * jnp.ceil(L.kw / jnp.where(L.dilation_w == 1, L.kw, 1.0))
     taps = L.kh * L.kw
     db, res = m.double_buffer, jnp.where(matrix, m.weights_resident, 0.0)
     tr = jnp.where(matrix, m.transposed, 0.0)   # output channels streamed, a COPY turns each tile
@@ -137,8 +154,10 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     rows, rows_padded = _valid_extent(L.h, oh, hs, L.stride_h, L.dilation_h, L.kh, L.pad_top)
     cols, cols_padded = _valid_extent(L.w, ow, ws, L.stride_w, L.dilation_w, L.kw, L.pad_left)
     reload = jnp.where(matrix, 1.0 + (n_o - 1.0) * jnp.clip(n_c - 1.0, 0.0, 1.0), n_o)
-    halo_n = n_sp * jnp.where(matrix, n_c, 1.0) * reload
-    halo_b = L.n * rows * cols * jnp.where(matrix, channels * reload, L.o) * FP32
+    # stacked: every output row LOADs its kernel rows, those inside the input (lower.matrix)
+    kernel_rows = L.oh * L.kh - _rows_outside(L)
+    halo_n = (n_sp * (1.0 - st) + st * L.n * oh * n_w) * jnp.where(matrix, n_c, 1.0) * reload
+    halo_b = L.n * ((1.0 - st) * rows + st * kernel_rows) * cols * jnp.where(matrix, channels * reload, L.o) * FP32
     w_all = taps * L.c * L.o * FP32
     w_n = jnp.where(matrix, (1.0 - res) * n_sp * n_o * n_c, jnp.where(L.kind == DEPTHWISE, n_o, 0.0))
     w_b = jnp.where(matrix, (1.0 - res) * n_sp * w_all, jnp.where(L.kind == DEPTHWISE, taps * L.o * FP32, 0.0))
@@ -217,7 +236,8 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     # transposed, the COPY moves every tile there and the epilogue runs on it in the scratchpad
     moved = ((1.0 - tr) * sa + tr) * out_elems * FP32
     epi_spad = tr * epi_ops * FP32
-    halo_padded = halo_b * rows_padded * cols_padded / (rows * cols)
+    halo_padded = L.n * ((1.0 - st) * rows_padded + st * oh * L.kh) * cols_padded * jnp.where(
+        matrix, channels * reload, L.o) * FP32
     spad_write = halo_padded + w_b + ex_b + first_b + moved + epi_spad
     spad_read = jnp.where(matrix, (a_reads + b_reads) * FP32, taps * out_elems * FP32) + moved + epi_spad
     acc_write = jnp.where(matrix, c_writes, taps * out_elems) * FP32 + epi_ops * FP32 - moved + tr * out_elems * FP32 \
@@ -235,8 +255,8 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     # --- capacity
     extras = (L.tile_extras, L.channel_extras)
     spad_mx, acc_mx = (res * a + (1.0 - res) * b for a, b in zip(
-        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, True, extras, jnp, sa, tr),
-        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, False, extras, jnp, sa, tr), strict=True))
+        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, True, extras, jnp, sa, tr, st),
+        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, False, extras, jnp, sa, tr, st), strict=True))
     spad_win, acc_win = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, db, extras, True, jnp)
     no_weights = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, db, extras, False, jnp)[0]
     spad = jnp.where(matrix, spad_mx, jnp.where(L.kind == DEPTHWISE, spad_win, no_weights))

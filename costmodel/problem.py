@@ -70,8 +70,9 @@ class LayerShape:
 @dataclass(frozen=True)
 class MappingArrays:
     """lower.schedule.TileMapping as numbers: tile sizes, and the double-buffering,
-    weight-residency, single-accumulator and transposed switches (0/1, or probabilities in the
-    relaxed model)."""
+    weight-residency, single-accumulator, transposed and stacked switches (0/1, or probabilities in
+    the relaxed model; the tuner's space has no stacked switch: a stacked mapping comes from the grid
+    search, the tuner's start and fallback)."""
 
     tile_oh: object
     tile_ow: object
@@ -81,6 +82,7 @@ class MappingArrays:
     weights_resident: object
     single_acc: object
     transposed: object
+    stacked: object
 
 
 for _cls in (LayerShape, MappingArrays):
@@ -101,14 +103,15 @@ def layer_shape(kind: str, p: ConvProblem, extras=(0, 0), epilogue=(0, 0), repea
 
 def mapping_arrays(m: TileMapping) -> MappingArrays:
     return MappingArrays(*(np.float32(v) for v in (m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, m.double_buffer,
-                                                   m.weights_resident, m.single_acc, m.transposed)))
+                                                   m.weights_resident, m.single_acc, m.transposed, m.stacked)))
 
 
 def to_tile_mapping(m: MappingArrays) -> TileMapping:
     """An integer MappingArrays (scalars) back as a TileMapping."""
     return TileMapping(*(int(round(float(v))) for v in (m.tile_oh, m.tile_ow, m.tile_o, m.tile_c)),
                        bool(round(float(m.double_buffer))), bool(round(float(m.weights_resident))),
-                       bool(round(float(m.single_acc))), bool(round(float(m.transposed))))
+                       bool(round(float(m.single_acc))), bool(round(float(m.transposed))),
+                       bool(round(float(m.stacked))))
 
 
 def stack(items):

@@ -49,7 +49,7 @@ def to_mapping(theta, L: LayerShape) -> MappingArrays:
     db = jax.nn.sigmoid(theta[..., 4])
     matrix, turns = matrix_switches(L)
     res, single, turned = (jax.nn.sigmoid(theta[..., i]) * on for i, on in ((5, matrix), (6, matrix), (7, turns)))
-    return MappingArrays(*(tiles[..., i] for i in range(4)), db, res, single, turned)
+    return MappingArrays(*(tiles[..., i] for i in range(4)), db, res, single, turned, jnp.zeros_like(db))
 
 
 def from_mapping(m: MappingArrays):
@@ -87,7 +87,8 @@ def neighbours(m: MappingArrays, L: LayerShape) -> MappingArrays:
     switch = jnp.broadcast_to(jnp.tile(_SWITCHES, (len(_CORNERS), 1)), corner.shape[:-1] + (4,))
     matrix, turns = matrix_switches(L)
     res, single, turned = (switch[..., i] * on[..., None] for i, on in ((1, matrix), (2, matrix), (3, turns)))
-    return MappingArrays(*(corner[..., i] for i in range(4)), switch[..., 0], res, single, turned)
+    return MappingArrays(*(corner[..., i] for i in range(4)), switch[..., 0], res, single, turned,
+                         jnp.zeros_like(res))
 
 
 def objective_of(cycles, energy_pj, objective: str):
@@ -124,7 +125,8 @@ def random_legal(key, L: LayerShape, hw: HardwarePoint, count: int, max_instruct
     theta = random_theta(key, L, count * oversample)
     m = to_mapping(theta, L)
     m = MappingArrays(*(jnp.round(getattr(m, f)) for f in TILE_FIELDS), jnp.round(m.double_buffer),
-                      jnp.round(m.weights_resident), jnp.round(m.single_acc), jnp.round(m.transposed))
+                      jnp.round(m.weights_resident), jnp.round(m.single_acc), jnp.round(m.transposed),
+                      m.stacked)
     cost = exact_cost(jax.tree.map(lambda v: jnp.broadcast_to(v, m.tile_oh.shape), L), m, hw)
     keep = np.flatnonzero(np.asarray((cost.violation == 0) & (cost.instructions <= max_instructions)))[:count]
     return jax.tree.map(lambda a: np.asarray(a)[keep], m)

@@ -123,8 +123,10 @@ def all_mappings(kind: str, p: ConvProblem) -> MappingArrays:
     cs = range(1, p.c + 1) if kind == "matrix" else [1]
     res = (0, 1) if kind == "matrix" else (0,)
     turned = (0, 1) if kind == "matrix" and p.turns else (0,)
-    grid = np.array(list(itertools.product(range(1, p.oh + 1), range(1, p.ow + 1), range(1, p.o + 1), cs, (0, 1),
-                                           res, res, turned)), np.float32)
+    stacked = (0, 1) if kind == "matrix" and p.stacks else (0,)
+    grid = np.array([g for g in itertools.product(range(1, p.oh + 1), range(1, p.ow + 1), range(1, p.o + 1), cs,
+                                                  (0, 1), res, res, turned, stacked) if not (g[-1] and g[-2])],
+                    np.float32)
     return MappingArrays(*grid.T)
 
 
@@ -193,7 +195,7 @@ def throughput(workloads, batch: int = 1 << 20) -> dict:
     layers = jax.tree.map(lambda *xs: np.stack(xs)[which], *shapes)
     hi = np.stack([[float(s.oh), float(s.ow), float(s.o), float(s.c)] for s in shapes])[which]
     tiles = np.maximum(1, np.floor(np.exp(rng.uniform(0, 1, (batch, 4)) * np.log(hi)))).astype(np.float32)
-    maps = MappingArrays(*tiles.T, *rng.integers(0, 2, (4, batch)).astype(np.float32))
+    maps = MappingArrays(*tiles.T, *rng.integers(0, 2, (4, batch)).astype(np.float32), np.zeros(batch, np.float32))
     layers, maps = jax.device_put((layers, maps))
 
     def run():

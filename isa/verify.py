@@ -58,6 +58,7 @@ class Dataflow:
     queue: np.ndarray                     # (N,) Queue of each instruction
     producer: dict[str, np.ndarray]       # slot -> (N,) producer index, -1 none, MULTIPLE
     granule: dict[Space, int]             # tracking granule (bytes) per memory
+    spans: dict[tuple[str, int], tuple[int, ...]]   # (slot, i) -> the writers of a MULTIPLE read
 
 
 def verify(program: Program) -> Dataflow:
@@ -358,6 +359,7 @@ class DataflowWalk:
         self.entries = table[:, 1:].tolist()
         self.first = np.searchsorted(table[:, 0], np.arange(n + 1)).tolist()
         self.producer = {slot: np.full(n, -1, np.int64) for slot in "xyz"}
+        self.spans = {}
 
     def step(self, i: int) -> list[int]:
         """Conflicts of instruction i: latest conflicting index per queue (4 entries), -1 none."""
@@ -386,7 +388,10 @@ class DataflowWalk:
                     writers = (lo,) if lo == hi else (hi,) if space == Space.DRAM else np.unique(w).tolist()
                     self._view(mem.last_read[q], k, i)[...] = i
                 if space != Space.DRAM:
-                    self.producer[self.accs[k].operand][i] = writers[0] if len(writers) == 1 else MULTIPLE
+                    slot = self.accs[k].operand
+                    self.producer[slot][i] = writers[0] if len(writers) == 1 else MULTIPLE
+                    if len(writers) > 1:
+                        self.spans[slot, i] = tuple(writers)
             elif dense:
                 writers = () if space == Space.DRAM else mem.runs.covering(g0, g1)
                 if writers is None:
@@ -417,7 +422,7 @@ class DataflowWalk:
         return np.ndarray(shape[i].tolist(), np.int32, arr, int(offset[i]), strides[i].tolist())
 
     def result(self) -> Dataflow:
-        return Dataflow(queue=self.queue, producer=self.producer, granule=self.granule)
+        return Dataflow(queue=self.queue, producer=self.producer, granule=self.granule, spans=self.spans)
 
     @staticmethod
     def _unwritten(a: Access, i: int, mem: _Memory) -> int:

@@ -81,7 +81,8 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
         w = ctx.weights(node.inputs[1], (1, 2, 3, 0))     # [KH, KW, C]: a tap's channels contiguous
         emit_window(ctx.em, "depthwise", p, m, x, out, w, expr, extras, ctx.fill)
         return
-    w = ctx.weights(node.inputs[1], (2, 3, 1, 0))         # [KH, KW, C, O]: taps, then k x n tiles
+    # [KH, KW, C, O]: taps, then k x n tiles; stacked, [KW, KH, C, O] (its k order)
+    w = ctx.weights(node.inputs[1], (3, 2, 1, 0) if m.stacked else (2, 3, 1, 0))
     g = node.attr("groups")
     for gi in range(g):
         def part(t, dim, size, gi=gi):

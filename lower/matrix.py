@@ -10,7 +10,8 @@ channels) and input-channel tile:
           pattern), B = the tap's weights, C += into the accumulator tile
 then the fused epilogue on the accumulator tile, and one STORE.  A transposed mapping
 (schedule.TileMapping) swaps A and B, so the output channels stream through the array, and
-COPYs each accumulator tile back to (rows, cols, channels) before the epilogue.
+COPYs each accumulator tile back to (rows, cols, channels) before the epilogue; a stacked
+one LOADs each output row's kernel rows side by side and runs one MATMUL over the whole kernel.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space,
 from . import tile_expr
 from .emitter import ACC_DTYPE
 from .graph_ir import RECORD_WORDS, Expr, record_inputs
-from .schedule import FP32, ConvProblem, TileMapping, tile_line, tiles
+from .schedule import FP32, ConvProblem, TileMapping, row_tiles, tile_line, tiles
 from .tensors import DramTensor
 
 # Tile axes of an NCHW output: rows (H), cols (W), channels (O).
@@ -113,11 +114,18 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
     sh, sw = p.stride
     dh, dw = p.dilation
     ih_max, iw_max = p.halo(m.tile_oh, m.tile_ow)
-    halo_buf = [spad.alloc(ih_max * iw_max * m.tile_c * xb) for _ in range(bufs)]
+    if m.stacked and not (p.stacks and not m.transposed):
+        raise ValueError(f"{em.layer_name}: a stacked mapping needs an undilated kernel of several rows and "
+                         f"upright operands")
+    halo_rows = m.tile_oh * p.kh if m.stacked else ih_max
+    halo_buf = [spad.alloc(halo_rows * iw_max * m.tile_c * xb) for _ in range(bufs)]
     taps = p.kh * p.kw
+    # the weights' k order: (kernel row, kernel column, channel), stacked (kernel column, kernel row, channel)
+    w_axes = (3, 2, 1, 0) if m.stacked else (2, 3, 1, 0)
+    w_counts = (p.kw, p.kh) if m.stacked else (p.kh, p.kw)
     if m.weights_resident:
         wres = spad.alloc(taps * p.c * p.o * wb)
-        em.load_box(w, (0, 0, 0, 0), (2, 3, 1, 0), (p.kh, p.kw, p.c, p.o), Space.SPAD, wres)
+        em.load_box(w, (0, 0, 0, 0), w_axes, (*w_counts, p.c, p.o), Space.SPAD, wres)
     else:
         w_buf = [spad.alloc(taps * m.tile_c * m.tile_o * wb) for _ in range(bufs)]
     epi = Epilogue(em, spad, expr, list(extras), (m.tile_oh, m.tile_ow, m.tile_o), bufs)
@@ -133,7 +141,7 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
     n_halo = n_w = n_out = 0
 
     def load_halo(n, oh0, th, ow0, tw, c0, tc):
-        """LOAD the input window of an output tile; returns (base, iw, valid) or None if all padding."""
+        """LOAD the input window of an output tile; returns (base, iw) or None if all padding."""
         nonlocal n_halo
         ih, iw = p.halo(th, tw)
         r0, q0 = oh0 * sh - pt, ow0 * sw - pl
@@ -145,12 +153,23 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
             raise ValueError(f"{em.layer_name}: padding of {max(top, bottom, left, right)} exceeds the DMA's 255")
         base = halo_buf[n_halo % bufs]
         n_halo += 1
-        em.load(x, (n, c0, r0 + top, q0 + left), (2, 3, 1), (ih - top - bottom, iw - left - right, tc),
-                Operand(Space.SPAD, base, (iw * tc, tc, 1)), pad=(top, bottom, left, right, 0, 0))
+        if not m.stacked:
+            em.load(x, (n, c0, r0 + top, q0 + left), (2, 3, 1), (ih - top - bottom, iw - left - right, tc),
+                    Operand(Space.SPAD, base, (iw * tc, tc, 1)), pad=(top, bottom, left, right, 0, 0))
+            return base, iw
+        for r in range(th):   # output row r: [column][kernel row][channel]
+            row = base + r * iw * p.kh * tc * xb
+            first = r0 + r * sh
+            above, below = max(0, -first), max(0, first + p.kh - p.h)
+            if above + below >= p.kh:
+                fill(Operand(Space.SPAD, row, (p.kh * tc, tc, 1)), (iw, p.kh, tc), 0.0, x.dtype)
+                continue
+            em.load(x, (n, c0, first + above, q0 + left), (3, 2, 1), (iw - left - right, p.kh - above - below, tc),
+                    Operand(Space.SPAD, row, (p.kh * tc, tc, 1)), pad=(left, right, above, below, 0, 0))
         return base, iw
 
     for n in range(p.n):
-        for oh0, th in tiles(p.oh, m.tile_oh):
+        for oh0, th in row_tiles(p, m):
             for ow0, tw in tiles(p.ow, m.tile_ow):
                 shared = load_halo(n, oh0, th, ow0, tw, 0, p.c) if len(c_tiles) == 1 else None
                 line, pitch = tile_line(p, th, tw)   # transposed: C[o][line position], else C[row][col][o]
@@ -169,7 +188,13 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
                         else:
                             w_base, k_stride, tap_stride = w_buf[n_w % bufs], to, tc * to
                             n_w += 1
-                            em.load_box(w, (o0, c0, 0, 0), (2, 3, 1, 0), (p.kh, p.kw, tc, to), Space.SPAD, w_base)
+                            em.load_box(w, (o0, c0, 0, 0), w_axes, (*w_counts, tc, to), Space.SPAD, w_base)
+                        if m.stacked:   # k = (kernel column, kernel row, channel), contiguous in the halo
+                            em.matmul(Operand(Space.SPAD, h_base, (iw * p.kh * tc, sw * p.kh * tc, 1)),
+                                      Operand(Space.SPAD, w_base, (k_stride, 1, 0)), c_op, th, tw, taps * tc, to,
+                                      accumulate=not first, dtype=x.dtype)
+                            first = False
+                            continue
                         # With unit column dilation a kernel row's taps are contiguous in the halo
                         # ((kw, c) -> kw * tc + c) and in the weights: one MATMUL of k = kw * tc.
                         fold = p.kw if dw == 1 else 1

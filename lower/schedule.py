@@ -61,6 +61,11 @@ class ConvProblem:
                 (tw - 1) * self.stride[1] + (self.kw - 1) * self.dilation[1] + 1)
 
     @property
+    def stacks(self) -> bool:
+        """Whether a stacked mapping (TileMapping.stacked) applies: an undilated kernel of several rows."""
+        return self.kh > 1 and self.dilation == (1, 1)
+
+    @property
     def turns(self) -> bool:
         return strides_turn(self.stride)
 
@@ -96,7 +101,13 @@ class TileMapping:
     halo (tile_line: a 7x7 tile of a 3x3 conv is 61 columns, the 2 per row between rows
     computed and dropped).  The products land channel-major; a COPY per tile turns them back to
     (rows, cols, channels) in the scratchpad, which frees the accumulator tile as `single_acc`'s
-    result tile does."""
+    result tile does.
+
+    `stacked` lays each output row's kernel rows side by side in the halo (one LOAD per output row,
+    [column][kernel row][channel]), so one MATMUL's k covers the whole kernel, kh * kw * tile_c,
+    instead of one kernel row: a stem's 7x7 kernel over 3 channels is 10 row folds of the array
+    rather than 7 x 2 (21 of every 32 rows used), for kh times the input traffic.  Undilated
+    kernels of more than one row only."""
 
     tile_oh: int
     tile_ow: int
@@ -106,6 +117,7 @@ class TileMapping:
     weights_resident: bool = False
     single_acc: bool = False
     transposed: bool = False
+    stacked: bool = False
 
     @property
     def acc_buffers(self) -> int:
@@ -113,7 +125,8 @@ class TileMapping:
 
     def __str__(self) -> str:
         flags = [f for f, on in (("db", self.double_buffer), ("w-resident", self.weights_resident),
-                                 ("1-acc", self.single_acc), ("transposed", self.transposed)) if on]
+                                 ("1-acc", self.single_acc), ("transposed", self.transposed),
+                                 ("stacked", self.stacked)) if on]
         return f"tile(oh={self.tile_oh}, ow={self.tile_ow}, o={self.tile_o}, c={self.tile_c}) {' '.join(flags)}"
 
 
@@ -132,7 +145,7 @@ def _grid(**axes) -> dict[str, np.ndarray]:
 
 
 def conv_footprint(p: ConvProblem, th, tw, to, tc, double_buffer, resident, extras=(0, 0), xp=np, single_acc=0,
-                   transposed=0):
+                   transposed=0, stacked=0):
     """(scratchpad bytes, accumulator bytes) a matrix-unit mapping occupies, as lower.matrix
     allocates them: input halos, weights (tiles or all of them), epilogue operand tiles and
     per-channel epilogue vectors, the result tile of `single_acc` or the turned tiles of
@@ -143,9 +156,10 @@ def conv_footprint(p: ConvProblem, th, tw, to, tc, double_buffer, resident, extr
     iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
     weights = xp.where(resident, p.kh * p.kw * p.c * p.o, bufs * p.kh * p.kw * tc * to) * FP32
     out_tile = th * tw * to * FP32
+    halo = (stacked * th * p.kh + (1 - stacked) * ih) * iw * tc
     acc_bufs = bufs - double_buffer * single_acc
     # a transposed nest turns each accumulator tile into one of as many scratchpad tiles
-    spad = (bufs * ih * iw * tc * FP32 + weights
+    spad = (bufs * halo * FP32 + weights
             + (bufs * tile_extras + transposed * acc_bufs + single_acc * (1 - transposed)) * out_tile
             + channel_extras * p.o * FP32)
     acc_tile = (transposed * tile_line(p, th, tw)[0] + (1 - transposed) * th * tw) * to * FP32
@@ -176,7 +190,7 @@ def footprint(kind: str, p: ConvProblem, m: TileMapping, extras=(0, 0)) -> tuple
     if kind == "matrix":
         spad, acc = conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, int(m.double_buffer),
                                    m.weights_resident, extras, single_acc=int(m.single_acc),
-                                   transposed=int(m.transposed))
+                                   transposed=int(m.transposed), stacked=int(m.stacked))
     else:
         spad, acc = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, int(m.double_buffer), extras,
                                      kind == "depthwise")
@@ -186,7 +200,7 @@ def footprint(kind: str, p: ConvProblem, m: TileMapping, extras=(0, 0)) -> tuple
 def _pick(p: ConvProblem, g: dict, spad: np.ndarray, acc: np.ndarray, cost: np.ndarray, hw: HardwareConfig,
           layer: str | None, with_cost: bool = False):
     """The cheapest candidate that fits, as a TileMapping (and its estimated cost, `with_cost`); the
-    grid's switches beyond double buffering (res, sa, tr) are off where it has none."""
+    grid's switches beyond double buffering (res, sa, tr, st) are off where it has none."""
     ok = fits(p, spad, acc, g["th"], g["tw"], hw)
     if not ok.any():
         k = int(np.argmin(spad + acc))
@@ -196,7 +210,7 @@ def _pick(p: ConvProblem, g: dict, spad: np.ndarray, acc: np.ndarray, cost: np.n
                           f"(have {hw.accumulator_bytes})")
     k = int(np.flatnonzero(ok)[np.argmin(cost[ok])])
     m = TileMapping(*(int(g[d][k]) for d in ("th", "tw", "to", "tc")),
-                    *(bool(g[f][k]) if f in g else False for f in ("db", "res", "sa", "tr")))
+                    *(bool(g[f][k]) if f in g else False for f in ("db", "res", "sa", "tr", "st")))
     return (m, float(cost[k])) if with_cost else m
 
 
@@ -221,12 +235,13 @@ def _map_conv(p: ConvProblem, hw: HardwareConfig, extras: tuple[int, int]):
     fold = p.kw if p.dilation[1] == 1 else 1   # MATMUL's k covers a kernel row: kw * tc <= the count limit
     g = _grid(th=_sizes(p.oh), tw=_sizes(p.ow), to=_sizes(p.o), tc=_sizes(p.c, MAX_HALO // fold),
               db=np.array([1, 0]), res=np.array([1, 0]), sa=np.array([0, 1]),
-              tr=np.array([0, 1] if p.turns else [0]))
+              tr=np.array([0, 1] if p.turns else [0]), st=np.array([0, 1] if p.stacks else [0]))
     g["res"] = np.where(p.c * fold > MAX_HALO, 0, g["res"])
     g["tc"] = np.where(g["res"] == 1, p.c, g["tc"])   # resident weights: one channel tile
     g["sa"] = g["sa"] * g["db"]                       # a single accumulator tile is a double-buffered nest's choice
-    th, tw, to, tc, db, res, sa, tr = (g[k] for k in ("th", "tw", "to", "tc", "db", "res", "sa", "tr"))
-    spad, acc = conv_footprint(p, th, tw, to, tc, db, res == 1, extras, single_acc=sa, transposed=tr)
+    g["st"] = np.where((g["tr"] == 1) | (p.kh * p.kw * g["tc"] > MAX_HALO), 0, g["st"])   # k is 16-bit
+    th, tw, to, tc, db, res, sa, tr, st = (g[k] for k in ("th", "tw", "to", "tc", "db", "res", "sa", "tr", "st"))
+    spad, acc = conv_footprint(p, th, tw, to, tc, db, res == 1, extras, single_acc=sa, transposed=tr, stacked=st)
     ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
     iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
     m = th * tw
@@ -235,20 +250,22 @@ def _map_conv(p: ConvProblem, hw: HardwareConfig, extras: tuple[int, int]):
     w_tile = p.kh * p.kw * tc * to * FP32
     n_sp = p.n * -(-p.oh // th) * -(-p.ow // tw)
     n_o, n_c = -(-p.o // to), -(-p.c // tc)
-    n_mm = n_sp * n_o * n_c * p.kh * -(-p.kw // fold)
+    n_mm = n_sp * n_o * n_c * np.where(st == 1, 1, p.kh * -(-p.kw // fold))
+    k = np.where(st == 1, p.kh * p.kw, fold) * tc                  # one MATMUL's reduction
     r, c = hw.array_rows, hw.array_cols
     rows, cols = np.where(tr == 1, to, m), np.where(tr == 1, line, to)    # the operand streamed, the one held
     if hw.dataflow == "weight_stationary":
-        mm = n_mm * -(-(fold * tc) // r) * -(-cols // c) * (2 * r + c + rows - 2)
+        mm = n_mm * -(-k // r) * -(-cols // c) * (2 * r + c + rows - 2)
     else:
-        mm = n_mm * -(-rows // r) * -(-cols // c) * (2 * r + c + fold * tc - 2)
+        mm = n_mm * -(-rows // r) * -(-cols // c) * (2 * r + c + k - 2)
     halo_loads = n_sp * n_c * np.where(n_c > 1, n_o, 1)
     w_loads = np.where(res == 1, 1, n_sp * n_o * n_c)
     tiles_out = n_sp * n_o
-    dma = _dma_cycles(hw, halo_loads + w_loads + tiles_out * (1 + extras[0]),
-                      halo_loads * ih * iw * tc * FP32 + np.where(res == 1, w_all, w_loads * w_tile)
+    halo_dmas, halo_rows = np.where(st == 1, th, 1), np.where(st == 1, th * p.kh, ih)   # a stacked halo: a LOAD a row
+    dma = _dma_cycles(hw, halo_loads * halo_dmas + w_loads + tiles_out * (1 + extras[0]),
+                      halo_loads * halo_rows * iw * tc * FP32 + np.where(res == 1, w_all, w_loads * w_tile)
                       + tiles_out * (1 + extras[0]) * m * to * FP32)
-    instructions = n_mm + halo_loads + w_loads + tiles_out * (1 + 2 * extras[0] + np.maximum(sa, tr))
+    instructions = n_mm + halo_loads * halo_dmas + w_loads + tiles_out * (1 + 2 * extras[0] + np.maximum(sa, tr))
     # one accumulator tile: the array waits for each tile's epilogue, about a pass over the tile per
     # operand (a bias, a residual...) and one to apply it or move the result out; a transposed
     # tile is free once its COPY has turned it
@@ -310,6 +327,20 @@ def ceil_div(a: int, b: int) -> int:
 def tiles(total: int, tile: int):
     """(start, size) of each tile along one dim, the last one possibly smaller."""
     return [(s, min(tile, total - s)) for s in range(0, total, tile)]
+
+
+def row_tiles(p: ConvProblem, m: TileMapping):
+    """(start, size) of the output row tiles.  A stacked mapping's rows whose kernel reaches into the
+    top or bottom padding are tiles of one row: their LOADs pad differently from the rest, and the
+    batched simulator reads a tile's rows as one value only where one group of LOADs wrote them all."""
+    if not m.stacked:
+        return tiles(p.oh, m.tile_oh)
+    (pt, _), _ = p.padding
+    sh = p.stride[0]
+    top = min(-(-pt // sh), p.oh)                                    # rows r with r * sh < pt
+    bottom = min(max((p.h + pt - p.kh) // sh + 1, top), p.oh)        # rows reaching past the input
+    return ([(r, 1) for r in range(top)] + [(top + s, t) for s, t in tiles(bottom - top, m.tile_oh)]
+            + [(r, 1) for r in range(bottom, p.oh)])
 
 
 
@@ -394,6 +425,10 @@ def make_schedule(graph, hw: HardwareConfig, mappings: dict | None = None) -> Sc
         if node.name in mappings:
             m = mappings.pop(node.name)
             spad, acc = footprint(kind, p, m, extras)
+            if m.stacked and not (kind == "matrix" and p.stacks and not m.transposed):
+                raise TilingError(f"{node.name}: mapping {m} is stacked, which needs an undilated matrix-unit "
+                                  f"kernel of several rows, not transposed (have {kind}, {p.kh}x{p.kw}, "
+                                  f"dilation {p.dilation})")
             if m.transposed and not (kind == "matrix" and p.turns):
                 raise TilingError(f"{node.name}: mapping {m} is transposed, which needs a matrix-unit op whose "
                                   f"row stride is a multiple of its column stride (have {kind}, {p.stride})")

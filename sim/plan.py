@@ -23,9 +23,11 @@ list of *groups*, each executed as one batched gather -> compute -> (scatter):
    one group; it runs as one jitted function over all its members.
 
 DRAM holds one array per element type; a read of DRAM bytes last written as
-another type is outside the model.  Programs outside it (a read spanning two
-producers, a producer writing a non-contiguous region, bf16) raise PlanError,
-and the simulator falls back to the reference interpreter.  REQUANT reads its z
+another type is outside the model.  A read may span several producers only
+where they are consecutive rows of one group laid out one after another (a
+stacked conv's per-row LOADs): it reads them as one value.  Programs outside
+it (other spanning reads, a producer writing a non-contiguous region, bf16)
+raise PlanError, and the simulator falls back to the reference interpreter.  REQUANT reads its z
 operand as records: each element of its pattern is REQUANT_RECORD_BYTES of int32
 words, so that read's offsets count words.
 """
@@ -66,6 +68,7 @@ class Read:
     src: int                 # producer group id, or DRAM_CONST / DRAM_DATA
     rows: np.ndarray         # (T, J) rows of the producer group's output
     offs: np.ndarray         # (T, J) element offsets (DRAM: element address in that array)
+    spanned: np.ndarray      # (T, J) producer rows the read covers from `rows` on (plan.value_ref)
 
 
 @dataclass
@@ -118,15 +121,18 @@ def build_plan(program: Program) -> Plan:
     mode = code["mode"]
     func = code["func"]
     producer = flow.producer
-    for slot in "xyz":
-        if (producer[slot] == MULTIPLE).any():
-            i = int(np.flatnonzero(producer[slot] == MULTIPLE)[0])
-            raise PlanError(f"instruction {i} reads a local region written by several instructions")
+
+    def writers(slot: str, i: int) -> tuple[int, ...]:
+        """The instructions whose values instruction i reads through `slot` (several: a span)."""
+        p = int(producer[slot][i])
+        return flow.spans[slot, i] if p == MULTIPLE else (p,) if p >= 0 else ()
 
     readers = np.zeros(N, np.int64)
     for slot in "xyz":
         p = producer[slot]
         np.add.at(readers, p[p >= 0], 1)
+    for ws in flow.spans.values():
+        np.add.at(readers, list(ws), 1)
 
     # --- nodes (single instructions, or chains accumulating into one region) and their levels ---
     # A chain only reads values of finished nodes (a value read by anything but the chain's next
@@ -142,11 +148,11 @@ def build_plan(program: Program) -> Plan:
     def operand_levels(i: int) -> tuple:
         """Levels of the values instruction i reads, its accumulated destination aside."""
         dst = "z" if op[i] == Opcode.MATMUL else "x"
-        return tuple(level[node_of[p]] for s in "xyz" if s != dst for p in [int(producer[s][i])] if p >= 0)
+        return tuple(level[node_of[p]] for s in "xyz" if s != dst for p in writers(s, i))
 
     def level_of(i: int) -> int:
-        lv = max((level[node_of[p]] + 1 for s in "xyz" for p in [int(producer[s][i])]
-                  if p >= 0 and node_of[p] != node_of[i]), default=0)
+        lv = max((level[node_of[p]] + 1 for s in "xyz" for p in writers(s, i) if node_of[p] != node_of[i]),
+                 default=0)
         return dram.access(i, lv) if op[i] in (Opcode.LOAD, Opcode.GATHER, Opcode.STORE) else lv
 
     for i in range(N):
@@ -154,7 +160,7 @@ def build_plan(program: Program) -> Plan:
         computes = o in (Opcode.MATMUL, Opcode.VECTOR)
         if computes and mode[i] != AccMode.OVERWRITE:
             dst_slot = "z" if o == Opcode.MATMUL else "x"
-            p = int(producer[dst_slot][i])
+            p = _single(producer, dst_slot, i)
             k = node_of[p] if p >= 0 else -1
             # NOTE: a chain's members read each operand from one producer group, so an operand made
             # at another level (a conv over a concat of tensors made at different depths) starts a
@@ -168,7 +174,7 @@ def build_plan(program: Program) -> Plan:
                 continue
             init.append(p)
         elif o == Opcode.VECTOR and func[i] in READS_DST:
-            init.append(int(producer["x"][i]))
+            init.append(_single(producer, "x", i))
         else:
             init.append(-1)
         node_of[i] = len(members)
@@ -182,16 +188,27 @@ def build_plan(program: Program) -> Plan:
     row_of = np.full(n_nodes, -1, np.int64)
     groups: list[Group] = []
 
-    def value_ref(p: int, read_base: int, read_type: DType):
-        """(group, row, element offset) of the value produced by instruction p, read from read_base."""
-        k = node_of[p]
-        head = members[k][-1]
-        w_base = int(code["z_base"][head] if op[head] == Opcode.MATMUL else
-                     code["y_base"][head] if op[head] in (Opcode.LOAD, Opcode.GATHER) else code["x_base"][head])
-        written = _written_type(code, head)
-        if written != read_type or (read_base - w_base) % written.itemsize:
-            raise PlanError(f"instruction {p} wrote {written.name} that is read as {read_type.name}")
-        return int(group_of[k]), int(row_of[k]), (read_base - w_base) // written.itemsize
+    def value_ref(ps: tuple[int, ...], read_base: int, read_type: DType):
+        """(group, row, element offset, rows spanned) of the value read from read_base, produced by the
+        instructions ps: one, or several whose values are consecutive rows of one group laid out one
+        after another (a tile's MATMUL over the rows its per-row LOADs wrote), read as one."""
+        refs = []
+        for p in ps:
+            k = node_of[p]
+            head = members[k][-1]
+            w_base = int(code["z_base"][head] if op[head] == Opcode.MATMUL else
+                         code["y_base"][head] if op[head] in (Opcode.LOAD, Opcode.GATHER) else code["x_base"][head])
+            written = _written_type(code, head)
+            if written != read_type or (read_base - w_base) % written.itemsize:
+                raise PlanError(f"instruction {p} wrote {written.name} that is read as {read_type.name}")
+            refs.append((w_base, int(group_of[k]), int(row_of[k])))
+        refs.sort()
+        w_base, g, row = refs[0]
+        step = groups[g].out_len * read_type.itemsize if len(refs) > 1 else 0
+        if any((b, h, r) != (w_base + j * step, g, row + j) for j, (b, h, r) in enumerate(refs)):
+            raise PlanError(f"a read spans the values of instructions {', '.join(map(str, ps))}, which are "
+                            f"not consecutive rows of one group laid out one after another")
+        return g, row, (read_base - w_base) // read_type.itemsize, len(refs)
 
     by_level: dict[int, list[int]] = {}
     for k in range(n_nodes):
@@ -199,7 +216,7 @@ def build_plan(program: Program) -> Plan:
     for lv in sorted(by_level):
         buckets: dict[tuple, list[tuple[int, dict, int]]] = {}
         for k in by_level[lv]:
-            key, reads, length = _describe(members[k], init[k], acc_mode[k], code, n_arr, func, producer,
+            key, reads, length = _describe(members[k], init[k], acc_mode[k], code, n_arr, func, writers,
                                            value_ref, data_origin)
             buckets.setdefault(key, []).append((k, reads, length))
         for key, entries in buckets.items():
@@ -222,9 +239,8 @@ def build_plan(program: Program) -> Plan:
                 g.instructions.append(members[k][0])
             for slot in entries[0][1]:
                 src = entries[0][1][slot][0]
-                rows = np.array([e[1][slot][1] for e in entries], np.int64)
-                offs = np.array([e[1][slot][2] for e in entries], np.int64)
-                g.reads[slot] = Read(src, rows, offs)
+                rows, offs, spanned = (np.array([e[1][slot][f] for e in entries], np.int64) for f in (1, 2, 3))
+                g.reads[slot] = Read(src, rows, offs, spanned)
             if "dram" in g.reads:
                 g.dram = g.reads.pop("dram").offs[:, 0]
             _check_reads(g, groups)
@@ -276,6 +292,14 @@ class _DramTracker:
         return lv
 
 
+def _single(producer, slot: str, i: int) -> int:
+    """The one producer of a value instruction i accumulates onto (-1: none)."""
+    p = int(producer[slot][i])
+    if p == MULTIPLE:
+        raise PlanError(f"instruction {i} accumulates onto a local region written by several instructions")
+    return p
+
+
 def _same_shape(code, p, i) -> bool:
     """Can instruction i continue the chain ending at p: same op, shape, strides, types, destination."""
     a, b = code[p], code[i]
@@ -285,8 +309,9 @@ def _same_shape(code, p, i) -> bool:
                 and _patterns(code, p) == _patterns(code, i) and a[dst] == b[dst])
 
 
-def _describe(mem, init_p, acc, code, n_arr, func, producer, value_ref, data_origin):
-    """(bucket key (kind, signature, producer groups), reads {slot: (src, rows[J], offs[J])}, value length)."""
+def _describe(mem, init_p, acc, code, n_arr, func, writers, value_ref, data_origin):
+    """(bucket key (kind, signature, producer groups), reads {slot: (src, rows[J], offs[J], spanned[J])},
+    value length)."""
     i = mem[0]
     o = int(code["opcode"][i])
     n = tuple(int(v) for v in n_arr[i])
@@ -295,19 +320,26 @@ def _describe(mem, init_p, acc, code, n_arr, func, producer, value_ref, data_ori
     reads = {}
 
     def local(slot_name, isa_slot, read_type):
-        rows, offs, src = [], [], None
+        rows, offs, spanned, src = [], [], [], None
         for j in mem:
-            g, r, off = value_ref(int(producer[isa_slot][j]), int(code[f"{isa_slot}_base"][j]), read_type)
+            g, r, off, n = value_ref(writers(isa_slot, j), int(code[f"{isa_slot}_base"][j]), read_type)
             src = g if src is None else src
             if g != src:   # members of one chain read from different producer groups
                 raise PlanError(f"instruction {mem[0]}: a chain reads operand {isa_slot} from several producer groups")
             rows.append(r)
             offs.append(off)
-        reads[slot_name] = (src, rows, offs)
+            spanned.append(n)
+        reads[slot_name] = (src, rows, offs, spanned)
+
+    def initial(isa_slot):
+        """The value an accumulating instruction starts from, written at its destination."""
+        if init_p >= 0:
+            g, r, off, n_ = value_ref((init_p,), int(code[f"{isa_slot}_base"][i]), odt)
+            reads["init"] = (g, [r], [off], [n_])
 
     def dram_base(base: int, dtype: DType):
         space = DRAM_DATA if base >= data_origin else DRAM_CONST
-        reads["dram"] = (space, [0], [(base - (data_origin if space == DRAM_DATA else 0)) // dtype.itemsize])
+        reads["dram"] = (space, [0], [(base - (data_origin if space == DRAM_DATA else 0)) // dtype.itemsize], [1])
         return space
 
     if o == Opcode.LOAD:
@@ -333,9 +365,7 @@ def _describe(mem, init_p, acc, code, n_arr, func, producer, value_ref, data_ori
     if o == Opcode.MATMUL:
         local("a", "x", dt)
         local("b", "y", dt)
-        if init_p >= 0:
-            g, r, off = value_ref(init_p, int(code["z_base"][i]), odt)
-            reads["init"] = (g, [r], [off])
+        initial("z")
         if not is_dense(pats[2], (n[0], n[1], n[3])):
             raise PlanError(f"instruction {i}: MATMUL writes a non-contiguous accumulator region")
         sig = (len(mem), n, pats[0], pats[1][:2], pats[2], init_p >= 0, dt, odt)
@@ -348,9 +378,7 @@ def _describe(mem, init_p, acc, code, n_arr, func, producer, value_ref, data_ori
     local("src1", "y", dt)
     if f in BINARY:
         local("src2", "z", dt)
-    if init_p >= 0:
-        g, r, off = value_ref(init_p, int(code["x_base"][i]), odt)
-        reads["init"] = (g, [r], [off])
+    initial("x")
     dims = (n[0], n[1], 1) if f in REDUCTIONS else n[:3]
     if not is_dense(pats[0], dims):
         raise PlanError(f"instruction {i}: vector op writes a non-contiguous local region")
@@ -365,7 +393,7 @@ def _check_reads(g: Group, groups: list[Group]) -> None:
         if r.src < 0:
             continue
         rel = read_pattern(g, slot)
-        if (r.offs + rel.min() < 0).any() or (r.offs + rel.max() + 1 > groups[r.src].out_len).any():
+        if (r.offs + rel.min() < 0).any() or (r.offs + rel.max() + 1 > r.spanned * groups[r.src].out_len).any():
             raise PlanError(f"group {g.id} ({g.kind}) reads past the value its producer wrote")
 
 

@@ -87,7 +87,7 @@ def test_relaxed_equals_exact_at_integer_points():
     def cycles(tile_o):     # relaxed: continuous, with a gradient, in a tile size
         m = mapping_arrays(TileMapping(5, 4, 16, 7))
         m = MappingArrays(m.tile_oh, m.tile_ow, tile_o, m.tile_c, m.double_buffer, m.weights_resident, m.single_acc,
-                         m.transposed)
+                         m.transposed, m.stacked)
         return layer_cost(L, m, POINT, smooth=0.3).cycles
 
     grad = jax.jit(jax.grad(cycles))(12.5)

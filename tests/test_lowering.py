@@ -213,21 +213,29 @@ def test_transposed_mappings_match_torch(k, stride, dilation, padding, c, o, siz
     assert rel_err(np.asarray(y), module(*args).detach().numpy()) < 1e-5
 
 
-def test_mapper_transposes_a_late_cnn_layer_and_the_simulator_agrees():
-    """7x7 pixels and 2048 channels: streaming the channels beats streaming 49 rows per fold (by less
-    than the folds alone say: such a layer is close to bound by its weights' DRAM traffic)."""
+@pytest.mark.parametrize("conv, size, switch, gain", [
+    # 7x7 pixels and 2048 channels: streaming the channels beats streaming 49 rows per fold (by less
+    # than the folds alone say: such a layer is close to bound by its weights' DRAM traffic)
+    (nn.Conv2d(512, 2048, 1), 7, "transposed", 0.9),
+    # a 7x7 kernel over 3 channels: a kernel row is 21 of k (2 row folds of 16, a third idle);
+    # stacked, the kernel's 147 fill 10 row folds
+    (nn.Conv2d(3, 64, 7, 2, 3), 64, "stacked", 0.85),
+])
+def test_mapper_picks_the_switch_and_the_simulator_agrees(conv, size, switch, gain):
+    """The mapper turns the switch on where it pays, and the simulator confirms it against the same
+    tiles without it."""
     from stagec.layers import measure, model_graph, model_layers
     from stagec.lower.schedule import map_conv
     torch.manual_seed(0)
-    module = nn.Sequential(nn.Conv2d(512, 2048, 1), nn.ReLU()).eval()
-    x = torch.randn(1, 512, 7, 7)
+    module = nn.Sequential(conv, nn.ReLU()).eval()
+    x = torch.randn(1, conv.in_channels, size, size)
     graph = model_graph(module, (x,))
     (layer,) = model_layers(graph)
     hw = stagec.HardwareConfig()
     chosen = map_conv(layer.problem, hw, layer.extras)
-    assert chosen.transposed
-    upright = dataclasses.replace(chosen, transposed=False)      # the same tiles, 49 rows streamed per fold
-    assert measure(graph, layer, chosen, hw)[0] < 0.9 * measure(graph, layer, upright, hw)[0]
+    assert getattr(chosen, switch)
+    without = dataclasses.replace(chosen, **{switch: False})
+    assert measure(graph, layer, chosen, hw)[0] < gain * measure(graph, layer, without, hw)[0]
 
 
 def test_transposed_mapping_of_a_layer_that_cannot_turn_is_rejected():
@@ -238,3 +246,37 @@ def test_transposed_mapping_of_a_layer_that_cannot_turn_is_rejected():
     (layer,) = model_layers(model_graph(module, (x,)))
     with pytest.raises(TilingError, match="transposed, which needs a matrix-unit op whose row stride is a multiple"):
         stagec.compile(module, (x,), mappings={layer.name: TileMapping(2, 2, 8, 4, transposed=True)})
+
+
+@given(k=st.sampled_from([2, 3, 7]), stride=st.sampled_from([(1, 1), (2, 2), (1, 2)]), padding=st.integers(0, 4),
+       c=st.integers(1, 8), o=st.integers(2, 24), size=st.integers(1, 9),
+       tile=st.tuples(st.integers(1, 5), st.integers(1, 6), st.integers(1, 24), st.integers(1, 8)),
+       double_buffer=st.booleans(), resident=st.booleans())
+def test_stacked_mappings_match_torch(k, stride, padding, c, o, size, tile, double_buffer, resident):
+    """Each output row's kernel rows LOADed side by side and one MATMUL over the whole kernel, with
+    edge tiles, padding (kernel rows wholly in it filled with zeros), strides and an epilogue."""
+    from stagec.layers import model_graph, model_layers
+    from stagec.lower.schedule import TileMapping
+    torch.manual_seed(0)
+    module = _ConvResidual(c, o, k, stride, padding, 1).eval()
+    x = torch.randn(1, c, size + k - 1, size + k - 1)
+    args = (x, torch.randn(module.conv(x).shape))
+    (conv,) = model_layers(model_graph(module, args))
+    p = conv.problem
+    th, tw, to = min(tile[0], p.oh), min(tile[1], p.ow), min(tile[2], o)
+    tc = c if resident else min(tile[3], c)
+    m = TileMapping(th, tw, to, tc, double_buffer, resident, stacked=True)
+    program = stagec.compile(module, args, mappings={conv.name: m})
+    build_plan(program)           # the batched executor runs it: a tile's MATMUL reads its rows' LOADs as one value
+    y, _ = stagec.simulate(program, *args)
+    assert rel_err(np.asarray(y), module(*args).detach().numpy()) < 1e-5
+
+
+def test_stacked_mapping_of_a_dilated_kernel_is_rejected():
+    from stagec.layers import model_graph, model_layers
+    from stagec.lower.schedule import TileMapping
+    module = nn.Conv2d(4, 8, 3, dilation=2)
+    x = torch.randn(1, 4, 9, 9)
+    (layer,) = model_layers(model_graph(module, (x,)))
+    with pytest.raises(TilingError, match="is stacked, which needs an undilated matrix-unit kernel of several rows"):
+        stagec.compile(module, (x,), mappings={layer.name: TileMapping(2, 2, 8, 4, stacked=True)})

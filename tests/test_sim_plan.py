@@ -127,3 +127,37 @@ def test_vector_ops_one_compute_group_reads_run_inside_it():
         assert rel_err(ex.run([x.numpy()])[0], want) < 1e-6
     with torch.no_grad():
         assert rel_err(want, model(x).numpy()) < 1e-4
+
+
+def _spanning_read_program(order, n=16, parts=4):
+    """out = exp(x), x LOADed in `parts` pieces (in `order`) side by side, the EXP reading all of them."""
+    from stagec.isa import DType, HardwareConfig, Layer, Operand, Program, Space, TensorRef, VectorFunc, store, vector
+    from stagec.isa import load as load_ins
+    from stagec.isa.instructions import encode
+    from stagec.lower.tokens import insert_tokens
+    x_off, out_off, s, step = 1024, 2048, (0, 0, 1), n // parts
+    ins = [load_ins(Operand(Space.DRAM, x_off + 4 * step * k, s), Operand(Space.SPAD, 4 * step * k, s), (1, 1, step))
+           for k in order]
+    ins += [vector(VectorFunc.EXP, Operand(Space.SPAD, 512, s), Operand(Space.SPAD, 0, s), None, (1, 1, n)),
+            store(Operand(Space.DRAM, out_off, s), Operand(Space.SPAD, 512, s), (1, 1, n))]
+    program = Program(code=encode(ins), layer_ids=np.zeros(len(ins), np.int32), layers=(Layer("t", "test", (), ()),),
+                      inputs=(TensorRef("x", x_off, DType.F32, (n,)),),
+                      outputs=(TensorRef("out", out_off, DType.F32, (n,)),), regions=(), constants=b"",
+                      dram_bytes=4096, hw=HardwareConfig())
+    return insert_tokens(program)
+
+
+def test_a_read_spans_consecutive_rows_of_one_load_group():
+    """A stacked conv's MATMUL reads the rows its per-row LOADs wrote side by side as one value; the
+    plan takes that only where the LOADs are consecutive rows of one group in address order."""
+    import pytest
+
+    from stagec.sim.executor import Executor
+    from stagec.sim.plan import PlanError, build_plan
+    x = np.linspace(-1, 1, 16, dtype=np.float32)
+    program = _spanning_read_program([0, 1, 2, 3])
+    (load,) = [g for g in build_plan(program).groups if g.kind == "load"]
+    assert len(load.members) == 4
+    np.testing.assert_allclose(Executor(program).run([x])[0], np.exp(x), rtol=1e-6)
+    with pytest.raises(PlanError, match="not consecutive rows of one group"):
+        build_plan(_spanning_read_program([3, 2, 1, 0]))   # row 0 holds the last piece: one value it is not
