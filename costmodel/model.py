@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import jax
 import jax.numpy as jnp
 
-from stagec.lower.schedule import FP32, MAX_HALO, conv_footprint, tile_line, window_footprint
+from stagec.lower.schedule import FP32, MAX_HALO, conv_footprint, one_spatial_tile, tile_line, window_footprint
 from stagec.sim.costs import matmul_fold_cycles
 from stagec.sim.energy import ActionCounts, energy_pj
 
@@ -86,7 +86,7 @@ def _problem(L: LayerShape):
     """The attributes lower.schedule's footprints read, from a LayerShape (an fp32 layer: no int8
     halos widened to int32)."""
     return SimpleNamespace(stride=(L.stride_h, L.stride_w), dilation=(L.dilation_h, L.dilation_w), kh=L.kh,
-                           kw=L.kw, c=L.c, o=L.o, widened=False)
+                           kw=L.kw, c=L.c, o=L.o, n=L.n, oh=L.oh, ow=L.ow, widened=False)
 
 
 def _tile_sum(f, *dims):
@@ -161,9 +161,12 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     w_all = taps * L.c * L.o * FP32
     w_n = jnp.where(matrix, (1.0 - res) * n_sp * n_o * n_c, jnp.where(L.kind == DEPTHWISE, n_o, 0.0))
     w_b = jnp.where(matrix, (1.0 - res) * n_sp * w_all, jnp.where(L.kind == DEPTHWISE, taps * L.o * FP32, 0.0))
-    ex_n, ex_b = tiles_out * L.tile_loads, L.tile_loads * out_elems * FP32
-    first_n = res + L.channel_extras
-    first_b = res * w_all + L.channel_extras * L.o * FP32
+    # per-channel epilogue vectors: loaded once, or a tile at a time by a nest of one spatial tile
+    one = jnp.where(matrix & one_spatial_tile(_problem(L), m.tile_oh, m.tile_ow, st, jnp), 1.0, 0.0)
+    ex_n = tiles_out * L.tile_loads + one * n_o * L.channel_extras
+    ex_b = L.tile_loads * out_elems * FP32 + one * L.channel_extras * L.o * FP32
+    first_n = res + (1.0 - one) * L.channel_extras
+    first_b = res * w_all + (1.0 - one) * L.channel_extras * L.o * FP32
     store_n, store_b = tiles_out, out_elems * FP32
     startup = first_n * lat + first_b / bw
     load_q = (halo_n + w_n + ex_n) * lat + (halo_b + w_b + ex_b) / bw

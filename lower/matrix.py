@@ -23,7 +23,7 @@ from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space,
 from . import tile_expr
 from .emitter import ACC_DTYPE
 from .graph_ir import RECORD_WORDS, Expr, record_inputs
-from .schedule import FP32, ConvProblem, TileMapping, row_tiles, tile_line, tiles
+from .schedule import FP32, ConvProblem, TileMapping, one_spatial_tile, row_tiles, tile_line, tiles
 from .tensors import DramTensor
 
 # Tile axes of an NCHW output: rows (H), cols (W), channels (O).
@@ -38,7 +38,8 @@ class Epilogue:
     once for the whole op; the others get a tile buffer each (x `bufs`), loaded per output tile.
     """
 
-    def __init__(self, em, spad, expr: Expr | None, extras: list[DramTensor], tile: tuple[int, int, int], bufs: int):
+    def __init__(self, em, spad, expr: Expr | None, extras: list[DramTensor], tile: tuple[int, int, int], bufs: int,
+                 channels_per_tile: bool = False):
         self.expr, self.extras = expr, extras
         n = len(extras) + 1
         records = record_inputs(expr)
@@ -46,19 +47,27 @@ class Epilogue:
                                                            if all(e.strides[a] for a in OUT_AXES)})) if expr else None
         size = tile[0] * tile[1] * tile[2] * FP32
         self.resident, self.channel_bytes = {}, {}   # extra -> scratchpad base, bytes per channel (0: broadcast)
+        self.channel_buf = {}   # extra -> its per-tile buffers (schedule.one_spatial_tile)
         for k, e in enumerate(extras if expr else ()):
             if all(e.strides[a] == 0 or e.shape[a] == 1 for a in (0, 2, 3)):   # as schedule.node_problem counts
+                if channels_per_tile and e.strides[1] != 0 and e.shape[1] > 1:
+                    record = k + 1 in records
+                    per = RECORD_WORDS * DType.I32.itemsize if record else e.dtype.itemsize
+                    self.channel_buf[k] = [spad.alloc(tile[2] * per, REQUANT_RECORD_BYTES if record else 4)
+                                           for _ in range(bufs)]
+                    self.channel_bytes[k] = per
+                    continue
                 if k + 1 in records:
                     self.resident[k], self.channel_bytes[k] = _load_records(em, spad, e)
                     continue
                 base = spad.alloc(e.shape[1] * e.dtype.itemsize)
-                em.load(e, (0, 0, 0, 0), OUT_AXES, (1, 1, e.shape[1]), Operand(Space.SPAD, base, (0, 0, 1)))
+                _load_channels(em, e, False, 0, e.shape[1], base)
                 self.resident[k], self.channel_bytes[k] = base, e.dtype.itemsize
             elif k + 1 in records:
                 raise ValueError(f"{em.layer_name}: requant records vary over rows or columns; they are per "
                                  f"channel or per tensor")
-        self.extra_buf = [[spad.alloc(size) if k not in self.resident else None for k in range(len(extras))]
-                          for _ in range(bufs)]
+        self.extra_buf = [[spad.alloc(size) if k not in self.resident and k not in self.channel_buf else None
+                           for k in range(len(extras))] for _ in range(bufs)]
         self.temp_buf = [[spad.alloc(size) for _ in range(self.plan.temps if expr else 0)] for _ in range(bufs)]
 
     def emit(self, em, acc_tile: tile_expr.LocalTile, n: int, o0: int, h0: int, w0: int, counts, buf: int,
@@ -74,6 +83,11 @@ class Epilogue:
             return out
         args = [acc_tile]
         for k, e in enumerate(self.extras):
+            if k in self.channel_buf:
+                base = self.channel_buf[k][buf]
+                _load_channels(em, e, k + 1 in record_inputs(self.expr), o0, counts[2], base)
+                args.append(tile_expr.LocalTile(Space.SPAD, base, (1, 1, counts[2]), e.dtype))
+                continue
             if k in self.resident:
                 per = self.channel_bytes[k]
                 args.append(tile_expr.LocalTile(Space.SPAD, self.resident[k] + o0 * per,
@@ -90,13 +104,21 @@ class Epilogue:
 def _load_records(em, spad, e: DramTensor) -> tuple[int, int]:
     """LOAD requant records (one per channel, or one for all) once; (scratchpad base, bytes per channel)."""
     per_channel = e.strides[1] != 0 and e.shape[1] > 1
-    if per_channel and (e.strides[1], e.strides[-1]) != (RECORD_WORDS, 1):   # rows and columns: see the caller
-        raise ValueError(f"{em.layer_name}: requant records must be dense along the channels")
-    words = (e.shape[1] if per_channel else 1) * RECORD_WORDS
-    base = spad.alloc(words * DType.I32.itemsize, REQUANT_RECORD_BYTES)
-    em.load(DramTensor(e.region, e.offset, (words,), (1,), DType.I32), (0,), (None, None, 0), (1, 1, words),
-            Operand(Space.SPAD, base, (0, 0, 1)))
+    base = spad.alloc((e.shape[1] if per_channel else 1) * RECORD_WORDS * DType.I32.itemsize, REQUANT_RECORD_BYTES)
+    _load_channels(em, e, True, 0, e.shape[1] if per_channel else 1, base)
     return base, RECORD_WORDS * DType.I32.itemsize if per_channel else 0
+
+
+def _load_channels(em, e: DramTensor, record: bool, o0: int, count: int, base: int) -> None:
+    """LOAD channels o0 .. o0 + count of a per-channel epilogue input (a vector, or requant records)."""
+    if not record:
+        em.load(e, (0, o0, 0, 0), OUT_AXES, (1, 1, count), Operand(Space.SPAD, base, (0, 0, 1)))
+        return
+    if count > 1 and (e.strides[1], e.strides[-1]) != (RECORD_WORDS, 1):   # rows and columns: see Epilogue
+        raise ValueError(f"{em.layer_name}: requant records must be dense along the channels")
+    words = count * RECORD_WORDS
+    em.load(DramTensor(e.region, e.address((0, o0, 0, 0, 0)), (words,), (1,), DType.I32), (0,), (None, None, 0),
+            (1, 1, words), Operand(Space.SPAD, base, (0, 0, 1)))
 
 
 def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, out: DramTensor,
@@ -114,11 +136,12 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
     sh, sw = p.stride
     dh, dw = p.dilation
     ih_max, iw_max = p.halo(m.tile_oh, m.tile_ow)
+    one = bool(one_spatial_tile(p, m.tile_oh, m.tile_ow, m.stacked))
     if m.stacked and not (p.stacks and not m.transposed):
         raise ValueError(f"{em.layer_name}: a stacked mapping needs an undilated kernel of several rows and "
                          f"upright operands")
     halo_rows = m.tile_oh * p.kh if m.stacked else ih_max
-    halo_buf = [spad.alloc(halo_rows * iw_max * m.tile_c * xb) for _ in range(bufs)]
+    halo_buf = [spad.alloc(halo_rows * iw_max * m.tile_c * xb) for _ in range(1 if one and m.tile_c >= p.c else bufs)]
     taps = p.kh * p.kw
     # the weights' k order: (kernel row, kernel column, channel), stacked (kernel column, kernel row, channel)
     w_axes = (3, 2, 1, 0) if m.stacked else (2, 3, 1, 0)
@@ -128,7 +151,7 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
         em.load_box(w, (0, 0, 0, 0), w_axes, (*w_counts, p.c, p.o), Space.SPAD, wres)
     else:
         w_buf = [spad.alloc(taps * m.tile_c * m.tile_o * wb) for _ in range(bufs)]
-    epi = Epilogue(em, spad, expr, list(extras), (m.tile_oh, m.tile_ow, m.tile_o), bufs)
+    epi = Epilogue(em, spad, expr, list(extras), (m.tile_oh, m.tile_ow, m.tile_o), bufs, one)
     acc_pixels = tile_line(p, m.tile_oh, m.tile_ow)[0] if m.transposed else m.tile_oh * m.tile_ow
     acc_buf = [acc.alloc(acc_pixels * m.tile_o * ab) for _ in range(m.acc_buffers)]
     out_tile = m.tile_oh * m.tile_ow * m.tile_o * FP32
@@ -151,7 +174,7 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
             return None
         if max(top, bottom, left, right) > 255:
             raise ValueError(f"{em.layer_name}: padding of {max(top, bottom, left, right)} exceeds the DMA's 255")
-        base = halo_buf[n_halo % bufs]
+        base = halo_buf[n_halo % len(halo_buf)]
         n_halo += 1
         if not m.stacked:
             em.load(x, (n, c0, r0 + top, q0 + left), (2, 3, 1), (ih - top - bottom, iw - left - right, tc),

@@ -144,6 +144,14 @@ def _grid(**axes) -> dict[str, np.ndarray]:
     return {k: v.reshape(-1) for k, v in zip(axes, mesh, strict=True)}
 
 
+def one_spatial_tile(p: ConvProblem, th, tw, stacked=0, xp=np):
+    """Whether a matrix-unit nest has one spatial tile: it then loads its input halo once (one
+    buffer, when the channels are not tiled either) and visits each output-channel tile once, so
+    its per-channel epilogue vectors are loaded a tile at a time, double-buffered like the weights,
+    instead of whole.  Works on arrays of candidates."""
+    return (p.n == 1) & (th >= p.oh) & (tw >= p.ow) & (xp.asarray(stacked) == 0)
+
+
 def conv_footprint(p: ConvProblem, th, tw, to, tc, double_buffer, resident, extras=(0, 0), xp=np, single_acc=0,
                    transposed=0, stacked=0):
     """(scratchpad bytes, accumulator bytes) a matrix-unit mapping occupies, as lower.matrix
@@ -158,10 +166,12 @@ def conv_footprint(p: ConvProblem, th, tw, to, tc, double_buffer, resident, extr
     out_tile = th * tw * to * FP32
     halo = (stacked * th * p.kh + (1 - stacked) * ih) * iw * tc
     acc_bufs = bufs - double_buffer * single_acc
+    one = one_spatial_tile(p, th, tw, stacked, xp)
+    halo_bufs = xp.where(one & (tc >= p.c), 1, bufs)
     # a transposed nest turns each accumulator tile into one of as many scratchpad tiles
-    spad = (bufs * halo * FP32 + weights
+    spad = (halo_bufs * halo * FP32 + weights
             + (bufs * tile_extras + transposed * acc_bufs + single_acc * (1 - transposed)) * out_tile
-            + channel_extras * p.o * FP32)
+            + channel_extras * xp.where(one, bufs * to, p.o) * FP32)
     acc_tile = (transposed * tile_line(p, th, tw)[0] + (1 - transposed) * th * tw) * to * FP32
     return spad, acc_bufs * acc_tile
 
@@ -271,8 +281,11 @@ def _map_conv(p: ConvProblem, hw: HardwareConfig, extras: tuple[int, int]):
     # tile is free once its COPY has turned it
     passes = np.where(tr == 1, 1, 1 + extras[0] + (extras[1] > 0))
     epilogue_wait = sa * tiles_out * passes * np.ceil(m * to / hw.vector_lanes)
-    # double buffering overlaps the DMA with the array; single buffering serializes them
-    cost = np.where(db == 1, np.maximum(mm + epilogue_wait, dma), mm + dma) + 8.0 * instructions
+    # double buffering overlaps the DMA with the array; single buffering serializes them.  The
+    # first halo is loaded before any MATMUL (the pipeline's fill; all the load of a nest of one
+    # spatial tile)
+    fill = _dma_cycles(hw, 1, halo_rows * iw * tc * FP32)
+    cost = np.where(db == 1, np.maximum(mm + epilogue_wait, dma), mm + dma) + fill + 8.0 * instructions
     try:
         return _pick(p, g, spad, acc, cost, hw, None, True)
     except TilingError as e:
@@ -292,7 +305,8 @@ def map_window(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), weighted: bool
     tiles_out = p.n * -(-p.oh // th) * -(-p.ow // tw) * -(-p.o // to)
     vec = tiles_out * p.kh * p.kw * -(-(th * tw * to) // hw.vector_lanes)
     dma = _dma_cycles(hw, tiles_out * (2 + extras[0]), tiles_out * (ih * iw * to * FP32 + (1 + extras[0]) * out_tile))
-    cost = np.where(db == 1, np.maximum(vec, dma), vec + dma) + 8.0 * tiles_out * (2 + p.kh * p.kw)
+    fill = _dma_cycles(hw, 1, ih * iw * to * FP32)   # the first tile's input, as map_conv's
+    cost = np.where(db == 1, np.maximum(vec, dma), vec + dma) + fill + 8.0 * tiles_out * (2 + p.kh * p.kw)
     return _pick(p, g, spad, acc, cost, hw, layer, with_cost)
 
 

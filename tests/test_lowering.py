@@ -280,3 +280,46 @@ def test_stacked_mapping_of_a_dilated_kernel_is_rejected():
     (layer,) = model_layers(model_graph(module, (x,)))
     with pytest.raises(TilingError, match="is stacked, which needs an undilated matrix-unit kernel of several rows"):
         stagec.compile(module, (x,), mappings={layer.name: TileMapping(2, 2, 8, 4, stacked=True)})
+
+
+@pytest.mark.parametrize("transposed, single_acc, double_buffer", [(False, False, True), (False, True, True),
+                                                                    (True, False, True), (False, False, False)])
+def test_a_nest_of_one_spatial_tile_loads_its_halo_once_and_channel_vectors_per_tile(transposed, single_acc,
+                                                                                     double_buffer):
+    """One spatial tile: one halo buffer, and the bias loaded a channel tile at a time (schedule.one_spatial_tile),
+    with the residual and ReLU in the epilogue, against PyTorch."""
+    from stagec.isa.instructions import Opcode
+    from stagec.layers import model_graph, model_layers
+    from stagec.lower.schedule import TileMapping
+    torch.manual_seed(0)
+    module = _ConvResidual(12, 40, 3, (1, 1), 1, 1).eval()
+    x = torch.randn(1, 12, 5, 6)
+    args = (x, torch.randn(1, 40, 5, 6))
+    (conv,) = model_layers(model_graph(module, args))
+    m = TileMapping(5, 6, 16, 12, double_buffer, False, single_acc and double_buffer, transposed)
+    program = stagec.compile(module, args, mappings={conv.name: m})
+    build_plan(program)
+    loads = program.code[program.code["opcode"] == Opcode.LOAD]
+    assert loads["pad"].any(axis=1).sum() == 1                      # the halo, once
+    assert sorted(map(tuple, loads["n"][:, :3])).count((1, 1, 16)) == 2   # the bias: channels 0-15, 16-31, 32-39
+    assert sorted(map(tuple, loads["n"][:, :3])).count((1, 1, 8)) == 1
+    y, _ = stagec.simulate(program, *args)
+    assert rel_err(np.asarray(y), module(*args).detach().numpy()) < 1e-5
+
+
+def test_mapper_keeps_a_whole_layer_in_one_spatial_tile_and_the_simulator_agrees():
+    """ResNet-50's stage-3 expand conv (1x1, 256 -> 1024 over 14 x 14, bias + residual + ReLU): with one
+    halo buffer and the bias a tile at a time, all 196 pixels fit one tile, so each fold streams 196
+    rows and the weights are read once, against 98 rows and twice."""
+    from stagec.layers import measure, model_graph, model_layers
+    from stagec.lower.schedule import map_conv, one_spatial_tile
+    torch.manual_seed(0)
+    module = _ConvResidual(256, 1024, 1, (1, 1), 0, 1).eval()
+    args = (torch.randn(1, 256, 14, 14), torch.randn(1, 1024, 14, 14))
+    graph = model_graph(module, args)
+    (layer,) = model_layers(graph)
+    hw = stagec.HardwareConfig()
+    chosen = map_conv(layer.problem, hw, layer.extras)
+    assert one_spatial_tile(layer.problem, chosen.tile_oh, chosen.tile_ow, chosen.stacked)
+    halves = dataclasses.replace(chosen, tile_oh=7)
+    assert measure(graph, layer, chosen, hw)[0] < 0.9 * measure(graph, layer, halves, hw)[0]
