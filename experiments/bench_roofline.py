@@ -74,7 +74,7 @@ def main():
                      "array_utilization": report.array_utilization,
                      "plots": [str(p) for p in write_plots(report, RESULTS / f"roofline_{name}", name)]})
         print(f"{name:<14} {len(program):>7} {report.cycles:>12.0f} {report.roofline_cycles:>12.0f} "
-              f"{ratio:>6.2f} {floor:>6.2f} "
+              f"{ratio:>6.3f} {floor:>6.3f} "
               f"{'memory' if memory > report.roofline_cycles / 2 else 'compute':>9} "
               f"{100 * report.array_utilization:>6.1f}  {worst}", flush=True)
     (RESULTS / "bench_roofline.json").write_text(json.dumps(rows, indent=2))
