@@ -162,7 +162,8 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     w_n = jnp.where(matrix, (1.0 - res) * n_sp * n_o * n_c, jnp.where(L.kind == DEPTHWISE, n_o, 0.0))
     w_b = jnp.where(matrix, (1.0 - res) * n_sp * w_all, jnp.where(L.kind == DEPTHWISE, taps * L.o * FP32, 0.0))
     # per-channel epilogue vectors: loaded once, or a tile at a time by a nest of one spatial tile
-    one = jnp.where(matrix & one_spatial_tile(_problem(L), m.tile_oh, m.tile_ow, st, jnp), 1.0, 0.0)
+    p = _problem(L)
+    one = jnp.where(matrix & one_spatial_tile(p, m.tile_oh, m.tile_ow, st, jnp), 1.0, 0.0)
     ex_n = tiles_out * L.tile_loads + one * n_o * L.channel_extras
     ex_b = L.tile_loads * out_elems * FP32 + one * L.channel_extras * L.o * FP32
     first_n = res + (1.0 - one) * L.channel_extras
@@ -182,7 +183,6 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     # sim.costs' per-fold cycles with the streamed length (m for WS, k for OS) summed apart,
     # since it is linear: sum over matmuls of folds x (fixed + length)
     # transposed, B's columns are each tile's line through its halo (lower.schedule.tile_line)
-    p = _problem(L)
     lines = L.n * _tile_sum(lambda a, b: tile_line(p, a, b)[0], hs, ws)
     line_folds = L.n * _tile_sum(lambda a, b: ceil(tile_line(p, a, b)[0] / c), hs, ws)
     col_folds = _tile_sum(lambda o: ceil(o / c), os_)

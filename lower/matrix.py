@@ -23,7 +23,7 @@ from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space,
 from . import tile_expr
 from .emitter import ACC_DTYPE
 from .graph_ir import RECORD_WORDS, Expr, record_inputs
-from .schedule import FP32, ConvProblem, TileMapping, one_spatial_tile, row_tiles, tile_line, tiles
+from .schedule import FP32, ConvProblem, TileMapping, halo_buffers, one_spatial_tile, row_tiles, tile_line, tiles
 from .tensors import DramTensor
 
 # Tile axes of an NCHW output: rows (H), cols (W), channels (O).
@@ -47,14 +47,14 @@ class Epilogue:
                                                            if all(e.strides[a] for a in OUT_AXES)})) if expr else None
         size = tile[0] * tile[1] * tile[2] * FP32
         self.resident, self.channel_bytes = {}, {}   # extra -> scratchpad base, bytes per channel (0: broadcast)
-        self.channel_buf = {}   # extra -> its per-tile buffers (schedule.one_spatial_tile)
+        self.channel_buf = {}   # extra -> (its per-tile buffers, requant records?) (schedule.one_spatial_tile)
         for k, e in enumerate(extras if expr else ()):
             if all(e.strides[a] == 0 or e.shape[a] == 1 for a in (0, 2, 3)):   # as schedule.node_problem counts
                 if channels_per_tile and e.strides[1] != 0 and e.shape[1] > 1:
                     record = k + 1 in records
                     per = RECORD_WORDS * DType.I32.itemsize if record else e.dtype.itemsize
-                    self.channel_buf[k] = [spad.alloc(tile[2] * per, REQUANT_RECORD_BYTES if record else 4)
-                                           for _ in range(bufs)]
+                    self.channel_buf[k] = ([spad.alloc(tile[2] * per, REQUANT_RECORD_BYTES if record else 4)
+                                            for _ in range(bufs)], record)
                     self.channel_bytes[k] = per
                     continue
                 if k + 1 in records:
@@ -84,8 +84,9 @@ class Epilogue:
         args = [acc_tile]
         for k, e in enumerate(self.extras):
             if k in self.channel_buf:
-                base = self.channel_buf[k][buf]
-                _load_channels(em, e, k + 1 in record_inputs(self.expr), o0, counts[2], base)
+                bases, record = self.channel_buf[k]
+                base = bases[buf]
+                _load_channels(em, e, record, o0, counts[2], base)
                 args.append(tile_expr.LocalTile(Space.SPAD, base, (1, 1, counts[2]), e.dtype))
                 continue
             if k in self.resident:
@@ -137,11 +138,9 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
     dh, dw = p.dilation
     ih_max, iw_max = p.halo(m.tile_oh, m.tile_ow)
     one = bool(one_spatial_tile(p, m.tile_oh, m.tile_ow, m.stacked))
-    if m.stacked and not (p.stacks and not m.transposed):
-        raise ValueError(f"{em.layer_name}: a stacked mapping needs an undilated kernel of several rows and "
-                         f"upright operands")
     halo_rows = m.tile_oh * p.kh if m.stacked else ih_max
-    halo_buf = [spad.alloc(halo_rows * iw_max * m.tile_c * xb) for _ in range(1 if one and m.tile_c >= p.c else bufs)]
+    halo_buf = [spad.alloc(halo_rows * iw_max * m.tile_c * xb)
+                for _ in range(int(halo_buffers(p, m.tile_oh, m.tile_ow, m.tile_c, m.stacked, bufs)))]
     taps = p.kh * p.kw
     # the weights' k order: (kernel row, kernel column, channel), stacked (kernel column, kernel row, channel)
     w_axes = (3, 2, 1, 0) if m.stacked else (2, 3, 1, 0)

@@ -152,6 +152,12 @@ def one_spatial_tile(p: ConvProblem, th, tw, stacked=0, xp=np):
     return (p.n == 1) & (th >= p.oh) & (tw >= p.ow) & (xp.asarray(stacked) == 0)
 
 
+def halo_buffers(p: ConvProblem, th, tw, tc, stacked, bufs, xp=np):
+    """Input-halo buffers of a matrix-unit nest: one where the halo is loaded once (one spatial
+    tile, the channels whole), else `bufs`.  Works on arrays of candidates."""
+    return xp.where(one_spatial_tile(p, th, tw, stacked, xp) & (tc >= p.c), 1, bufs)
+
+
 def conv_footprint(p: ConvProblem, th, tw, to, tc, double_buffer, resident, extras=(0, 0), xp=np, single_acc=0,
                    transposed=0, stacked=0):
     """(scratchpad bytes, accumulator bytes) a matrix-unit mapping occupies, as lower.matrix
@@ -167,9 +173,8 @@ def conv_footprint(p: ConvProblem, th, tw, to, tc, double_buffer, resident, extr
     halo = (stacked * th * p.kh + (1 - stacked) * ih) * iw * tc
     acc_bufs = bufs - double_buffer * single_acc
     one = one_spatial_tile(p, th, tw, stacked, xp)
-    halo_bufs = xp.where(one & (tc >= p.c), 1, bufs)
     # a transposed nest turns each accumulator tile into one of as many scratchpad tiles
-    spad = (halo_bufs * halo * FP32 + weights
+    spad = (halo_buffers(p, th, tw, tc, stacked, bufs, xp) * halo * FP32 + weights
             + (bufs * tile_extras + transposed * acc_bufs + single_acc * (1 - transposed)) * out_tile
             + channel_extras * xp.where(one, bufs * to, p.o) * FP32)
     acc_tile = (transposed * tile_line(p, th, tw)[0] + (1 - transposed) * th * tw) * to * FP32

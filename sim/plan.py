@@ -27,9 +27,9 @@ another type is outside the model.  A read may span several producers only
 where they are consecutive rows of one group laid out one after another (a
 stacked conv's per-row LOADs): it reads them as one value.  Programs outside
 it (other spanning reads, a producer writing a non-contiguous region, bf16)
-raise PlanError, and the simulator falls back to the reference interpreter.  REQUANT reads its z
-operand as records: each element of its pattern is REQUANT_RECORD_BYTES of int32
-words, so that read's offsets count words.
+raise PlanError, and the simulator falls back to the reference interpreter.
+REQUANT reads its z operand as records: each element of its pattern is
+REQUANT_RECORD_BYTES of int32 words, so that read's offsets count words.
 """
 
 from __future__ import annotations

@@ -60,20 +60,25 @@ def tune_graph(graph: Graph, hw: HardwareConfig, objective: str = "latency", set
     (`Tuning.kept_default`)."""
     layers = model_layers(graph)
     tuning = tune_layer_list(layers, hw, objective, settings, constants, progress)
-    mappings, verdict = dict(tuning.mappings), {}
+    mappings, verdict = dict(tuning.mappings), {}   # layers of one shape share a mapping and a verdict
     for layer in layers:
         default = default_mapping(layer.kind, layer.problem, hw, layer.extras, layer.name)
-        key = (tuple(float(v) for v in jax.tree.leaves(layer.shape())), mappings[layer.name])
-        if key[1] == default:
+        tuned, key = mappings[layer.name], _shape_key(layer.shape())
+        if tuned == default:
             continue
         if key not in verdict:
             tuned_value, default_value = (objective_of(*measure(graph, layer, m, hw), objective)
-                                          for m in (key[1], default))
+                                          for m in (tuned, default))
             verdict[key] = default_value < tuned_value
         if verdict[key]:
             mappings[layer.name] = default
     kept = tuple(name for name in mappings if mappings[name] != tuning.mappings[name])
     return replace(tuning, mappings=mappings, kept_default=kept)
+
+
+def _shape_key(shape) -> tuple[float, ...]:
+    """A LayerShape as a hashable key: layers with equal keys are tuned (and confirmed) once."""
+    return tuple(float(v) for v in jax.tree.leaves(shape))
 
 
 def tune_layer_list(layers: list[Layer], hw: HardwareConfig, objective: str = "latency",
@@ -82,7 +87,7 @@ def tune_layer_list(layers: list[Layer], hw: HardwareConfig, objective: str = "l
     if not layers:
         return Tuning({}, 0.0, 0.0, objective, 0)
     shapes = [layer.shape() for layer in layers]
-    keys = [tuple(float(v) for v in jax.tree.leaves(s)) for s in shapes]
+    keys = [_shape_key(s) for s in shapes]
     unique = list(dict.fromkeys(keys))
     first = {k: keys.index(k) for k in unique}
     fallback = [default_mapping(layers[first[k]].kind, layers[first[k]].problem, hw, layers[first[k]].extras,
