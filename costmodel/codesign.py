@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from stagec.errors import InputError
 from stagec.isa.config import HardwareConfig
 
 from .hardware import HardwarePoint, area, buildable, hardware_point
@@ -151,7 +152,7 @@ def buildable_candidates(point: HardwarePoint, base: HardwareConfig, area_budget
     while not out:
         parts = {k: v for k, v in area_parts(hw).items() if getattr(hw, k) > smallest[k]}
         if not parts:
-            raise ValueError(f"no buildable config fits {area_budget_mm2} mm^2: the smallest one takes "
+            raise InputError(f"no buildable config fits {area_budget_mm2} mm^2: the smallest one takes "
                              f"{float(area(hardware_point(hw))):.3f} mm^2")
         big = max(parts, key=parts.get)
         hw = hw.replace(**{big: getattr(hw, big) // 2})

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stagec.errors import InputError
 from stagec.lower.schedule import MAX_HALO, strides_turn
 
 from .batch import exact_cost
@@ -99,7 +100,7 @@ def objective_of(cycles, energy_pj, objective: str):
         return energy_pj
     if objective == "edp":
         return cycles * energy_pj
-    raise ValueError(f"unknown objective {objective!r}; expected 'latency', 'energy' or 'edp'")
+    raise InputError(f"unknown objective {objective!r}; expected 'latency', 'energy' or 'edp'")
 
 
 def project(m: MappingArrays, L: LayerShape, hw: HardwarePoint, fallback: MappingArrays,

@@ -34,6 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from stagec.errors import UnsupportedOpError
+
 from .registry import aten, register, widen
 from .rules_norm import softmax
 
@@ -60,7 +62,7 @@ def scaled_dot_product_attention(q, k, v, mask, *, scale: float, is_causal: bool
 @register(aten.scaled_dot_product_attention.default)
 def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     if dropout_p:
-        raise NotImplementedError(f"attention dropout (dropout_p={dropout_p}) at inference")
+        raise UnsupportedOpError(f"attention dropout (dropout_p={dropout_p}) at inference")
     if enable_gqa:
         k, v = (jnp.repeat(t, q.shape[-3] // t.shape[-3], axis=-3) for t in (k, v))
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale

@@ -11,6 +11,8 @@ import torch.utils._pytree as pytree
 from jax import make_jaxpr
 from jax.extend.core import ClosedJaxpr
 
+from stagec.errors import UnsupportedOpError
+
 from .registry import to_numpy
 from .torch_export import inference_mode
 
@@ -22,7 +24,7 @@ class _Outputs:
         leaves, spec = pytree.tree_flatten(outputs)
         bad = [type(leaf).__name__ for leaf in leaves if not hasattr(leaf, "value")]
         if bad:
-            raise NotImplementedError(f"the model returns non-tensor values ({', '.join(bad)})")
+            raise UnsupportedOpError(f"the model returns non-tensor values ({', '.join(bad)})")
         self.value = ([leaf.value for leaf in leaves], spec)
 
 
@@ -71,6 +73,6 @@ def trace_torch2jax(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[
     try:
         closed = make_jaxpr(run)(*[to_numpy(x) for x in flat.inputs.leaves if isinstance(x, torch.Tensor)])
     except NotImplementedError as e:
-        raise NotImplementedError(f"torch2jax cannot trace this model: {str(e).splitlines()[0]} "
-                                  "(the default tracer='export' covers more of PyTorch)") from e
+        raise UnsupportedOpError(f"torch2jax cannot trace this model: {str(e).splitlines()[0]} "
+                                 "(the default tracer='export' covers more of PyTorch)") from e
     return closed, structure[0]

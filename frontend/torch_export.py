@@ -20,6 +20,8 @@ import jax
 import torch
 from jax import lax
 
+from stagec.errors import ExportError, UnsupportedOpError
+
 from .aten import ATEN_RULES
 from .decompose import to_core_aten
 from .registry import jax_dtype, to_numpy
@@ -32,14 +34,6 @@ EXPORT_HINTS = [
                        "torch.where, or torch.cond for whole branches"),
     ("", "the model must run eagerly on these example inputs and give one graph for them"),
 ]
-
-
-class UnsupportedOpError(NotImplementedError):
-    """An ATen op of the model has no stagec rule (or a rule that rejects its arguments)."""
-
-
-class ExportError(RuntimeError):
-    """torch.export could not capture the model."""
 
 
 def supported_ops() -> list[str]:

@@ -15,6 +15,8 @@ import torch
 import torch.utils._pytree as pytree
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
+from stagec.errors import InputError
+
 from .registry import to_numpy
 from .torch_export import check_rules, export, in_training_mode, interpret
 
@@ -63,8 +65,8 @@ def _dumps(spec: pytree.TreeSpec, what: str) -> str:
     try:
         return pytree.treespec_dumps(spec)
     except Exception as e:  # noqa: BLE001 - torch raises several types for unserializable node types
-        raise TypeError(f"the model's {what} use a container torch cannot serialize ({e}); register it with "
-                        "torch.utils._pytree.register_pytree_node(..., serialized_type_name=...)") from e
+        raise InputError(f"the model's {what} use a container torch cannot serialize ({e}); register it with "
+                         "torch.utils._pytree.register_pytree_node(..., serialized_type_name=...)") from e
 
 
 def _constant(value):
@@ -99,13 +101,13 @@ def flatten_inputs(traced_or_in_tree: TracedModel | str, args, kwargs=None) -> l
         kwargs = {k: kwargs[k] for k in keys}     # keyword order is not structure
     with_paths, spec = pytree.tree_flatten_with_path((args, kwargs))
     if spec != expected:
-        raise ValueError(f"inputs have structure {spec}, but the model was traced with {expected}")
+        raise InputError(f"inputs have structure {spec}, but the model was traced with {expected}")
     arrays = []
     for i, (path, leaf) in enumerate(with_paths):
         constants = record["constants"]
         if _is_array(leaf) == (str(i) in constants) or (str(i) in constants and _constant(leaf) != constants[str(i)]):
             traced_with = repr(constants[str(i)]) if str(i) in constants else "a tensor"
-            raise ValueError(f"{_leaf_name(path)} is {'a tensor' if _is_array(leaf) else repr(leaf)}, but the model "
+            raise InputError(f"{_leaf_name(path)} is {'a tensor' if _is_array(leaf) else repr(leaf)}, but the model "
                              f"was traced with {traced_with} (non-tensor inputs are fixed at trace time)")
         if not _is_array(leaf):
             continue
@@ -113,7 +115,7 @@ def flatten_inputs(traced_or_in_tree: TracedModel | str, args, kwargs=None) -> l
         if traced is not None:
             aval = traced.closed.jaxpr.invars[len(arrays)].aval
             if array.shape != aval.shape or array.dtype != aval.dtype:
-                raise ValueError(f"{_leaf_name(path)} is {array.dtype}{list(array.shape)}, but the model was "
+                raise InputError(f"{_leaf_name(path)} is {array.dtype}{list(array.shape)}, but the model was "
                                  f"traced with {aval.dtype}{list(aval.shape)}")
         arrays.append(array)
     return arrays
@@ -124,7 +126,7 @@ def unflatten_outputs(out_tree: str, arrays) -> object:
     spec = pytree.treespec_loads(out_tree)
     arrays = list(arrays)
     if len(arrays) != spec.num_leaves:
-        raise ValueError(f"{len(arrays)} output arrays for an output structure of {spec.num_leaves}")
+        raise InputError(f"{len(arrays)} output arrays for an output structure of {spec.num_leaves}")
     return pytree.tree_unflatten(arrays, spec)
 
 
@@ -159,9 +161,9 @@ def trace_torch(model: torch.nn.Module, args, kwargs=None, *, tracer: str = "exp
     [(3, 4)]
     """
     if tracer not in TRACERS:
-        raise ValueError(f"unknown tracer {tracer!r}; tracers are {TRACERS}")
+        raise InputError(f"unknown tracer {tracer!r}; tracers are {TRACERS}")
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"trace_torch takes a torch.nn.Module, not {type(model).__name__}")
+        raise InputError(f"trace_torch takes a torch.nn.Module, not {type(model).__name__}")
     args, kwargs = _as_tuple(args), dict(kwargs or {})
     if tracer == "export":
         traced = trace_exported(export(model, args, kwargs), args, kwargs)

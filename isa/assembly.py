@@ -22,6 +22,8 @@ import shlex
 
 import numpy as np
 
+from stagec.errors import AssemblyError
+
 from .instructions import (
     BINARY,
     AccMode,
@@ -44,10 +46,6 @@ _DT = {d: d.name.lower() for d in DType}
 _DT_BACK = {v: k for k, v in _DT.items()}
 _MODE_KEY = {Opcode.LOAD: "padval", Opcode.MATMUL: "acc", Opcode.VECTOR: "acc"}
 _CONST_LINE = 57  # bytes per base64 line (76 characters)
-
-
-class AssemblyError(ValueError):
-    """Assembly text that does not parse; names the line."""
 
 
 def _queues(mask: int) -> str:

@@ -28,12 +28,10 @@ from typing import Any
 import jax
 import yaml
 
+from stagec.errors import ConfigError
+
 DATAFLOWS = ("weight_stationary", "output_stationary")
 DTYPE_MODES = ("int8", "bf16", "fp32")
-
-
-class ConfigError(ValueError):
-    """A hardware config value is out of its allowed range, or a key is unknown."""
 
 
 def _spec(kind, lo=None, hi=None, *, static: bool, doc: str, **kw):

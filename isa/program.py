@@ -30,15 +30,13 @@ from typing import Any
 
 import numpy as np
 
+from stagec.errors import ProgramFormatError
+
 from .config import HardwareConfig
 from .instructions import ENCODING, INSTRUCTION_BYTES, DType, Instruction, decode
 
 MAGIC = b"STAGEC\x00\x01"
 FORMAT_VERSION = 1
-
-
-class ProgramFormatError(ValueError):
-    """A program file is truncated, corrupt, or of an unsupported version."""
 
 
 class RegionKind(enum.StrEnum):
@@ -118,7 +116,7 @@ class Program:
         ids = np.ascontiguousarray(self.layer_ids, dtype=np.int32)
         ids.flags.writeable = False
         if ids.shape != code.shape:
-            raise ValueError(f"layer_ids has {ids.shape[0]} entries for {code.shape[0]} instructions")
+            raise ProgramFormatError(f"layer_ids has {ids.shape[0]} entries for {code.shape[0]} instructions")
         object.__setattr__(self, "code", code)
         object.__setattr__(self, "layer_ids", ids)
         object.__setattr__(self, "constants", bytes(self.constants))

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stagec.errors import VerificationError
+
 from .access import Access, accesses, dense_patterns, element_offsets
 from .instructions import (
     BINARY,
@@ -38,17 +40,6 @@ from .instructions import (
 from .program import Program, RegionKind
 
 MULTIPLE = -2   # producer of a read that spans several writers
-
-
-class VerificationError(ValueError):
-    """A program breaks an ISA rule; names the instruction index and the field."""
-
-    def __init__(self, message: str, index: int | None = None, field: str | None = None):
-        self.index, self.field = index, field
-        where = ""
-        if index is not None:
-            where = f"instruction {index}" + (f", field '{field}'" if field else "") + ": "
-        super().__init__(where + message)
 
 
 @dataclass(frozen=True)
@@ -304,7 +295,6 @@ class _Memory:
             self.runs.assign(g0, g1, -3)
         self.last_read = np.full((4, size), -1, np.int32)
         self.readers: set[int] = set()   # queues that ever read this memory
-
 
 
 def _granule_views(a: Access, granule: dict, base: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from stagec.errors import InputError
+
 from .evaluate import evaluate
 from .graph_ir import Graph, Value
 
@@ -43,9 +45,9 @@ def calibrate(graph: Graph, batches: list[list[np.ndarray]], percentile: float |
     """{value id: amax} of every float32 graph input and node result over `batches` (each the graph's
     flat inputs).  `percentile` (e.g. 99.99) takes that percentile of |x| instead of the maximum."""
     if not batches:
-        raise ValueError("calibration needs at least one batch of inputs")
+        raise InputError("calibration needs at least one batch of inputs")
     if percentile is not None and not 0 < percentile <= 100:
-        raise ValueError(f"percentile must be in (0, 100], got {percentile}")
+        raise InputError(f"percentile must be in (0, 100], got {percentile}")
     floats = [v for v in (*graph.inputs, *(n.output for n in graph.nodes)) if v.dtype == "float32"]
     ranges = {}
     for v in floats:
@@ -58,6 +60,6 @@ def calibrate(graph: Graph, batches: list[list[np.ndarray]], percentile: float |
             ranges[v.id].add(np.asarray(x))
     for i, batch in enumerate(batches):
         if len(batch) != len(graph.inputs):
-            raise ValueError(f"calibration batch {i} has {len(batch)} inputs; the model takes {len(graph.inputs)}")
+            raise InputError(f"calibration batch {i} has {len(batch)} inputs; the model takes {len(graph.inputs)}")
         evaluate(graph, *batch, observe=observe)
     return {vid: float(r.top.max()) if percentile is None else r.percentile(percentile) for vid, r in ranges.items()}

@@ -14,14 +14,11 @@ from types import MappingProxyType
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Literal
 
+from stagec.errors import LoweringError
 from stagec.rule_tables import registrar
 
 from .fold import fold
 from .graph_ir import Graph, Node, OpKind, Step, Value, expr_dtype, storage_dtype
-
-
-class LoweringError(NotImplementedError):
-    """A jaxpr equation the lowering cannot map; names the primitive and the equation."""
 
 
 class GraphBuilder:

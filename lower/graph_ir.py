@@ -35,6 +35,8 @@ from types import MappingProxyType
 
 import numpy as np
 
+from stagec.errors import LoweringError
+
 
 class OpKind(enum.StrEnum):
     CONV = "conv"
@@ -157,7 +159,7 @@ def storage_dtype(dtype) -> str:
         return "float32"
     if np.issubdtype(dt, np.integer):
         return "int32"
-    raise NotImplementedError(f"element type {dt} is not lowered yet (float32, int32 and bool are)")
+    raise LoweringError(f"element type {dt} is not lowered yet (float32, int32 and bool are)")
 
 
 def expr_dtype(expr: Expr, input_dtypes) -> list[str]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stagec.errors import LoweringError
 from stagec.isa.config import HardwareConfig
 from stagec.isa.instructions import DType, Operand, encode
 from stagec.isa.program import Layer, Program, Region, RegionKind, TensorRef
@@ -210,7 +211,7 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
             continue
         em.layer, em.layer_name = len(layers), node.name
         if node.op not in LOWERINGS:
-            raise NotImplementedError(f"no lowering rule for graph op {node.op.value} ({node.name})")
+            raise LoweringError(f"no lowering rule for graph op {node.op.value} ({node.name})")
         LOWERINGS[node.op](ctx, node)
         mapping = str(schedule[node.name]) if node_problem(node) else ""
         layers.append(Layer(node.name, node.op.value, [v.shape for v in node.inputs], node.output.shape,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from stagec.errors import LoweringError
 from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space, VectorFunc
 
 from . import tile_expr
@@ -172,7 +173,7 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
         if ih - top - bottom <= 0 or iw - left - right <= 0:
             return None
         if max(top, bottom, left, right) > 255:
-            raise ValueError(f"{em.layer_name}: padding of {max(top, bottom, left, right)} exceeds the DMA's 255")
+            raise LoweringError(f"{em.layer_name}: padding of {max(top, bottom, left, right)} exceeds the DMA's 255")
         base = halo_buf[n_halo % len(halo_buf)]
         n_halo += 1
         if not m.stacked:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stagec.errors import TilingError
+
 ALIGN = 64
 
 
@@ -54,6 +56,6 @@ class LocalAllocator:
     def alloc(self, nbytes: int, align_to: int = 4) -> int:
         base = align(self.top, align_to)
         if base + nbytes > self.capacity:
-            raise MemoryError(f"{self.layer}: {self.what} overflow: needs {base + nbytes} bytes, has {self.capacity}")
+            raise TilingError(f"{self.layer}: {self.what} overflow: needs {base + nbytes} bytes, has {self.capacity}")
         self.top = base + nbytes
         return base

@@ -26,6 +26,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from stagec.errors import QuantizationError
 from stagec.rule_tables import registrar
 
 from .graph_ir import Graph, Node, OpKind, Step, Value
@@ -71,10 +72,10 @@ class _Rewriter:
         """The activation scale of original value v, from its calibrated range."""
         amax = self.amax.get(v.id)
         if amax is None:
-            raise ValueError(f"value %{v.id} ({self.names.get(v.id, 'input')}) has no calibrated range")
+            raise QuantizationError(f"value %{v.id} ({self.names.get(v.id, 'input')}) has no calibrated range")
         if not amax > 0 or not np.isfinite(amax):
-            raise ValueError(f"value %{v.id} ({self.names.get(v.id, 'input')}) has calibrated range {amax}: "
-                             f"its int8 scale would be {amax / QMAX}; calibrate with data that exercises it")
+            raise QuantizationError(f"value %{v.id} ({self.names.get(v.id, 'input')}) has calibrated range {amax}: "
+                                    f"its int8 scale would be {amax / QMAX}; calibrate with data that exercises it")
         return amax / QMAX
 
     def emit(self, op: OpKind, inputs, output: Value, name: str, **attrs) -> None:
@@ -187,7 +188,7 @@ def _matrix(rw: _Rewriter, node: Node) -> None:
     if bias is not None:
         bq = np.round(bias / acc_scale)
         if np.abs(bq).max() >= 2**31:
-            raise ValueError(f"{node.name}: a bias is {np.abs(bq).max():.3g} accumulator units, beyond int32")
+            raise QuantizationError(f"{node.name}: a bias is {np.abs(bq).max():.3g} accumulator units, beyond int32")
         inputs.append(rw.const(bq.astype(np.int32).reshape(cshape)))
         steps.append(Step("add", (0, 1)))
     rec = records(acc_scale / s_y, where)

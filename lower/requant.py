@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from stagec.errors import QuantizationError
+
 from .graph_ir import RECORD_WORDS
 
 MAX_SHIFT = 30     # a larger multiplier saturates every nonzero input: a compiler bug, not a scale
@@ -21,14 +23,15 @@ def quantize_multiplier(real: float, where: str = "") -> tuple[int, int]:
     """(Q31 multiplier, shift) of a positive finite real multiplier; multipliers below 2**-32 are (0, 0)."""
     real = float(real)
     if not (real > 0 and math.isfinite(real)):
-        raise ValueError(f"{where or 'requantization'}: the scale ratio must be positive and finite, got {real} "
-                         f"(a zero scale comes from a tensor that was all zeros in calibration)")
+        raise QuantizationError(f"{where or 'requantization'}: the scale ratio must be positive and finite, got {real} "
+                                f"(a zero scale comes from a tensor that was all zeros in calibration)")
     mantissa, shift = math.frexp(real)          # real = mantissa * 2**shift, mantissa in [0.5, 1)
     multiplier = round(mantissa * 2**31)
     if multiplier == 2**31:                     # the mantissa rounded up to 1.0
         multiplier, shift = 2**30, shift + 1
     if shift > MAX_SHIFT:
-        raise ValueError(f"{where or 'requantization'}: scale ratio {real:g} is too large to requantize (>= 2**30)")
+        raise QuantizationError(f"{where or 'requantization'}: scale ratio {real:g} is too large to requantize "
+                                "(>= 2**30)")
     if shift < MIN_SHIFT:
         return 0, 0
     return multiplier, shift

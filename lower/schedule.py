@@ -14,14 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stagec.errors import InputError, TilingError
 from stagec.isa.config import HardwareConfig
 
 FP32 = 4
 MAX_HALO = 65535
-
-
-class TilingError(MemoryError):
-    """No legal tiling: even the smallest tile does not fit the on-chip memories."""
 
 
 @dataclass(frozen=True)
@@ -362,8 +359,6 @@ def row_tiles(p: ConvProblem, m: TileMapping):
             + [(r, 1) for r in range(bottom, p.oh)])
 
 
-
-
 # --- the schedule stage -----------------------------------------------------------------------
 
 def node_problem(node) -> tuple[str, ConvProblem, tuple[int, int]] | None:
@@ -458,5 +453,5 @@ def make_schedule(graph, hw: HardwareConfig, mappings: dict | None = None) -> Sc
             m = default_mapping(kind, p, hw, extras, node.name)
         out.append((node.name, m))
     if mappings:
-        raise KeyError(f"mappings for layers the graph does not have: {sorted(mappings)}")
+        raise InputError(f"mappings for layers the graph does not have: {sorted(mappings)}")
     return Schedule(tuple(out))

@@ -11,6 +11,7 @@ tile [rows, cols, channels] that reads a strided window of the input halo:
 
 from __future__ import annotations
 
+from stagec.errors import LoweringError
 from stagec.isa.instructions import AccMode, DType, Operand, PadValue, Space, VectorFunc
 
 from . import tile_expr
@@ -67,7 +68,7 @@ def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, ou
                         fill(dst, (th, tw, tc), 0.0 if pad_value == PadValue.ZERO else float("-inf"), acc_type)
                     else:
                         if max(top, bottom, left, right) > 255:
-                            raise ValueError(f"{em.layer_name}: padding exceeds the DMA's 255")
+                            raise LoweringError(f"{em.layer_name}: padding exceeds the DMA's 255")
                         em.load(x, (n, c0, r0 + top, q0 + left), (2, 3, 1),
                                 (ih - top - bottom, iw - left - right, tc),
                                 Operand(Space.SPAD, halo_buf[buf], (iw * tc, tc, 1)),

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from stagec.errors import PlanError
 from stagec.isa.access import is_dense
 from stagec.isa.instructions import (
     BINARY,
@@ -55,10 +56,6 @@ from stagec.isa.verify import MULTIPLE, const_bytes, verify
 
 DRAM_CONST, DRAM_DATA = -1, -2
 RECORD_WORDS = REQUANT_RECORD_BYTES // DType.I32.itemsize
-
-
-class PlanError(NotImplementedError):
-    """The program is valid but outside what the batched executor handles."""
 
 
 @dataclass(frozen=True)

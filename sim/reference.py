@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from stagec.errors import SimulationError
 from stagec.isa.access import element_offsets
 from stagec.isa.instructions import (
     REQUANT_RECORD_BYTES,
@@ -52,10 +53,6 @@ class _Memories:
         self._view(operand.space, dtype)[idx] = np.asarray(values, dtype.numpy).reshape(-1)
 
 
-class SimulationError(RuntimeError):
-    """A run hit a data-dependent error (a GATHER index outside its table); names the instruction."""
-
-
 def check_gather_indices(index: int, rows: np.ndarray, bound: int) -> None:
     bad = np.flatnonzero((rows < 0) | (rows >= bound))
     if bad.size:
@@ -65,7 +62,7 @@ def check_gather_indices(index: int, rows: np.ndarray, bound: int) -> None:
 
 def _check_dtype(ins):
     if DType.BF16 in (ins.dtype, ins.out_dtype):
-        raise NotImplementedError("bf16 arithmetic is not simulated yet")
+        raise SimulationError("bf16 arithmetic is not simulated yet")
 
 
 def execute(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stagec.errors import TimingError
 from stagec.isa.config import HardwareConfig
 from stagec.isa.instructions import Queue
 from stagec.isa.program import Program
@@ -48,10 +49,6 @@ from .costs import InstructionShapes, UnitParameters, instruction_shapes, unit_c
 
 QUEUES = len(Queue)
 MIN_SIZE = 256     # the smallest padded program size: tiny programs share one compiled scheduler
-
-
-class TimingError(ValueError):
-    """The token pattern cannot be timed (a pop with no push, or one that waits for a later push)."""
 
 
 @dataclass(frozen=True)

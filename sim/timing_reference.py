@@ -14,6 +14,7 @@ from collections import deque
 
 import numpy as np
 
+from stagec.errors import TimingError
 from stagec.isa.config import HardwareConfig
 from stagec.isa.instructions import Queue
 
@@ -40,7 +41,7 @@ def reference_times(code: np.ndarray, hw: HardwareConfig) -> tuple[np.ndarray, n
                 if best is None or ready < best[0]:
                     best = (ready, q, sources)
         if best is None:
-            raise RuntimeError("no queue head can start: the tokens deadlock")
+            raise TimingError("no queue head can start: the tokens deadlock")
         ready, q, sources = best
         i = queues[q].popleft()
         for s in sources:

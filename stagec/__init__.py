@@ -7,14 +7,31 @@
     >>> y, report = stagec.simulate(program, x)        # run on the simulated accelerator
 """
 
-from stagec.isa import HardwareConfig, Program, VerificationError
-from stagec.sim.reference import SimulationError
+from stagec.errors import (
+    AssemblyError,
+    ConfigError,
+    ExportError,
+    InputError,
+    LoweringError,
+    PlanError,
+    ProgramFormatError,
+    QuantizationError,
+    SimulationError,
+    StagecError,
+    TilingError,
+    TimingError,
+    UnsupportedOpError,
+    VerificationError,
+)
+from stagec.isa import HardwareConfig, Program
 
 from .api import compile, load, simulate  # noqa: A004
 from .codesign import Codesign, codesign
 from .report import Report
 from .tuning import TuneSettings, Tuning, tune
 
-__all__ = ["Codesign", "HardwareConfig", "Program", "Report", "SimulationError", "TuneSettings", "Tuning",
-           "VerificationError", "codesign", "compile", "load", "simulate", "tune"]
+__all__ = ["AssemblyError", "Codesign", "ConfigError", "ExportError", "HardwareConfig", "InputError",
+           "LoweringError", "PlanError", "Program", "ProgramFormatError", "QuantizationError", "Report",
+           "SimulationError", "StagecError", "TilingError", "TimingError", "TuneSettings", "Tuning",
+           "UnsupportedOpError", "VerificationError", "codesign", "compile", "load", "simulate", "tune"]
 __version__ = "0.1.0"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stagec.errors import InputError
 from stagec.frontend import flatten_inputs, unflatten_outputs
 from stagec.isa import Program, verify
 from stagec.sim.executor import execute
@@ -19,10 +20,10 @@ def _host(x, ref, i: int) -> np.ndarray:
         x = x.detach().cpu().numpy()
     x = np.asarray(x)
     if tuple(x.shape) != ref.shape:
-        raise ValueError(f"input {i} ('{ref.name}') has shape {tuple(x.shape)}; the program was compiled for "
+        raise InputError(f"input {i} ('{ref.name}') has shape {tuple(x.shape)}; the program was compiled for "
                          f"{ref.shape}")
     if not np.can_cast(x.dtype, ref.dtype.numpy, casting="same_kind"):
-        raise TypeError(f"input {i} ('{ref.name}') has dtype {x.dtype}; the program takes {ref.dtype.numpy}")
+        raise InputError(f"input {i} ('{ref.name}') has dtype {x.dtype}; the program takes {ref.dtype.numpy}")
     return x.astype(ref.dtype.numpy, copy=False)
 
 
@@ -43,13 +44,13 @@ def simulate(program: Program, *args, **kwargs) -> tuple[object, Report]:
     True
     """
     if not isinstance(program, Program):
-        raise TypeError(f"simulate takes a Program (from stagec.compile or stagec.load), not {type(program).__name__}")
+        raise InputError(f"simulate takes a Program (from stagec.compile or stagec.load), not {type(program).__name__}")
     meta = program.metadata
     inputs = flatten_inputs(meta["in_tree"], args, kwargs) if "in_tree" in meta else list(args)
     if kwargs and "in_tree" not in meta:
-        raise TypeError("this program records no input structure: pass its inputs positionally")
+        raise InputError("this program records no input structure: pass its inputs positionally")
     if len(inputs) != len(program.inputs):
-        raise ValueError(f"the program takes {len(program.inputs)} input(s), got {len(inputs)}")
+        raise InputError(f"the program takes {len(program.inputs)} input(s), got {len(inputs)}")
     host = [_host(x, ref, i) for i, (x, ref) in enumerate(zip(inputs, program.inputs, strict=True))]
     with paused_gc():   # a first run's verifier walk, plan and timing allocate as compiling does
         verify(program)

@@ -28,6 +28,7 @@ from stagec.costmodel.model import DEFAULT_CONSTANTS, CostConstants
 from stagec.costmodel.problem import mapping_arrays, stack, to_tile_mapping
 from stagec.costmodel.space import objective_of
 from stagec.costmodel.tuner import DEFAULT_SETTINGS, TuneSettings, project_all
+from stagec.errors import InputError
 from stagec.isa import HardwareConfig
 from stagec.lower.schedule import TilingError, default_mapping
 from stagec.sim.energy import area_mm2
@@ -126,7 +127,7 @@ def codesign_graphs(graphs, area_budget_mm2: float, objective: str = "latency", 
         if value < best_value:
             best, best_value, best_maps = cand, value, jax.tree.map(lambda a: np.asarray(a[:, 0]), maps)
     if best is None:
-        raise ValueError(f"no buildable config within {area_budget_mm2} mm^2"
+        raise InputError(f"no buildable config within {area_budget_mm2} mm^2"
                          + (f" and {power_budget_w} W" if power_budget_w else "") + " can map every layer")
     if progress:
         print(f"  codesign: chose {best.array_rows}x{best.array_cols}, {best.scratchpad_bytes // 1024} KiB + "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from stagec.errors import InputError
 from stagec.frontend import TracedModel, flatten_inputs, trace_jax, trace_torch
 from stagec.isa import HardwareConfig, Program, disassemble, verify
 from stagec.lower.calibrate import calibrate
@@ -52,7 +53,7 @@ class _Dump:
         elif dump not in (None, False, True):
             unknown = set(dump) - set(STAGES)
             if unknown:
-                raise ValueError(f"unknown dump stages {sorted(unknown)}; stages are {STAGES}")
+                raise InputError(f"unknown dump stages {sorted(unknown)}; stages are {STAGES}")
 
     def __call__(self, stage: str, ir) -> None:
         if self.dump in (None, False):
@@ -70,9 +71,9 @@ def trace(model_or_fn, example_args, kwargs=None) -> TracedModel:
         return trace_torch(model_or_fn, example_args, kwargs)
     if callable(model_or_fn):
         if kwargs:
-            raise TypeError("a JAX function is compiled with positional arrays only")
+            raise InputError("a JAX function is compiled with positional arrays only")
         return trace_jax(model_or_fn, example_args)
-    raise TypeError(f"compile takes a torch.nn.Module or a JAX function, not {type(model_or_fn).__name__}")
+    raise InputError(f"compile takes a torch.nn.Module or a JAX function, not {type(model_or_fn).__name__}")
 
 
 @contextlib.contextmanager
@@ -115,9 +116,9 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     """
     hw = hw or HardwareConfig()
     if not isinstance(hw, HardwareConfig):
-        raise TypeError(f"hw must be a HardwareConfig, not {type(hw).__name__}")
+        raise InputError(f"hw must be a HardwareConfig, not {type(hw).__name__}")
     if tune is not None and quantize is not None:
-        raise ValueError("tune with quantize: the cost model (stagec.costmodel) models fp32 layers only; "
+        raise InputError("tune with quantize: the cost model (stagec.costmodel) models fp32 layers only; "
                          "tune the fp32 model or pass int8 mappings=")
     out = _Dump(dump)
     with paused_gc():
@@ -129,7 +130,7 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     if tune is not None:   # with the collector on: a long optimization, whose JAX tracing makes cycles
         from .tuning import DEFAULT_SETTINGS, TuneSettings, tune_graph
         if tune != "gradient" and not isinstance(tune, TuneSettings):
-            raise ValueError(f"unknown tune={tune!r}; expected None, 'gradient' or a stagec.TuneSettings")
+            raise InputError(f"unknown tune={tune!r}; expected None, 'gradient' or a stagec.TuneSettings")
         settings = tune if isinstance(tune, TuneSettings) else DEFAULT_SETTINGS
         mappings = {**tune_graph(graph, hw, objective, settings).mappings, **(mappings or {})}
     with paused_gc():
@@ -152,9 +153,9 @@ def build_graph(model_or_fn, example_args, *, kwargs=None, fuse: bool = True, qu
     """(traced model, graph) after the graph passes (and quantization): what the later stages lower;
     the int8 reference (stagec.int8_reference) evaluates the same graph."""
     if quantize not in QUANTIZE_MODES:
-        raise ValueError(f"quantize must be one of {QUANTIZE_MODES}, not {quantize!r}")
+        raise InputError(f"quantize must be one of {QUANTIZE_MODES}, not {quantize!r}")
     if quantize is None and (calibration is not None or percentile is not None):
-        raise ValueError("calibration and percentile need quantize='int8'")
+        raise InputError("calibration and percentile need quantize='int8'")
     out = out or _Dump(None)
     traced = trace(model_or_fn, example_args, kwargs)
     if traced.note:
@@ -180,7 +181,7 @@ def _quantize(graph, traced: TracedModel, calibration, percentile, fuse: bool, o
         try:
             batches.append(flatten_inputs(traced, args, kwargs))
         except (TypeError, ValueError) as e:
-            raise ValueError(f"calibration batch {i}: {e}") from e
+            raise InputError(f"calibration batch {i}: {e}") from e
     amax = calibrate(graph, batches, percentile)
     out("calibrate", lambda: "\n".join(f"%{vid}: amax {a:.6g}" for vid, a in sorted(amax.items())))
     graph, params = quantize_graph(graph, amax)

@@ -7,6 +7,8 @@ import time
 
 import torch
 
+from stagec.errors import InputError
+
 from .models import hand_keypoint_net
 from .precision import PRECISIONS, format_runs, run_precision
 
@@ -17,7 +19,7 @@ def run_demo(hw=None, precision: str = "int8") -> bool:
     """Print the report of `precision` (int8 also shows fp32 beside it); True when the outputs are
     within TOLERANCE of PyTorch eager."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+        raise InputError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     model, (image,) = hand_keypoint_net()
     with torch.no_grad():
         ref = model(image)

@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from stagec.errors import LoweringError
 from stagec.lower.graph_ir import Graph, Node, OpKind
 
 INT32 = (-(2**31), 2**31 - 1)
@@ -192,7 +193,7 @@ def run(graph: Graph, inputs, keep: bool = False):
     for node in graph.nodes:
         rule = RULES.get(node.op)
         if rule is None:
-            raise NotImplementedError(f"int8 reference: no rule for {node.op.value} ({node.name})")
+            raise LoweringError(f"int8 reference: no rule for {node.op.value} ({node.name})")
         env[node.output.id] = _held(rule(node, *[env[v.id] for v in node.inputs]), node.output.dtype, node.name)
     outputs = [env[v.id] for v in graph.outputs]
     return (outputs, env) if keep else outputs

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+from stagec.errors import InputError
+
 from .api import compile, simulate  # noqa: A004
 from .report import Report
 
@@ -65,7 +67,7 @@ def run_precision(model, args: tuple, kwargs: dict, precision: str, hw=None, cal
     calibration_batches), simulate it on the example inputs and compare with `reference` (the
     model's fp32 PyTorch outputs, computed when not given)."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+        raise InputError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     int8 = precision == "int8"
     program = compile(model, args, hw=hw, kwargs=kwargs, quantize="int8" if int8 else None,
                       calibration=(calibration or calibration_batches(args, kwargs, 4)) if int8 else None)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from stagec.errors import InputError
+
 Example = tuple[torch.nn.Module, tuple, dict]
 IMAGENET_CLASSES = 1000
 ADE20K_CLASSES = 150          # Segformer's semantic-segmentation benchmark
@@ -41,7 +43,7 @@ def _transformers():
 def build(name: str, reduced: bool = False) -> Example:
     """(model in eval mode, args, kwargs) for the zoo model `name`, with seeded random weights."""
     if name not in ZOO:
-        raise KeyError(f"no zoo model {name!r}; the zoo has {', '.join(sorted(ZOO))}")
+        raise InputError(f"no zoo model {name!r}; the zoo has {', '.join(sorted(ZOO))}")
     return ZOO[name](reduced)
 
 
@@ -52,14 +54,14 @@ def load_example(spec: str, reduced: bool = False) -> Example:
         return build(spec, reduced)
     path, _, factory = spec.rpartition(":")
     if not path.endswith(".py") or not factory:
-        raise ValueError(f"{spec!r} is neither a zoo model ({', '.join(sorted(ZOO))}) nor path/to/file.py:factory")
+        raise InputError(f"{spec!r} is neither a zoo model ({', '.join(sorted(ZOO))}) nor path/to/file.py:factory")
     if not Path(path).is_file():
         raise FileNotFoundError(f"no file {path}")
     module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     if not callable(getattr(module, factory, None)):
-        raise ValueError(f"{path} has no function {factory}")
+        raise InputError(f"{path} has no function {factory}")
     model, args, *kwargs = getattr(module, factory)()
     return model, args if isinstance(args, tuple) else (args,), (kwargs[0] if kwargs else {})
 

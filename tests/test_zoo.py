@@ -7,7 +7,7 @@ import torch
 import torch.utils._pytree as pytree
 from helpers import evaluate, rel_err
 
-from stagec import zoo
+from stagec import InputError, zoo
 from stagec.frontend import trace_torch
 
 # Parameter counts of the published architectures (torchvision / the original checkpoints' configs:
@@ -55,5 +55,5 @@ def test_bert_takes_token_ids_and_an_attention_mask():
 
 
 def test_unknown_zoo_name_lists_the_zoo():
-    with pytest.raises(KeyError, match="resnet18"):
+    with pytest.raises(InputError, match="resnet18"):
         zoo.build("resnet19")
