@@ -101,3 +101,9 @@ def test_jax_function():
     x = np.random.default_rng(1).standard_normal((3, 6)).astype(np.float32)
     y, _ = stagec.simulate(stagec.compile(f, (x,)), x)
     assert rel_err(y, np.maximum(x @ w, 0) * 2 - 1) < 1e-5
+
+
+def test_activations_built_on_expm1_and_log1p():
+    # ELU and SELU are expm1 below 0, softplus and mish log1p(exp(x)): exp and log on the vector unit
+    for act in (nn.ELU(0.7), nn.SELU(), nn.Softplus(), nn.Softplus(beta=2.0, threshold=5.0), nn.Mish()):
+        check(nn.Sequential(nn.Linear(8, 8), act).eval(), torch.randn(4, 8) * 3)
