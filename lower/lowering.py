@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stagec.errors import LoweringError
+from stagec.errors import LoweringError, TilingError
 from stagec.isa.config import HardwareConfig
 from stagec.isa.instructions import DType, Operand, encode
 from stagec.isa.program import Layer, Program, Region, RegionKind, TensorRef
@@ -223,6 +223,10 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
     if len(code):
         code["x_base"][reloc] += data_base
     dram = data_base + arena + peak
+    if dram > hw.dram_bytes:
+        raise TilingError(f"the program does not fit DRAM: it needs {dram} bytes ({len(blob)} of weights, {arena} of "
+                          f"inputs and outputs, {peak} of intermediates at their peak), the hardware has "
+                          f"{hw.dram_bytes} (HardwareConfig.dram_bytes)")
     regions = [Region("weights", RegionKind.CONST, 0, len(blob))]
     inputs, outputs = [], []
     for kind, values, refs in ((RegionKind.INPUT, graph.inputs, inputs), (RegionKind.OUTPUT, graph.outputs, outputs)):

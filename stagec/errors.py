@@ -53,8 +53,8 @@ class QuantizationError(StagecError, ValueError):
 
 
 class TilingError(StagecError, ValueError):
-    """No legal tiling: even the smallest tile does not fit the on-chip memories; names the layer,
-    the memory, the bytes needed and the capacity."""
+    """No legal tiling: even the smallest tile does not fit the on-chip memories, or the whole
+    program does not fit DRAM; names the layer, the memory, the bytes needed and the capacity."""
 
 
 # --- programs ---

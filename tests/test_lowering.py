@@ -82,6 +82,14 @@ def test_nothing_fits_names_layer_and_bytes():
         stagec.compile(nn.Conv2d(3, 4, 5), (torch.randn(1, 3, 9, 9),), hw=hw)
 
 
+def test_a_model_larger_than_dram_is_a_tiling_error_naming_the_bytes():
+    # 64 KiB of DRAM, 128 KiB of weights: an error of the compile, not a program the verifier refuses
+    with pytest.raises(TilingError, match=r"does not fit DRAM: it needs \d+ bytes \(131072 of weights.*the hardware "
+                                          r"has 65536 \(HardwareConfig.dram_bytes\)"):
+        stagec.compile(nn.Linear(256, 128, bias=False), (torch.randn(1, 256),),
+                       hw=stagec.HardwareConfig(dram_bytes=2**16))
+
+
 class Residual(nn.Module):
     def __init__(self, c=16):
         super().__init__()
