@@ -1,0 +1,241 @@
+"""One fuzz case from a seed: a random model on random hardware, fp32 or int8, against its references.
+
+A case's outcome is one of
+- "ok": the simulated output matches (fp32: PyTorch eager within TOLERANCE of max |ref|, more for
+  a model that amplifies rounding; int8: `stagec.int8_reference`, bit for bit on integer work, and
+  not absurdly far from PyTorch);
+- "rejected:<ErrorClass>": compiling raised a StagecError (ACCEPTABLE_REJECTIONS are limits of the
+  hardware or the data; any other class, an UnsupportedOpError say, is a gap of the grammar's ops);
+- "wrong": the output does not match;
+- "crash": an exception that is not a StagecError, or any error once the program compiled;
+- "fallback": correct, but the batched executor refused the program (the reference interpreter ran it);
+- "hang": over the time limit (decided by the pool that runs the case, `stagec.fuzz.pool`).
+
+    >>> case = make_case(3, mode="fp32", hw_kind="default")
+    >>> print(case)  # doctest: +SKIP
+    >>> run_case(case).outcome  # doctest: +SKIP
+    'ok'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+import stagec
+from stagec import int8_reference
+from stagec.compiler import build_graph
+from stagec.errors import QuantizationError, StagecError, TilingError
+
+from .hardware import HW_KINDS, describe, random_hardware
+from .models import ModelSpec, build_model, generate_model
+
+MODES = ("fp32", "int8")
+# of max |ref|: what fp32 chains of differently ordered sums keep to.  int8 is held to it against the
+# integer reference: integer work matches bit for bit there, and an int8 value off by one step moves
+# the output by ~1/256 of max |ref| or more; the fp32 islands (softmax, norms, GELU) sum in another
+# order and take exp from another library, so they differ as fp32 chains do
+TOLERANCE = 1e-4
+# a model whose output moves by e (of max |ref|) when each layer's output gets one fp32 rounding of noise
+# (FP32_STEP) is held to ROUNDING_GAIN * e where that is more: stagec's roundings are not PyTorch's
+FP32_STEP = 2.0**-23
+ROUNDING_GAIN = 100.0
+INT8_STEP = 1 / 127
+# int8 against PyTorch: below COSINE_FLOOR, a bug rather than quantization error -- where the model keeps
+# a cosine of NOISE_FLOOR or more with half an int8 step of noise added to every layer's output (a layer
+# norm over two values, say, turns the smallest noise into a sign: no quantization could keep it)
+COSINE_FLOOR = 0.5
+NOISE_FLOOR = 0.9
+CALIBRATION_BATCHES = 3
+ACCEPTABLE_REJECTIONS = frozenset({TilingError.__name__, QuantizationError.__name__})
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    seed: int
+    mode: str
+    hw_kind: str
+    hw: stagec.HardwareConfig
+    spec: ModelSpec
+
+    def __str__(self) -> str:
+        return f"case {self.seed}: {self.mode} on {self.hw_kind} hardware {describe(self.hw)}\n{self.spec}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    outcome: str                   # "ok", "rejected:<ErrorClass>", "wrong", "crash", "fallback" or "hang"
+    message: str = ""
+    error: float | None = None     # max |out - ref| / max |ref| (int8: ref is the integer reference)
+    tolerance: float | None = None  # what error passes (TOLERANCE, more for an ill-conditioned model)
+    cosine: float | None = None    # int8: against PyTorch eager
+    noise_cosine: float | None = None   # int8: PyTorch against itself with int8-sized noise at every layer
+    seconds: float | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.outcome.split(":")[0]
+
+    @property
+    def acceptable(self) -> bool:
+        """ok, or a rejection that is the hardware's or the data's limit."""
+        return self.outcome == "ok" or (self.kind == "rejected" and self.outcome[9:] in ACCEPTABLE_REJECTIONS)
+
+
+def make_case(seed: int, mode: str | None = None, hw_kind: str | None = None) -> Case:
+    """The case of `seed`; mode and hardware kind come from the seed unless given."""
+    rng = random.Random(f"case {seed}")   # apart from the model's own stream
+    mode = mode or rng.choice(MODES)
+    hw_kind = hw_kind or rng.choices(HW_KINDS, (1, 1, 2))[0]
+    return Case(seed, mode, hw_kind, random_hardware(rng, hw_kind), generate_model(seed))
+
+
+def run_case(case: Case) -> Outcome:
+    start = time.perf_counter()
+    outcome = _run(case)
+    return dataclasses.replace(outcome, seconds=round(time.perf_counter() - start, 3))
+
+
+def _run(case: Case) -> Outcome:
+    model, (x,) = build_model(case.spec)
+    calibration = _calibration(case.spec, x)
+    options = dict(quantize="int8", calibration=calibration) if case.mode == "int8" else {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            program = stagec.compile(model, (x,), hw=case.hw, **options)
+        except StagecError as e:
+            return Outcome(f"rejected:{type(e).__name__}", str(e))
+        except Exception as e:   # noqa: BLE001 -- anything else escaping stagec is a bug to report
+            return Outcome("crash", _describe_exception("compile", e))
+        try:
+            y, _ = stagec.simulate(program, x)
+        except Exception as e:   # noqa: BLE001 -- a compiled program must run
+            return Outcome("crash", _describe_exception("simulate", e))
+    fallback = [str(w.message) for w in caught if "reference interpreter" in str(w.message)]
+    with torch.no_grad():
+        expected = model(x).numpy()
+    try:
+        verdict = CHECKS[case.mode](np.asarray(y), expected, model, x, calibration)
+    except Exception as e:   # noqa: BLE001 -- the int8 reference raises on what the hardware would wrap
+        return Outcome("crash", _describe_exception("reference", e))
+    if verdict.outcome == "ok" and fallback:
+        return dataclasses.replace(verdict, outcome="fallback", message=fallback[0])
+    return verdict
+
+
+def _calibration(spec: ModelSpec, x: torch.Tensor) -> list[tuple[torch.Tensor]]:
+    g = torch.Generator().manual_seed(spec.seed + 1)
+    return [(x,)] + [(torch.randn(x.shape, generator=g),) for _ in range(CALIBRATION_BATCHES - 1)]
+
+
+def _describe_exception(stage: str, e: Exception) -> str:
+    frame = traceback.extract_tb(e.__traceback__)[-1]
+    return f"{stage}: {type(e).__name__}: {e} [{frame.filename.rsplit('/', 2)[-1]}:{frame.lineno} in {frame.name}]"
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    """max |out - ref| / max |ref| (inf where shapes differ or out is not finite)."""
+    if out.shape != ref.shape:
+        return float("inf")
+    out, ref = out.astype(np.float64), ref.astype(np.float64)
+    err = np.abs(out - ref).max(initial=0.0) / max(np.abs(ref).max(initial=0.0), 1e-30)
+    return float(err) if np.isfinite(out).all() == np.isfinite(ref).all() else float("inf")
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    norms = np.linalg.norm(a) * np.linalg.norm(b)
+    return float(a @ b / norms) if norms else float(np.array_equal(a, b))
+
+
+def _check_fp32(y, expected, model, x, calibration) -> Outcome:
+    err, tolerance = rel_err(y, expected), _tolerance(model, x, expected)
+    if err <= tolerance:
+        return Outcome("ok", error=err, tolerance=tolerance)
+    return Outcome("wrong", f"fp32 output differs from PyTorch: max error {err:.3g} of max |ref| (tolerance "
+                            f"{tolerance:.3g}; shapes {y.shape} vs {expected.shape})", err, tolerance)
+
+
+def _check_int8(y, expected, model, x, calibration) -> Outcome:
+    _, graph = build_graph(model, (x,), quantize="int8", calibration=calibration)
+    (ref,) = int8_reference.run(graph, [x.numpy()])
+    cos = cosine(y, expected) if y.shape == expected.shape else float("nan")
+    err, tolerance = rel_err(y, ref), _tolerance(model, x, expected)
+    if err > tolerance:
+        unequal = int((y != ref).sum()) if y.shape == ref.shape else -1
+        return Outcome("wrong", f"int8 output differs from the integer reference in {unequal} of {ref.size} "
+                                f"elements (max error {err:.3g} of max |ref|, tolerance {tolerance:.3g})",
+                       err, tolerance, cos)
+    noise_cos = cosine(with_noise(model, x, INT8_STEP), expected)
+    if not cos >= COSINE_FLOOR and noise_cos >= NOISE_FLOOR:
+        return Outcome("wrong", f"int8 output matches the integer reference but its cosine with PyTorch is "
+                                f"{cos:.3f} (with int8-sized noise, PyTorch keeps {noise_cos:.3f})",
+                       err, tolerance, cos, noise_cos)
+    return Outcome("ok", error=err, tolerance=tolerance, cosine=cos, noise_cosine=noise_cos)
+
+
+def _tolerance(model, x, expected) -> float:
+    """TOLERANCE, or more where the model turns one fp32 rounding at every layer into more than that
+    (a mean of a layer-normed tensor: zero plus noise, whose every digit is rounding)."""
+    return max(TOLERANCE, ROUNDING_GAIN * rel_err(with_noise(model, x, FP32_STEP), expected))
+
+
+def with_noise(model: torch.nn.Module, x: torch.Tensor, step: float) -> np.ndarray:
+    """The model's output with uniform noise of +-step/2 of each leaf layer's max |output| added to that
+    output: how much of its answer the model keeps under rounding of that size."""
+    g = torch.Generator().manual_seed(0)
+
+    def noise(module, args, y):
+        return y + (torch.rand(y.shape, generator=g) - 0.5) * (step * y.abs().max())
+    hooks = [m.register_forward_hook(noise) for m in model.modules() if not any(m.children())]
+    try:
+        with torch.no_grad():
+            return model(x).numpy()
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+CHECKS = {"fp32": _check_fp32, "int8": _check_int8}
+
+
+# --- campaign jobs: (section, seed) -> a JSON-ready record ----------------------------------------
+
+def _description(case: Case) -> dict:
+    return {"seed": case.seed, "mode": case.mode, "hw_kind": case.hw_kind, "hw": describe(case.hw),
+            "spec": str(case.spec), "kinds": sorted(case.spec.kinds())}
+
+
+def model_description(seed: int) -> dict:
+    return _description(make_case(seed))
+
+
+def model_record(seed: int) -> dict:
+    case = make_case(seed)
+    return {**_description(case), **dataclasses.asdict(run_case(case))}
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """One kind of campaign job: `run(seed)` is the record of a finished job (its "outcome", "mode" and
+    what else shows a failure), `describe(seed)` the record's description alone (for a job that hung
+    or whose worker died)."""
+
+    run: Callable[[int], dict]
+    describe: Callable[[int], dict]
+
+
+SECTIONS = {"models": Section(model_record, model_description)}
+
+
+def run_job(job: tuple[str, int]) -> dict:
+    section, seed = job
+    return SECTIONS[section].run(seed)

@@ -1,0 +1,52 @@
+"""Shrink a failing case to a smaller model that fails the same way (greedy delta debugging).
+
+Each step tries, at every position: dropping the layer, dropping every layer after it, and putting a
+composite's inside (a residual's body, one concat branch) in its place; a candidate whose layers no
+longer build on their new input shapes is skipped.  The hardware, mode and input shape stay.
+
+    >>> overflow = lambda o: o.outcome == "rejected:TilingError" and "overflow" in o.message
+    >>> small = minimize(make_case(1029), overflow)  # doctest: +SKIP
+    >>> print(small.spec)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+
+from .campaign import Case, Outcome, run_case
+from .models import Layer, model_spec
+
+
+def minimize(case: Case, fails: Callable[[Outcome], bool], max_runs: int = 200) -> Case:
+    """The smallest case found (by greedy steps) whose outcome still satisfies `fails`."""
+    runs = 0
+    improved = True
+    while improved and runs < max_runs:
+        improved = False
+        for layers in _candidates(case.spec.layers):
+            smaller = _with_layers(case, layers)
+            if smaller is None:
+                continue
+            runs += 1
+            if fails(run_case(smaller)):
+                case, improved = smaller, True
+                break
+            if runs >= max_runs:
+                break
+    return case
+
+
+def _candidates(layers: tuple[Layer, ...]) -> Iterator[tuple[Layer, ...]]:
+    for i, layer in enumerate(layers):
+        if i + 1 < len(layers):
+            yield layers[: i + 1]
+        if len(layers) > 1:
+            yield layers[:i] + layers[i + 1:]
+        for inside in layer.insides():
+            yield layers[:i] + inside + layers[i + 1:]
+
+
+def _with_layers(case: Case, layers: tuple[Layer, ...]) -> Case | None:
+    spec = model_spec(case.spec.seed, case.spec.input_shape, layers)
+    return None if spec is None else dataclasses.replace(case, spec=spec)

@@ -1,0 +1,114 @@
+"""The fuzzing harness (stagec.fuzz): a seeded quick subset of the campaign, and the harness itself."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import stagec
+from stagec.fuzz.campaign import make_case, run_case
+from stagec.fuzz.hardware import HW_KINDS, random_hardware
+from stagec.fuzz.models import RULES, build_model, generate_model
+from stagec.fuzz.pool import run_jobs
+
+# (seed, mode, hardware kind): convs, attention, pools, upsampling, norms, slices, residuals and concats,
+# on the default config, a random one and tiny ones (1x1 to 3x1 arrays of either dataflow, scratchpads
+# of 494 to 2868 bytes)
+QUICK = [(0, "int8", "random"), (1, "fp32", "tiny"), (12, "int8", "tiny"), (22, "fp32", "tiny"),
+         (3, "fp32", "default")]
+
+
+@pytest.mark.parametrize("seed, mode, hw_kind", QUICK)
+def test_quick_cases_are_ok_or_acceptably_rejected(seed, mode, hw_kind):
+    case = make_case(seed, mode, hw_kind)
+    outcome = run_case(case)
+    assert outcome.acceptable, f"{case}\n{outcome}"
+
+
+def test_a_case_is_reproducible_from_its_seed_and_prints_as_a_model():
+    a, b = make_case(11), make_case(11)
+    assert a == b and str(a) == str(b)
+    assert str(a).count("\n") == len(a.spec.layers) + 1 and "->" in str(a)   # the hardware, the input, a layer a line
+    (ma, (xa,)), (mb, (xb,)) = build_model(a.spec), build_model(b.spec)
+    assert torch.equal(xa, xb)
+    assert all(torch.equal(p, q) for p, q in zip(ma.state_dict().values(), mb.state_dict().values(), strict=True))
+    assert make_case(12).spec != a.spec
+
+
+def test_the_grammar_reaches_every_rule():
+    seen = set()
+    for seed in range(150):
+        seen |= generate_model(seed).kinds()
+    assert seen == set(RULES)
+
+
+def test_every_conv_and_linear_output_has_unit_rms_on_the_input():
+    rms = []
+    hook = lambda m, args, out: rms.append(float(out.pow(2).mean().sqrt()))   # noqa: E731
+    for seed in range(10):
+        model, (x,) = build_model(generate_model(seed))
+        for m in model.modules():
+            if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Linear)):
+                m.register_forward_hook(hook)
+        with torch.no_grad():
+            assert torch.isfinite(model(x)).all()
+    assert len(rms) > 10 and np.allclose(rms, 1.0, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", HW_KINDS)
+def test_random_hardware_is_valid_and_of_its_kind(kind):
+    rng = random.Random(0)
+    configs = [random_hardware(rng, kind) for _ in range(50)]
+    assert len({hw.dataflow for hw in configs}) == 2
+    if kind == "tiny":
+        assert max(hw.array_rows * hw.array_cols for hw in configs) <= 16
+        assert min(hw.array_rows * hw.array_cols for hw in configs) == 1
+        assert max(hw.scratchpad_bytes for hw in configs) <= 4096
+    if kind == "default":
+        assert all(hw.replace(dataflow="weight_stationary") == stagec.HardwareConfig() for hw in configs)
+
+
+def _small_case():
+    return make_case(3, "fp32", "default")
+
+
+def test_a_simulated_output_off_by_more_than_the_tolerance_is_wrong(monkeypatch):
+    simulate = stagec.simulate
+
+    def off_by_a_little(program, x):
+        y, report = simulate(program, x)
+        return y + 1e-3 * np.abs(y).max(), report
+    monkeypatch.setattr(stagec, "simulate", off_by_a_little)
+    outcome = run_case(_small_case())
+    assert outcome.outcome == "wrong" and outcome.error == pytest.approx(1e-3, rel=1e-2)
+
+
+def test_an_exception_that_is_not_a_stagec_error_is_a_crash_and_names_where(monkeypatch):
+    def broken(program, x):
+        raise IndexError("index 7 is out of bounds")
+    monkeypatch.setattr(stagec, "simulate", broken)
+    outcome = run_case(_small_case())
+    assert outcome.outcome == "crash" and "simulate: IndexError: index 7" in outcome.message
+    assert "test_fuzz.py" in outcome.message and "in broken" in outcome.message
+
+
+def test_a_program_the_batched_executor_refuses_is_a_fallback(monkeypatch):
+    from stagec.sim import executor
+
+    def refuse(program):
+        raise executor.PlanError("a refused program")
+    monkeypatch.setattr(executor, "Executor", refuse)
+    outcome = run_case(_small_case())
+    assert outcome.outcome == "fallback" and "a refused program" in outcome.message
+
+
+def test_the_pool_replaces_a_worker_that_hangs_or_dies():
+    jobs = ["6 * 7", "sum(range(10**12))", "__import__('os')._exit(3)", "2 + 2"]
+    results = {job: (status, value) for job, status, value in run_jobs(jobs, eval, workers=1, timeout_s=1.0,
+                                                                       start_method="fork")}
+    assert results["6 * 7"] == ("done", 42) and results["2 + 2"] == ("done", 4)
+    assert results[jobs[1]][0] == "hang" and "s of CPU" in results[jobs[1]][1]   # a limit on CPU, not wall time
+    assert results[jobs[2]] == ("died", 3)
+
