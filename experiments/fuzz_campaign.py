@@ -10,8 +10,8 @@ hardware kind (default, tiny or random) and the model.  Outcomes: ok, rejected:<
 StagecError at compile; TilingError and QuantizationError are limits of the hardware and the data,
 other classes gaps of the compiler), wrong, crash, fallback (the batched executor refused the
 program), hang (over --timeout seconds of CPU: its worker is killed and replaced).  Prints a progress line and a
-table of outcomes by mode and writes JSON: per section, counts by outcome and by mode, and every
-case that is not ok with its seed, mode, hardware, model and message.
+table of outcomes by mode and writes JSON: per section, counts by outcome and by mode, every case
+that is not ok with its seed, mode, hardware, model and message, and a short row of every case.
 
 A section is one kind of job (`stagec.fuzz.campaign.SECTIONS`: "models" here; a section of damaged
 program files runs the same way); --sections picks them, --cases is per section.
@@ -37,11 +37,20 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_
                       "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from stagec.fuzz.campaign import ACCEPTABLE_REJECTIONS, SECTIONS, make_case, run_case, run_job  # noqa: E402
+from stagec.fuzz.campaign import (  # noqa: E402
+    ACCEPTABLE_REJECTIONS,
+    SECTIONS,
+    TOLERANCE,
+    make_case,
+    run_case,
+    run_job,
+)
 from stagec.fuzz.pool import run_jobs  # noqa: E402
 
 FAILURES = ("wrong", "crash", "hang", "fallback")
 CHECKPOINT = 25
+WORKER_RSS_BYTES = 3 * 2**30   # a worker holding more (JAX's compiled groups of every shape met) is replaced
+COMPACT = ("seed", "mode", "hw_kind", "outcome", "error", "tolerance", "cosine", "seconds")   # every case's row
 
 
 def init_worker() -> None:
@@ -66,12 +75,28 @@ def summarize(records: list[dict]) -> dict:
     for r in records:
         by_mode[r["mode"]][r["outcome"]] += 1
     kinds = Counter(r["outcome"].split(":")[0] for r in records)
-    return {"cases": len(records), "by_outcome": dict(sorted(by_outcome.items())),
+    return {"cases": len(records), "by_outcome": dict(sorted(by_outcome.items())), "accuracy": accuracy(records),
             "by_mode": {m: dict(sorted(c.items())) for m, c in sorted(by_mode.items())},
             "failures": {k: kinds.get(k, 0) for k in FAILURES},
             "unacceptable_rejections": sum(n for o, n in by_outcome.items() if o.startswith("rejected:")
                                            and o.split(":")[1] not in ACCEPTABLE_REJECTIONS),
-            "not_ok": sorted((r for r in records if r["outcome"] != "ok"), key=lambda r: (r["outcome"], r["seed"]))}
+            "not_ok": sorted((r for r in records if r["outcome"] != "ok"), key=lambda r: (r["outcome"], r["seed"])),
+            "all": [{k: r.get(k) for k in COMPACT} for r in sorted(records, key=lambda r: r["seed"])]}
+
+
+def accuracy(records: list[dict]) -> dict:
+    """Per mode, over the ok cases: the largest error against the reference (fp32: PyTorch; int8: the
+    integer reference) of those held to TOLERANCE, how many were held to a wider one (models that
+    amplify rounding), and the int8 cosines with PyTorch (min, 5th percentile, median)."""
+    out = {}
+    for mode in sorted({r["mode"] for r in records}):
+        ok = [r for r in records if r["mode"] == mode and r["outcome"] == "ok" and r.get("error") is not None]
+        cosines = sorted(r["cosine"] for r in ok if r.get("cosine") is not None)
+        out[mode] = {"max_error": max((r["error"] for r in ok if r["tolerance"] <= TOLERANCE), default=None),
+                     "widened": sum(r["tolerance"] > TOLERANCE for r in ok),
+                     "cosine": {"min": cosines[0], "p05": cosines[len(cosines) // 20],
+                                "median": cosines[len(cosines) // 2]} if cosines else None}
+    return out
 
 
 def table(section: str, summary: dict) -> str:
@@ -81,6 +106,12 @@ def table(section: str, summary: dict) -> str:
     for outcome, total in summary["by_outcome"].items():
         lines.append(f"{outcome:<34}" + "".join(f"{summary['by_mode'][m].get(outcome, 0):>8}" for m in modes) +
                      f"{total:>8}")
+    for mode, a in summary["accuracy"].items():
+        line = f"{mode}: " + (f"largest error of an ok case {a['max_error']:.3g}" if a["max_error"] is not None
+                              else "no ok case") + f" ({a['widened']} held to a widened tolerance)"
+        if c := a["cosine"]:
+            line += f"; cosine with PyTorch: min {c['min']:.4f}, 5% {c['p05']:.4f}, median {c['median']:.5f}"
+        lines.append(line)
     f = summary["failures"]
     lines.append("failures: " + ", ".join(f"{k} {f[k]}" for k in FAILURES) +
                  f"; rejections other than {'/'.join(sorted(ACCEPTABLE_REJECTIONS))}: "
@@ -103,7 +134,8 @@ def campaign(sections: list[str], cases: int, first_seed: int, workers: int, tim
     keeps what it found) and at the end."""
     jobs = [(s, seed) for s in sections for seed in range(first_seed, first_seed + cases)]
     records, counts, start = defaultdict(list), Counter(), time.monotonic()
-    for (section, seed), status, value in run_jobs(jobs, run_job, workers, timeout_s, init=init_worker):
+    for (section, seed), status, value in run_jobs(jobs, run_job, workers, timeout_s, init=init_worker,
+                                                   max_rss_bytes=WORKER_RSS_BYTES):
         record = value if status == "done" else lost_record(section, seed, status, value)
         records[section].append(record)
         counts[record["outcome"]] += 1

@@ -35,6 +35,14 @@ def _serve(conn: Connection, work: Callable, init: Callable | None) -> None:
         conn.send(work(job))
 
 
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of a process (Linux /proc), None where unknown."""
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return None
+
+
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of a process and its threads (Linux /proc), None where unknown."""
     try:
@@ -78,11 +86,13 @@ class _Worker:
 
 
 def run_jobs(jobs: Iterable, work: Callable, workers: int, timeout_s: float, init: Callable | None = None,
-             jobs_per_worker: int = 200, start_method: str = "spawn") -> Iterator[tuple[object, str, object]]:
+             jobs_per_worker: int = 50, max_rss_bytes: int | None = None,
+             start_method: str = "spawn") -> Iterator[tuple[object, str, object]]:
     """Yield (job, status, value) for every job, in the order they finish.  `work` and `init` must be
     importable module-level functions.  Workers are spawned by default: JAX's threads do not survive a
     fork ("fork" serves work that does not touch JAX, in a fraction of a spawn's start-up).  A worker
-    is replaced after `jobs_per_worker` jobs, so what its caches hold stays bounded."""
+    is replaced after `jobs_per_worker` jobs or once it holds over `max_rss_bytes`, so what its caches
+    hold (compiled functions of every shape met) stays bounded."""
     ctx = mp.get_context(start_method)
     pending = deque(jobs)
     pool = [_Worker(ctx, work, init) for _ in range(min(workers, len(pending)))]
@@ -98,9 +108,9 @@ def run_jobs(jobs: Iterable, work: Callable, workers: int, timeout_s: float, ini
                 finished = _collect(w, w.conn in ready, timeout_s)
                 if finished is not None and finished[0] is not None:   # not a worker that died idle
                     yield finished
-                if finished is not None and finished[1] in ("hang", "died") or w.done >= jobs_per_worker or (
-                        w.ready and w.job is None and not pending):
-                    w.stop(kill=finished is not None and finished[1] == "hang")
+                lost = finished is not None and finished[1] in ("hang", "died")
+                if lost or _spent(w, jobs_per_worker, max_rss_bytes) or (w.ready and w.job is None and not pending):
+                    w.stop(kill=lost)
                     if pending:
                         kept.append(_Worker(ctx, work, init))
                 else:
@@ -109,6 +119,14 @@ def run_jobs(jobs: Iterable, work: Callable, workers: int, timeout_s: float, ini
     finally:
         for w in pool:
             w.stop(kill=True)
+
+
+def _spent(w: _Worker, jobs_per_worker: int, max_rss_bytes: int | None) -> bool:
+    """An idle worker that has run its share of jobs or holds too much memory."""
+    if w.job is not None or not w.done:
+        return False
+    rss = rss_bytes(w.process.pid) if max_rss_bytes else None
+    return w.done >= jobs_per_worker or (rss is not None and rss > max_rss_bytes)
 
 
 def _collect(w: _Worker, readable: bool, timeout_s: float):
