@@ -86,7 +86,7 @@ class Outcome:
     @property
     def acceptable(self) -> bool:
         """ok, or a rejection that is the hardware's or the data's limit."""
-        return self.outcome == "ok" or (self.kind == "rejected" and self.outcome[9:] in ACCEPTABLE_REJECTIONS)
+        return self.outcome == "ok" or self.outcome.removeprefix("rejected:") in ACCEPTABLE_REJECTIONS
 
 
 def make_case(seed: int, mode: str | None = None, hw_kind: str | None = None) -> Case:
@@ -233,6 +233,9 @@ class Section:
     describe: Callable[[int], dict]
 
 
+# NOTE: a section of damaged program files (stagec.fuzz.mutate's mutate_program(data, rng) and
+# run_mutant(data, inputs)) joins as one more entry: records with "seed", "mode" (the mutation's kind),
+# "outcome" and "message"; experiments/fuzz_campaign.py --sections runs and tabulates it as this one
 SECTIONS = {"models": Section(model_record, model_description)}
 
 
