@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import sys
 import time
 from collections import Counter, defaultdict
@@ -76,12 +77,31 @@ def summarize(records: list[dict]) -> dict:
         by_mode[r["mode"]][r["outcome"]] += 1
     kinds = Counter(r["outcome"].split(":")[0] for r in records)
     return {"cases": len(records), "by_outcome": dict(sorted(by_outcome.items())), "accuracy": accuracy(records),
+            "causes": causes(records),
             "by_mode": {m: dict(sorted(c.items())) for m, c in sorted(by_mode.items())},
             "failures": {k: kinds.get(k, 0) for k in FAILURES},
             "unacceptable_rejections": sum(n for o, n in by_outcome.items() if o.startswith("rejected:")
                                            and o.split(":")[1] not in ACCEPTABLE_REJECTIONS),
             "not_ok": sorted((r for r in records if r["outcome"] != "ok"), key=lambda r: (r["outcome"], r["seed"])),
             "all": [{k: r.get(k) for k in COMPACT} for r in sorted(records, key=lambda r: r["seed"])]}
+
+
+def cause(message: str) -> str:
+    """A message with what varies between cases of one cause taken out: layer names, the source
+    location, numbers."""
+    head, sep, rest = message.partition(": ")
+    message = rest if sep and " " not in head else message
+    message = re.sub(r"\([^()\s]*/[^()\s]*\)", "(layer)", message.split("\n")[0].split(", at ")[0])
+    return re.sub(r"\d+", "N", message)[:100]
+
+
+def causes(records: list[dict]) -> dict:
+    """{outcome: {cause: cases}} of the cases that are not ok, most frequent first."""
+    counts = defaultdict(Counter)
+    for r in records:
+        if r["outcome"] != "ok":
+            counts[r["outcome"]][cause(r.get("message", ""))] += 1
+    return {o: dict(c.most_common()) for o, c in sorted(counts.items())}
 
 
 def accuracy(records: list[dict]) -> dict:
@@ -112,6 +132,8 @@ def table(section: str, summary: dict) -> str:
         if c := a["cosine"]:
             line += f"; cosine with PyTorch: min {c['min']:.4f}, 5% {c['p05']:.4f}, median {c['median']:.5f}"
         lines.append(line)
+    for outcome, counted in summary["causes"].items():
+        lines += [f"  {n:>5}  {outcome}: {c}" for c, n in counted.items()]
     f = summary["failures"]
     lines.append("failures: " + ", ".join(f"{k} {f[k]}" for k in FAILURES) +
                  f"; rejections other than {'/'.join(sorted(ACCEPTABLE_REJECTIONS))}: "
@@ -149,6 +171,13 @@ def campaign(sections: list[str], cases: int, first_seed: int, workers: int, tim
     return result
 
 
+def retabulate(path: Path) -> None:
+    """The table of a saved campaign, summarized again (by this script's summary) from its rows."""
+    for section, saved in json.loads(path.read_text())["sections"].items():
+        full = {r["seed"]: r for r in saved["not_ok"]}
+        print(table(section, summarize([full.get(r["seed"], r) for r in saved["all"]])))
+
+
 def show(seed: int) -> None:
     init_worker()
     case = make_case(seed)
@@ -167,9 +196,12 @@ def main():
                         help="CPU seconds per case before it counts as a hang (wall-clock: 5 times that)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "fuzz_campaign.json"))
     parser.add_argument("--show", type=int, metavar="SEED", help="run one model case here and print it")
+    parser.add_argument("--table", type=Path, metavar="JSON", help="print the table of a saved campaign")
     args = parser.parse_args()
     if args.show is not None:
         return show(args.show)
+    if args.table is not None:
+        return retabulate(args.table)
     start, out = time.monotonic(), Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
