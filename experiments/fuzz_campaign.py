@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import re
+import signal
 import sys
 import time
 from collections import Counter, defaultdict
@@ -198,6 +199,7 @@ def main():
     parser.add_argument("--show", type=int, metavar="SEED", help="run one model case here and print it")
     parser.add_argument("--table", type=Path, metavar="JSON", help="print the table of a saved campaign")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))   # a killed campaign stops its workers too
     if args.show is not None:
         return show(args.show)
     if args.table is not None:

@@ -13,11 +13,11 @@ from stagec.fuzz.hardware import HW_KINDS, random_hardware
 from stagec.fuzz.models import RULES, build_model, generate_model
 from stagec.fuzz.pool import run_jobs
 
-# (seed, mode, hardware kind): convs, attention, pools, upsampling, norms, slices, residuals and concats,
-# on the default config, a random one and tiny ones (1x1 to 3x1 arrays of either dataflow, scratchpads
-# of 494 to 2868 bytes)
-QUICK = [(0, "int8", "random"), (1, "fp32", "tiny"), (12, "int8", "tiny"), (22, "fp32", "tiny"),
-         (3, "fp32", "default")]
+# (seed, mode, hardware kind): attention, convs, gates (squeeze-and-excitation), norms, slices, permutes,
+# residuals and concats, on the default config, a random one and tiny ones (2x1 to 3x2 arrays of either
+# dataflow, scratchpads of 692 to 4096 bytes)
+QUICK = [(25, "int8", "default"), (10, "int8", "tiny"), (18, "fp32", "tiny"), (13, "fp32", "tiny"),
+         (4, "fp32", "random")]
 
 
 @pytest.mark.parametrize("seed, mode, hw_kind", QUICK)

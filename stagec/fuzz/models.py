@@ -57,8 +57,8 @@ class Layer:
     def __str__(self) -> str:
         parts = []
         for name, value in self.params:
-            if _is_chain(value):
-                parts.append(f"{name}=[{'; '.join(map(str, value))}]")
+            if _is_chain(value) or value == ():
+                parts.append(f"{name}=[{'; '.join(map(str, value)) or 'identity'}]")
             elif _is_chains(value):
                 parts.append(f"{name}=[{' | '.join('; '.join(map(str, c)) or 'identity' for c in value)}]")
             else:
@@ -123,6 +123,20 @@ class Concat(nn.Module):
 
     def forward(self, x):
         return torch.cat([b(x) for b in self.branches], self.dim)
+
+
+BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "max": torch.maximum}
+
+
+class Combine(nn.Module):
+    """op(a(x), b(x)): two branches meeting in an elementwise op, b's output broadcast to a's."""
+
+    def __init__(self, a: nn.Module, b: nn.Module, op: str):
+        super().__init__()
+        self.a, self.b, self.op = a, b, op
+
+    def forward(self, x):
+        return BINARY[self.op](self.a(x), self.b(x))
 
 
 class Affine(nn.Module):
@@ -362,7 +376,7 @@ def _draw_reduce(rng, shape, keep):
         return None
     if len(shape) - (0 if keepdim else len(dim)) < 2:
         keepdim = True
-    return dict(op=rng.choice(["mean", "sum"]), dim=dim, keepdim=keepdim)
+    return dict(op=rng.choice(["mean", "sum", "amax"]), dim=dim, keepdim=keepdim)
 
 
 def _build_reduce(shape, op, dim, keepdim):
@@ -459,6 +473,34 @@ def _build_concat(shape, branches):
     return Concat([build_chain(shape, b) for b in branches], _feature_dim(shape))
 
 
+def _draw_combine(rng, shape, keep):
+    a, b = (() if rng.random() < 0.3 else draw_chain(rng, shape, rng.randint(1, 2), "all") for _ in range(2))
+    return dict(op=rng.choice(sorted(BINARY)), a=a, b=b) if a or b else None
+
+
+def _build_combine(shape, op, a, b):
+    return Combine(build_chain(shape, a), build_chain(shape, b), op)
+
+
+def _draw_gate(rng, shape, keep):
+    return dict(hidden=max(2, shape[_feature_dim(shape)] // rng.choice([1, 2, 4])),
+                fn=rng.choice(["sigmoid", "hardsigmoid"]))
+
+
+def _build_gate(shape, hidden, fn):
+    """Squeeze-and-excitation: x times a per-feature gate from x's mean over its other dims (images,
+    sequences), or a gated linear unit (vectors)."""
+    f = shape[_feature_dim(shape)]
+    if len(shape) == 4:
+        excite = [Apply(torch.mean, dim=(2, 3), keepdim=True), nn.Conv2d(f, hidden, 1), nn.ReLU(),
+                  nn.Conv2d(hidden, f, 1)]
+    else:
+        excite = [nn.Linear(f, hidden), nn.ReLU(), nn.Linear(hidden, f)]
+        if len(shape) == 3:
+            excite.insert(0, Apply(torch.mean, dim=1, keepdim=True))
+    return Combine(nn.Identity(), nn.Sequential(*excite, ACTIVATIONS[fn]()), "mul")
+
+
 RULES: dict[str, Rule] = {
     "conv": Rule((4,), 6.0, _draw_conv, _build_conv),
     "conv1d": Rule((3,), 1.0, _draw_conv1d, _build_conv1d),
@@ -485,6 +527,8 @@ RULES: dict[str, Rule] = {
     "affine": Rule((2, 3, 4), 0.5, _draw_affine, lambda shape: Affine(shape)),
     "residual": Rule((2, 3, 4), 1.5, _draw_residual, _build_residual),
     "concat": Rule((2, 3, 4), 1.0, _draw_concat, _build_concat),
+    "combine": Rule((2, 3, 4), 0.7, _draw_combine, _build_combine),
+    "gate": Rule((2, 3, 4), 0.5, _draw_gate, _build_gate),
 }
 
 
