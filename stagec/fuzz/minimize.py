@@ -37,14 +37,30 @@ def minimize(case: Case, fails: Callable[[Outcome], bool], max_runs: int = 200) 
     return case
 
 
-def _candidates(layers: tuple[Layer, ...]) -> Iterator[tuple[Layer, ...]]:
+def _candidates(layers: tuple[Layer, ...], keep_one: bool = True) -> Iterator[tuple[Layer, ...]]:
+    """Smaller chains: shorter, a composite replaced by a chain inside it, or a composite with a
+    smaller chain inside it."""
     for i, layer in enumerate(layers):
         if i + 1 < len(layers):
             yield layers[: i + 1]
-        if len(layers) > 1:
+        if len(layers) > 1 or not keep_one:
             yield layers[:i] + layers[i + 1:]
         for inside in layer.insides():
             yield layers[:i] + inside + layers[i + 1:]
+        for smaller in _smaller_insides(layer):
+            yield layers[:i] + (smaller,) + layers[i + 1:]
+
+
+def _smaller_insides(layer: Layer) -> Iterator[Layer]:
+    """The layer with one of its inside chains smaller (a branch may become the identity)."""
+    for k, (name, value) in enumerate(layer.params):
+        chains = value if value and isinstance(value[0], tuple) else (value,) if isinstance(value, tuple) else ()
+        for j, chain in enumerate(chains):
+            if not all(isinstance(x, Layer) for x in chain):
+                continue
+            for smaller in _candidates(chain, keep_one=False):
+                new = smaller if chains is not value else value[:j] + (smaller,) + value[j + 1:]
+                yield dataclasses.replace(layer, params=layer.params[:k] + ((name, new),) + layer.params[k + 1:])
 
 
 def _with_layers(case: Case, layers: tuple[Layer, ...]) -> Case | None:
