@@ -167,7 +167,7 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     one = jnp.where(matrix & one_spatial_tile(p, m.tile_oh, m.tile_ow, st, jnp), 1.0, 0.0)
     ex_n = tiles_out * L.tile_loads + one * n_o * L.channel_extras
     ex_b = L.tile_loads * out_elems * FP32 + one * L.channel_extras * L.o * FP32
-    first_n = res + (1.0 - one) * L.channel_extras
+    first_n = res * n_c + (1.0 - one) * L.channel_extras   # resident weights: a LOAD per channel tile
     first_b = res * w_all + (1.0 - one) * L.channel_extras * L.o * FP32
     store_n, store_b = tiles_out, out_elems * FP32
     startup = first_n * lat + first_b / bw

@@ -4,10 +4,10 @@ Each nest kind has one function listing its buffers (`Buffer`: a name, a memory,
 many) as expressions of its tile sizes.  The mapper evaluates that list over arrays of candidate
 tilings (numpy) and keeps the ones whose `local_bytes` fit; the cost model evaluates it over
 jax.numpy as its capacity term; the emitter evaluates it for the chosen tiling and `allocate`s
-exactly those buffers (lower.emitter.Emitter.allocate), with no gap between them: the buffers
-aligned to a requant record's 16 bytes go first, each a whole number of records but the last, and
-every size is a whole number of 4-byte words.  So the footprint the mapper checked is the
-allocator's high-water mark, byte for byte.
+exactly those buffers (lower.emitter.Emitter.allocate), in their order but for the buffers
+aligned to a requant record's 16 bytes, which go first (each a whole number of records but the
+last), with no gap between them: every size is a whole number of 4-byte words.  So the footprint
+the mapper checked is the allocator's high-water mark, byte for byte.
 
 An epilogue's inputs are held three ways (`EpilogueLayout`, from the node's shapes): a tile
 buffer per buffer set ('tile': the input varies over the nest's pixels), a vector over the
@@ -59,11 +59,13 @@ def words(nbytes, itemsize: int):
 class Extras(NamedTuple):
     """An epilogue's buffers in aggregate (what the mapper and the cost model need): full output
     tiles per buffer set (tile inputs and temporaries), 4-byte words per output channel (a requant
-    record is RECORD_WORDS), and bytes held once whatever the tiling (scalars, per-tensor records)."""
+    record is RECORD_WORDS), bytes held once whatever the tiling (scalars, per-tensor records), and
+    whether requant records are among them (EPILOGUE_VECTORS is then 16-byte aligned)."""
 
     tiles: int = 0
     channel_words: int = 0
     fixed_bytes: int = 0
+    records: bool = False
 
 
 NO_EXTRAS = Extras()
@@ -102,7 +104,8 @@ class EpilogueLayout:
     def extras(self) -> Extras:
         return Extras(sum(i.kind == "tile" for i in self.inputs) + self.plan.temps,
                       sum(i.item_bytes for i in self.inputs if i.kind == "channel") // WORD,
-                      sum(i.item_bytes for i in self.inputs if i.kind == "scalar"))
+                      sum(i.item_bytes for i in self.inputs if i.kind == "scalar"),
+                      any(i.record for i in self.inputs))
 
     @property
     def tile_loads(self) -> int:
@@ -189,6 +192,12 @@ def _halo(p, th, tw):
             (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1)
 
 
+def _epilogue_vectors(extras: Extras, channels) -> Buffer:
+    """EPILOGUE_VECTORS of an epilogue whose channel inputs span `channels` (all copies)."""
+    return Buffer(EPILOGUE_VECTORS, Space.SPAD, extras.channel_words * WORD * channels + extras.fixed_bytes,
+                  align=REQUANT_RECORD_BYTES if extras.records else WORD)
+
+
 def conv_buffers(p, th, tw, to, tc, double_buffer, resident, extras: Extras, single_acc=0, transposed=0, stacked=0,
                  xp=np) -> list[Buffer]:
     """A matrix-unit nest (lower.matrix.emit_conv): input halos, weights (tiles, or all of them
@@ -202,12 +211,11 @@ def conv_buffers(p, th, tw, to, tc, double_buffer, resident, extras: Extras, sin
     out_tile = th * tw * to * FP32
     halo_rows = stacked * th * p.kh + (1 - stacked) * ih   # stacked: each output row's kernel rows
     return [
-        Buffer(EPILOGUE_VECTORS, Space.SPAD, extras.channel_words * WORD * xp.where(one, bufs * to, p.o)
-               + extras.fixed_bytes, align=REQUANT_RECORD_BYTES),
         Buffer("halo", Space.SPAD, words(halo_rows * iw * tc * p.itemsize, p.itemsize),
                halo_buffers(p, th, tw, tc, stacked, bufs, xp)),
         Buffer("weights", Space.SPAD, words(p.kh * p.kw * xp.where(resident, p.c * p.o, tc * to) * p.itemsize,
                                             p.itemsize), xp.where(resident, 1, bufs)),
+        _epilogue_vectors(extras, xp.where(one, bufs * to, p.o)),
         Buffer(EPILOGUE_TILES, Space.SPAD, out_tile, bufs * extras.tiles),
         Buffer("result", Space.SPAD, out_tile, single_acc * (1 - transposed)),
         Buffer("turned", Space.SPAD, out_tile, transposed * acc_bufs),
@@ -225,12 +233,11 @@ def window_buffers(p, th, tw, to, double_buffer, extras: Extras, weighted: bool,
     taps = p.kh * p.kw
     acc_item = FP32 if p.widened else p.itemsize
     return [
-        Buffer(EPILOGUE_VECTORS, Space.SPAD, extras.channel_words * WORD * p.o + extras.fixed_bytes,
-               align=REQUANT_RECORD_BYTES),
         Buffer("halo", Space.SPAD, words(ih * iw * to * p.itemsize, p.itemsize), bufs),
         Buffer("widened halo", Space.SPAD, ih * iw * to * FP32, bufs * p.widened),
         Buffer("weights", Space.SPAD, words(taps * to * p.itemsize, p.itemsize), bufs * weighted),
         Buffer("widened weights", Space.SPAD, taps * to * FP32, bufs * weighted * p.widened),
+        _epilogue_vectors(extras, p.o),
         Buffer(EPILOGUE_TILES, Space.SPAD, th * tw * to * FP32, bufs * extras.tiles),
         Buffer("accumulator", Space.ACC, words(th * tw * to * acc_item, acc_item), bufs),
     ]

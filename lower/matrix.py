@@ -134,12 +134,16 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
                                      int(m.single_acc), int(m.transposed), int(m.stacked)))
     halo_buf = bases["halo"]
     taps = p.kh * p.kw
-    # the weights' k order: (kernel row, kernel column, channel), stacked (kernel column, kernel row, channel)
+    # the weights' k order: (kernel row, kernel column, channel), stacked (kernel column, kernel row, channel).
+    # Resident, they are held a channel tile after another, each [taps][channels of the tile][O], so
+    # that a MATMUL's k (a kernel row's or the whole kernel's taps over the tile's channels) is one run
     w_axes = (3, 2, 1, 0) if m.stacked else (2, 3, 1, 0)
     w_counts = (p.kw, p.kh) if m.stacked else (p.kh, p.kw)
+    c_tiles = tiles(p.c, m.tile_c)
     if m.weights_resident:
         wres = bases["weights"][0]
-        em.load_box(w, (0, 0, 0, 0), w_axes, (*w_counts, p.c, p.o), Space.SPAD, wres)
+        for c0, tc in c_tiles:
+            em.load_box(w, (0, c0, 0, 0), w_axes, (*w_counts, tc, p.o), Space.SPAD, wres + c0 * taps * p.o * wb)
     else:
         w_buf = bases["weights"]
     epi = Epilogue(em, epilogue, list(extras), bases, m.tile_o, p.o, bufs, one)
@@ -148,7 +152,6 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
     # MATMULs wait for the epilogue only, not the store; a transposed nest's COPY does that already
     final = tile_expr.LocalTile(Space.SPAD, bases["result"][0], (1, 1, 1)) if bases["result"] else None
     turned = bases["turned"]
-    c_tiles = tiles(p.c, m.tile_c)
     n_halo = n_w = n_out = 0
 
     def load_halo(n, oh0, th, ow0, tw, c0, tc):
@@ -194,8 +197,7 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
                             continue
                         h_base, iw = halo
                         if m.weights_resident:
-                            w_base, k_stride = wres + (c0 * p.o + o0) * wb, p.o
-                            tap_stride = p.c * p.o
+                            w_base, k_stride, tap_stride = wres + (c0 * taps * p.o + o0) * wb, p.o, tc * p.o
                         else:
                             w_base, k_stride, tap_stride = w_buf[n_w % bufs], to, tc * to
                             n_w += 1

@@ -20,7 +20,7 @@ from stagec.compiler import build_graph
 from stagec.errors import QuantizationError, TilingError
 from stagec.layers import graph_program
 from stagec.lower.pack import pack_depthwise
-from stagec.lower.schedule import footprint, make_schedule, node_problem
+from stagec.lower.schedule import TileMapping, footprint, make_schedule, node_problem
 
 ACTIVATIONS = {"relu": torch.relu, "relu6": nn.functional.relu6, "gelu": nn.functional.gelu,
                "sigmoid": torch.sigmoid, "tanh": torch.tanh, "hardswish": nn.functional.hardswish}
@@ -159,15 +159,21 @@ hardware = st.builds(
     st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.sampled_from([1, 2, 16, 64]),
     st.sampled_from(["weight_stationary", "output_stationary"]))
 
-NOTHING_FITS = re.compile(r"^(?P<layer>\S+) \((?P<op>\w+)\): no tiling fits the (?P<memory>scratchpad|accumulator): "
+MAPPING = r"tile\([^)]*\)( [\w-]+)*"   # a TileMapping as printed
+NOTHING_FITS = re.compile(rf"^(?P<layer>\S+) \((?P<op>\w+)\): no tiling fits the (?P<memory>scratchpad|accumulator): "
                           r"the smallest tiling( \(of those that fit the (scratchpad|accumulator)'s \d+ bytes\))?, "
-                          r"tile\(.*\), needs (?P<need>\d+) bytes of (?P=memory), which has (?P<capacity>\d+)$")
+                          rf"{MAPPING}, needs (?P<need>\d+) bytes of (?P=memory), which has (?P<capacity>\d+)$")
 
 
-def compiles_legally_or_says_why(model, shapes, hw, precision):
+MAPPING_TOO_BIG = re.compile(rf"^\S+ \(\w+\): mapping {MAPPING} needs (?P<spad>\d+) bytes of scratchpad \(has \d+\) "
+                             r"and (?P<acc>\d+) bytes of accumulator \(has \d+\)$")
+
+
+def compiles_legally_or_says_why(model, shapes, hw, precision, choose=None):
     """The invariant, for one model: a program whose every nest's local buffers fit, as many bytes
     as the mapper's footprint of its mapping, and whose outputs are PyTorch's (int8: the integer
-    reference's, bit for bit); or a TilingError that says where and why."""
+    reference's); or a TilingError that says where and why.  `choose(graph)` may give mappings
+    of its own for the conv-shaped layers (checked to fit, else the error says by how much)."""
     gen = torch.Generator().manual_seed(0)
     args = [torch.randn(*s, generator=gen) for s in shapes]
     options = {"quantize": "int8", "calibration": [tuple(torch.randn(*s, generator=gen) for s in shapes)
@@ -176,17 +182,22 @@ def compiles_legally_or_says_why(model, shapes, hw, precision):
         _, graph = build_graph(model, tuple(args), **options)
     except QuantizationError:   # a range int8 cannot hold (a dead ReLU): tested in test_int8
         assume(False)
+    mappings = None
     try:   # compile's stages after the graph (stagec.compile)
         graph = pack_depthwise(graph, hw)
-        program = graph_program(graph, hw)
+        mappings = choose(graph) if choose else None
+        program = graph_program(graph, hw, mappings)
     except TilingError as e:
+        if mappings and (too_big := MAPPING_TOO_BIG.match(str(e))):
+            assert int(too_big["spad"]) > hw.scratchpad_bytes or int(too_big["acc"]) > hw.accumulator_bytes
+            return None
         found = NOTHING_FITS.match(str(e))
         assert found, str(e)
         assert found["layer"] in {n.name for n in graph.nodes}
         capacity = hw.scratchpad_bytes if found["memory"] == "scratchpad" else hw.accumulator_bytes
         assert int(found["capacity"]) == capacity < int(found["need"])
         return None
-    schedule = make_schedule(graph, hw)
+    schedule = make_schedule(graph, hw, mappings)
     peaks = program.metadata["local_peak_bytes"]
     assert all(spad <= hw.scratchpad_bytes and acc <= hw.accumulator_bytes for spad, acc in peaks.values())
     for node in graph.nodes:
@@ -202,6 +213,20 @@ def compiles_legally_or_says_why(model, shapes, hw, precision):
     return program
 
 
+def any_mapping(data, kind: str, p) -> TileMapping:
+    """A mapping of a layer of `kind` drawn from all it may be: tile sizes up to the dims, every
+    switch its nest supports."""
+    def size(dim):
+        return data.draw(st.integers(1, dim))
+    th, tw, to, tc = size(p.oh), size(p.ow), size(p.o), size(p.c) if kind == "matrix" else 1
+    db = data.draw(st.booleans())
+    if kind != "matrix":
+        return TileMapping(th, tw, to, tc, db)
+    transposed = p.turns and data.draw(st.booleans())
+    return TileMapping(th, tw, to, tc, db, data.draw(st.booleans()), db and data.draw(st.booleans()), transposed,
+                       p.stacks and not transposed and data.draw(st.booleans()))
+
+
 @given(epilogued(st.one_of(convs(), matmuls())), hardware, st.sampled_from(["fp32", "int8"]))
 def test_matrix_unit_layers_fit_or_raise_a_tiling_error(net, hw, precision):
     compiles_legally_or_says_why(*net, hw, precision)
@@ -210,6 +235,17 @@ def test_matrix_unit_layers_fit_or_raise_a_tiling_error(net, hw, precision):
 @given(epilogued(vector_ops()), hardware, st.sampled_from(["fp32", "int8"]))
 def test_vector_unit_layers_fit_or_raise_a_tiling_error(net, hw, precision):
     compiles_legally_or_says_why(*net, hw, precision)
+
+
+@given(epilogued(st.one_of(convs(), matmuls(), vector_ops())), hardware, st.sampled_from(["fp32", "int8"]), st.data())
+def test_every_mapping_runs_in_its_footprint_or_is_refused(net, hw, precision, data):
+    """Mappings of every shape and switch (transposed, stacked, one accumulator tile, resident
+    weights, single-buffered), not only those the default mapper picks: each one the schedule
+    accepts allocates its footprint and computes the layer."""
+    def choose(graph):
+        return {node.name: any_mapping(data, found[0], found[1]) for node in graph.nodes
+                if (found := node_problem(node))}
+    compiles_legally_or_says_why(*net, hw, precision, choose)
 
 
 class ConvResidualGelu(nn.Module):
@@ -251,3 +287,19 @@ def test_nothing_fits_names_the_layer_the_memory_the_bytes_and_the_capacity(mode
     assert found, str(e.value)
     assert (found["op"], found["memory"], int(found["need"]), int(found["capacity"])) == (
         op, "scratchpad", need, hw.scratchpad_bytes)
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_resident_weights_with_the_channels_split_across_tiles(stacked):
+    """Resident weights over several channel tiles: a MATMUL's k covers a kernel row's taps (or the
+    whole kernel's, stacked) over one channel tile, so the weights are held tile after tile; held
+    as [taps][all channels][O], the second tap of each row read another channel's weights."""
+    from stagec.layers import layer_program, model_graph, model_layers
+    torch.manual_seed(0)
+    conv, x = nn.Conv2d(3, 6, 2, stride=2, bias=False).eval(), torch.randn(1, 3, 4, 5)
+    graph = model_graph(conv, (x,))
+    (layer,) = model_layers(graph)
+    mapping = TileMapping(1, 2, 6, 2, weights_resident=True, stacked=stacked)
+    (y,), _ = stagec.simulate(layer_program(graph, layer, mapping, stagec.HardwareConfig()), x.numpy())
+    with torch.no_grad():
+        assert rel_err(y, conv(x).numpy()) < 1e-5
