@@ -156,3 +156,53 @@ def test_layer_index_out_of_the_layer_table_names_its_byte_offset():
     text = disassemble(p).replace("@layer 0", "@layer 1")
     with pytest.raises(AssemblyError, match=r"line \d+: '@layer 1  ; mm': no layer 1; the .layer directives define 1$"):
         assemble(text)
+
+
+@pytest.fixture(scope="module")
+def structured_program():
+    import torch
+
+    class TwoHeads(torch.nn.Module):
+        def forward(self, x, *, scale):
+            return {"double": x * 2, "scaled": (x * scale).sum(-1)}
+
+    x, scale = torch.randn(2, 8), torch.randn(2, 8)
+    return stagec.compile(TwoHeads(), (x,), kwargs={"scale": scale}), x, scale
+
+
+@pytest.mark.parametrize("key, edit, message", [
+    ("in_tree", lambda t: t[:-3], "header.metadata.in_tree: not JSON"),
+    ("in_tree", lambda t: json.dumps({"treespec": json.loads(t)["treespec"]}),
+     "header.metadata.in_tree: expected an object with keys 'treespec' and 'constants'"),
+    ("in_tree", lambda t: json.dumps({**json.loads(t), "constants": {"9": 1}}),
+     "header.metadata.in_tree.constants: expected an object keyed by leaf indices below 2"),
+    ("in_tree", lambda t: json.dumps({**json.loads(t), "constants": {"1": 1}}),
+     "header.metadata.in_tree: 1 tensor inputs, the program has 2"),
+    ("in_tree", lambda t: json.dumps({**json.loads(t), "treespec": "[1, 7]"}),
+     "header.metadata.in_tree.treespec: a treespec node is not"),
+    ("out_tree", lambda t: t.replace('"children_spec": [{', '"children_spec": [{"type": null, "context": null, '
+                                     '"children_spec": []}, {', 1), "header.metadata.out_tree: 3 outputs, the "
+     "program has 2"),
+    ("out_tree", lambda t: "[2" + t[2:], "header.metadata.out_tree: expected a torch treespec, [1, node]"),
+])
+def test_corrupt_input_and_output_structure_is_rejected_at_load(structured_program, key, edit, message):
+    p, _, _ = structured_program
+    data = _with_header(p.to_bytes(), lambda h: h["metadata"].update({key: edit(h["metadata"][key])}))
+    with pytest.raises(ProgramFormatError) as e:
+        stagec.load(data)
+    assert str(e.value).startswith(message)
+
+
+def test_a_container_type_torch_cannot_rebuild_fails_when_the_program_runs(structured_program):
+    """Container types (a transformers ModelOutput, say) need not be registered to load a program:
+    only to run it, and then the error says what to import."""
+    p, x, scale = structured_program
+    unknown = _with_header(p.to_bytes(), lambda h: h["metadata"].update(
+        out_tree=h["metadata"]["out_tree"].replace("builtins.dict", "no_such_module.Output")))
+    q = stagec.load(unknown)
+    with pytest.raises(ProgramFormatError, match="header.metadata.out_tree: .*not registered.* import the module"):
+        stagec.simulate(q, x, scale=scale)
+    mismatched = _with_header(p.to_bytes(), lambda h: h["metadata"].update(
+        out_tree=h["metadata"]["out_tree"].replace("builtins.dict", "builtins.list")))
+    with pytest.raises(ProgramFormatError, match="header.metadata.out_tree: "):
+        stagec.simulate(stagec.load(mismatched), x, scale=scale)
