@@ -74,12 +74,13 @@ def _check_metadata(program: Program) -> None:
         program.cache["io_checked"] = True
 
 
-def load(path_or_data: str | Path | bytes) -> Program:
+def load(path_or_data: str | Path | bytes | bytearray | memoryview) -> Program:
     """Read a program file written by `Program.save` (or its bytes).  Every header key is checked
     (`isa.program.HEADER`), the recorded input and output structure against the program's tensors,
     and the instruction stream by the verifier; a file that fails raises ProgramFormatError or
     VerificationError naming the key, byte offset or instruction."""
-    data = path_or_data if isinstance(path_or_data, bytes) else Path(path_or_data).read_bytes()
+    data = bytes(path_or_data) if isinstance(path_or_data, (bytes, bytearray, memoryview)) else \
+        Path(path_or_data).read_bytes()
     program = Program.from_bytes(data)
     _check_metadata(program)
     verify(program)

@@ -15,7 +15,7 @@ def test_binary_round_trip_is_bit_exact(tmp_path):
     path = tmp_path / "p.stgc"
     p.save(path)
     q = stagec.load(path)
-    assert q == p
+    assert q == p and stagec.load(path.read_bytes()) == p and stagec.load(bytearray(path.read_bytes())) == p
     assert q.to_bytes() == path.read_bytes()
     assert path.read_bytes()[:8] == MAGIC
 
