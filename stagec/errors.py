@@ -91,6 +91,12 @@ class PlanError(StagecError, NotImplementedError):
     """A program is outside what the batched executor runs (the reference interpreter runs it)."""
 
 
+def shown(value, limit: int = 60) -> str:
+    """A value as an error message shows it: its repr, cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
 __all__ = ["AssemblyError", "ConfigError", "ExportError", "InputError", "LoweringError", "PlanError",
            "ProgramFormatError", "QuantizationError", "SimulationError", "StagecError", "TilingError", "TimingError",
            "UnsupportedOpError", "VerificationError"]
