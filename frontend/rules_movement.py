@@ -11,9 +11,14 @@ from jax import lax
 from .registry import aten, axis, register
 
 
-@register(aten.clone.default)
-def identity(x, memory_format=None):   # JAX values are immutable: a copy is the value itself
+@register(aten.clone.default, aten.alias.default)
+def identity(x, memory_format=None):   # JAX values are immutable: a copy or an alias is the value itself
     return x
+
+
+@register(aten.copy.default)
+def copy(x, src, non_blocking=False):   # x's shape and dtype, src's values
+    return jnp.broadcast_to(src, x.shape).astype(x.dtype)
 
 
 @register(aten.view.default)

@@ -162,6 +162,45 @@ def test_rule_rejecting_its_arguments_names_op_and_line():
     assert "dropout_p=0.5" in str(e.value) and "test_frontend.py" in str(e.value)
 
 
+class ScatterByInput(nn.Module):
+    def forward(self, x, index):
+        y = x.clone()
+        y[index] = 0.0
+        return y
+
+
+def test_scatter_with_indices_from_the_inputs_names_op_and_line():
+    with pytest.raises(UnsupportedOpError) as e:
+        from_torch(ScatterByInput(), (torch.randn(5, 3), torch.tensor([1, 2])))
+    assert "aten.index_put.default" in str(e.value) and "y[index] = 0.0" in str(e.value)
+    assert "computed from the model's inputs" in str(e.value) and "constant indices" in str(e.value)
+
+
+def test_mask_assignment_from_the_inputs_is_a_select():
+    """x[mask] = value with a mask computed from the inputs is no scatter: it traces, as a select."""
+    class ClampNegative(nn.Module):
+        def forward(self, x):
+            y = x.clone()
+            y[y < 0] = 0.5
+            return y
+    x = torch.randn(4, 5)
+    closed = from_torch(ClampNegative(), (x,))
+    assert not [e for e in closed.jaxpr.eqns if e.primitive.name.startswith("scatter")]
+    np.testing.assert_array_equal(run(closed, x)[0], ClampNegative()(x).numpy())
+
+
+class StridedOutsideView(nn.Module):
+    def forward(self, x):
+        return x[1:].as_strided((2,), (1,), 0)   # storage offset 0 is before the view's first element
+
+
+def test_as_strided_reading_outside_its_input_names_op_and_line():
+    with pytest.raises(UnsupportedOpError) as e:
+        from_torch(StridedOutsideView(), (torch.randn(4),))
+    assert "aten.as_strided.default" in str(e.value) and "x[1:].as_strided((2,), (1,), 0)" in str(e.value)
+    assert "reads storage outside its input" in str(e.value)
+
+
 # --- the torch2jax tracer --------------------------------------------------------------------------
 
 class SmallCnn(nn.Module):

@@ -170,8 +170,11 @@ def pooling(x, seq):
             "avg_divisor": F.avg_pool2d(x, 2, divisor_override=3),
             "avg_global_ceil": F.avg_pool2d(x, 64, ceil_mode=True),   # EfficientNet's pooler
             "adaptive": F.adaptive_avg_pool2d(x, 1), "adaptive_uneven": F.adaptive_avg_pool2d(x, (3, 2)),
+            "adaptive_larger": F.adaptive_avg_pool2d(x, (9, 11)), "adaptive_keep": F.adaptive_avg_pool2d(x, (None, 4)),
+            "adaptive_max": F.adaptive_max_pool2d(x, 1), "adaptive_max_uneven": F.adaptive_max_pool2d(x, (3, 4)),
+            "adaptive_max_even": F.adaptive_max_pool2d(x, (7, 3)), "adaptive_max_larger": F.adaptive_max_pool2d(x, 10),
             "max_1d": F.max_pool1d(seq, 2), "avg_1d": F.avg_pool1d(seq, 3, 2),
-            "adaptive_1d": F.adaptive_avg_pool1d(seq, 3)}
+            "adaptive_1d": F.adaptive_avg_pool1d(seq, 3), "adaptive_max_1d": F.adaptive_max_pool1d(seq, 4)}
 
 
 def resizing(x, seq):
@@ -207,6 +210,48 @@ def indexing(x, table, idx, ids):   # x (3, 5, 4); idx int64 values in [-2, 3); 
             "gather_smaller": torch.gather(x, 1, ids[:2, :3, None] % 5),
             "take_along": torch.take_along_dim(x, x.argmax(1, keepdim=True), 1),
             "embedding": F.embedding(ids, table), "embedding_padding": F.embedding(ids, table, padding_idx=0)}
+
+
+def indexed_assignment(x, t, src):   # x (2, 3, 7, 9), t (2, 3, 8), src (3, 9); indices are constants
+    rows, idx = torch.tensor([0, 2]), torch.tensor([[0, 1, 2], [2, 0, 1]])
+    reduce_idx = torch.tensor([[0, 1, 1], [2, 2, 2], [0, 0, 5]])   # repeated targets, one element untouched
+
+    def assigned(base, where, value):
+        y = base.clone()
+        y[where] = value
+        return y
+    out = {"index_put": assigned(x, (slice(None), rows), 0.0), "index_put_rows": assigned(src, rows, x[0, 0, :2]),
+           "index_put_2d": assigned(x[0], (rows, torch.tensor([1, -1])), src[0, :2, None]),
+           "index_put_accumulate": src.index_put((torch.tensor([1, 1, 2, 1]),), x[0, 0, :4], accumulate=True),
+           "mask_fill": assigned(x, x < 0, 0.5), "mask_fill_rows": assigned(x, (slice(None), x[0, :, 0, 0] > 0), -1.0),
+           "slice_assign": assigned(t, (slice(None), slice(None), slice(1, 3)), 5.0),
+           "strided_slice_assign": assigned(t, (slice(None), slice(None), slice(1, 6, 2)), t[:, :, :3] * 2),
+           "select_assign": assigned(t, (slice(None), 1), t[:, 0]),
+           "select_scatter": torch.select_scatter(t, t[:, 0] * 2, 1, -1),
+           "slice_scatter": torch.slice_scatter(t, t[:, :, :2], 2, -2),
+           "scatter": torch.zeros(3, 9).scatter(0, idx, src[:2, :3]), "scatter_value": src.scatter(1, idx, 2.5),
+           "scatter_add": src.scatter_add(1, idx, x[0, 0, :2, :3]),
+           "index_add": src.index_add(0, torch.tensor([0, 2, 0]), x[0, 1, :3], alpha=2),
+           "index_copy": src.index_copy(1, torch.tensor([0, 4]), x[0, 1, :3, :2]),
+           "index_fill": x.index_fill(1, rows, -1.0),
+           "put": src.put(torch.tensor([0, 5, -1]), t[0, 0, :3]),
+           "put_accumulate": src.put(torch.tensor([0, 5, 5]), t[0, 0, :3], accumulate=True),
+           "masked_scatter": src.masked_scatter(src > 0, x[0, 2] * 3),
+           "masked_scatter_broadcast": x[0].masked_scatter(src[0] > 0, x[1])}
+    return out | {f"scatter_reduce_{reduce}{'' if include_self else '_excluding_self'}":
+                  src.scatter_reduce(1, reduce_idx, x[0, 1, :3], reduce, include_self=include_self)
+                  for reduce in ("sum", "prod", "mean", "amax", "amin") for include_self in (True, False)}
+
+
+def strided_views(x, square):   # x (2, 3, 7, 9), square (4, 5, 5)
+    return {"alias": x[..., 0:9], "as_strided": x.as_strided((2, 3), (1, 2)),
+            "as_strided_offset": x[0].as_strided((3, 4, 4), (63, 9, 1), 2),
+            "as_strided_overlapping": x.as_strided((5, 4), (2, 1)),
+            "as_strided_broadcast": x.as_strided((3, 4), (0, 9), 5),
+            "as_strided_of_transposed": x[0, 0].t().as_strided((3, 4), (1, 7)),
+            "diagonal": torch.diagonal(square, 0, -2, -1), "diagonal_above": torch.diagonal(square, 2, 1, 2),
+            "diagonal_below": torch.diagonal(square, -1, 2, 1), "diagonal_outer": torch.diagonal(x, 1, 0, 3),
+            "adaptive_pool_1d": F.adaptive_avg_pool1d(x[0, 0].t(), 1)}   # mean, then restrided (Swin's pooler)
 
 
 def creation(x):
@@ -258,6 +303,8 @@ FAMILIES = {
     "resizing": (resizing, lambda: (randn(1, 2, 3, 5), randn(2, 3, 5))),
     "movement": (movement, lambda: (randn(2, 3, 5, 1), randn(4, 6))),
     "indexing": (indexing, lambda: (randn(3, 5, 4), randn(10, 6), ints(-2, 3, 4), ints(0, 10, 3, 5))),
+    "indexed_assignment": (indexed_assignment, lambda: (randn(2, 3, 7, 9), randn(2, 3, 8), randn(3, 9))),
+    "strided_views": (strided_views, lambda: (randn(2, 3, 7, 9), randn(4, 5, 5))),
     "creation": (creation, lambda: (randn(2, 3),)),
     "convolutions": (convolutions, lambda: (randn(2, 4, 9), randn(6, 4, 3), randn(1, 4, 6, 7))),
     "attention": (attention, lambda: (randn(2, 3, 5, 8), randn(2, 3, 6, 8), randn(2, 3, 6, 4), randn(5, 6) > -0.5,
@@ -277,6 +324,32 @@ def exported_family(family):
 def test_family_matches_pytorch(family):
     fn, inputs, ep = exported_family(family)
     assert_matches(fn, *inputs, tol=1e-5, traced=trace_exported(ep, inputs))
+
+
+class Held(torch.nn.Module):
+    """fn of tensors the module holds as buffers: they reach the rules as numpy arrays, as weights do."""
+
+    def __init__(self, fn, tensors):
+        super().__init__()
+        self.fn = fn
+        for i, t in enumerate(tensors):
+            self.register_buffer(f"t{i}", t)
+
+    def forward(self, scale):
+        return self.fn(*self.buffers())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_on_weights_matches_pytorch(family):
+    """Every rule on operands that are the model's weights (numpy arrays, which lack JAX's methods
+    such as .at) rather than its inputs (JAX tracers)."""
+    fn, inputs, _ = exported_family(family)
+    model = Held(fn, inputs)
+    out = evaluate(trace_torch(model, (torch.ones(1),)), (torch.ones(1),))
+    ref = model(torch.ones(1))
+    for name, expected in (ref.items() if isinstance(ref, dict) else [("result", ref)]):
+        got = np.asarray(out[name] if isinstance(ref, dict) else out, np.float32)
+        np.testing.assert_allclose(got, expected.float().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_every_rule_has_an_op_test():
@@ -301,6 +374,8 @@ EMITTED_PRIMITIVES = {
     # data movement, indexing, creation
     "reshape", "transpose", "broadcast_in_dim", "squeeze", "slice", "concatenate", "pad", "rev", "tile", "gather",
     "iota",
+    # indexed assignment (constant indices: gathers in the lowering)
+    "scatter", "scatter-add", "scatter-mul", "scatter-min", "scatter-max",
     # attention, one call (rules_attention.py)
     "jit",
 }
@@ -437,3 +512,19 @@ def test_resize_sizes(resizes):
                     f"corners{i}": F.interpolate(x, size, mode="bilinear", align_corners=True)}
         return out
     assert_matches(fn, *[randn(1, 2, h, w) for h, w, _, _ in resizes])
+
+
+adaptive_case = st.tuples(st.integers(1, 9), st.integers(1, 9), st.integers(1, 9), st.integers(1, 9))
+
+
+@few
+@given(cases(adaptive_case))
+def test_adaptive_pooling_sizes(pools):
+    """Adaptive average and max pooling of any input and output sizes, dividing or not, smaller or larger."""
+    def fn(*xs):
+        out = {}
+        for i, (x, (_, _, out_h, out_w)) in enumerate(zip(xs, pools, strict=True)):
+            out |= {f"avg{i}": F.adaptive_avg_pool2d(x, (out_h, out_w)),
+                    f"max{i}": F.adaptive_max_pool2d(x, (out_h, out_w))}
+        return out
+    assert_matches(fn, *[randn(1, 2, h, w) for h, w, _, _ in pools])
