@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import difflib
 import operator
-import os
 import re
 import traceback
 import warnings
+from pathlib import Path
 
 import jax
 import torch
@@ -26,12 +26,15 @@ from .aten import ATEN_RULES
 from .decompose import to_core_aten
 from .registry import SCATTER_INDEX_ARGS, jax_dtype, to_numpy
 
-_NOT_THE_MODEL = (os.path.dirname(torch.__file__), os.path.dirname(__file__))   # torch's frames and ours
+_NOT_THE_MODEL = (Path(torch.__file__).parent, Path(__file__).parent)   # torch's frames and ours
 SUPPORTED_OPS_HINT = "stagec.frontend.supported_ops() (or `stagec ops MODEL`) lists the supported ops"
 # (what the exporter's message says, the hint for it); the last is the fallback
 EXPORT_HINTS = [
     ("data-dependent", "the model branches on tensor values (if/while on a tensor, .item()): express that with "
                        "torch.where, or torch.cond for whole branches"),
+    ("not a known type", "the model returns an object torch.export cannot flatten: transformers' key/value caches "
+                         "go with use_cache=False (in the config or the call); register other containers with "
+                         "torch.utils._pytree.register_pytree_node"),
     ("", "the model must run eagerly on these example inputs and give one graph for them"),
 ]
 
@@ -40,14 +43,22 @@ def supported_ops() -> list[str]:
     return sorted({str(op) for op in ATEN_RULES})
 
 
+def _in_model_code(path: str) -> bool:
+    """Whether a frame is in a file outside torch and stagec's frontend (compared folder by folder: a
+    package named torchvision or torch_geometric is the model's, not torch's); generated code
+    (<string>, <eval_with_key.3>) has no source line to show."""
+    return not path.startswith("<") and not any(Path(path).is_relative_to(folder) for folder in _NOT_THE_MODEL)
+
+
 def user_frame(trace: str) -> str | None:
     """The innermost frame of a Python stack trace in the model's code ('file.py:12: code')."""
-    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', trace)
-    user = [f for f in frames if not f[0].startswith(_NOT_THE_MODEL)]
+    # a frame's code line is absent where Python has no source (<string>, <frozen ...>)
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+(?:\n(?!\s*File ")\s*(.*))?', trace)
+    user = [f for f in frames if _in_model_code(f[0])]
     if not (user or frames):
         return None
     path, line, code = (user or frames)[-1]
-    return f"{path}:{line}: {code.strip()}"
+    return f"{path}:{line}: {code.strip()}".rstrip(": ")
 
 
 def source_line(node: torch.fx.Node) -> str:

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import jax
 import numpy as np
 import pytest
@@ -187,6 +189,59 @@ def test_mask_assignment_from_the_inputs_is_a_select():
     closed = from_torch(ClampNegative(), (x,))
     assert not [e for e in closed.jaxpr.eqns if e.primitive.name.startswith("scatter")]
     np.testing.assert_array_equal(run(closed, x)[0], ClampNegative()(x).numpy())
+
+
+POOLING_MODEL = """
+import torch
+from torch import nn
+
+
+class Pooled(nn.Module):
+    def forward(self, x):
+        y = torch.zeros(3)
+        y[x.argmax(0, keepdim=True)] = 1.0
+        return nn.functional.adaptive_avg_pool1d(x[None], 1) + y
+"""
+
+
+def test_source_line_in_a_package_whose_name_starts_like_torch(tmp_path, monkeypatch):
+    """A model in a folder named like torch's install folder plus a suffix (torchvision beside torch in
+    site-packages) is the model's code: its frames are not dropped as torch's."""
+    import importlib.util
+
+    from stagec.frontend import torch_export
+    package = tmp_path / "torchvision_like"
+    package.mkdir()
+    (package / "models.py").write_text(POOLING_MODEL)
+    monkeypatch.setattr(torch_export, "_NOT_THE_MODEL", (tmp_path / "torch", *torch_export._NOT_THE_MODEL))
+    spec = importlib.util.spec_from_file_location("torchvision_like_models", package / "models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(UnsupportedOpError) as e:
+        from_torch(module.Pooled(), (torch.randn(3),))
+    assert f"{package / 'models.py'}:9: y[x.argmax(0, keepdim=True)] = 1.0" in str(e.value)
+
+
+def test_frame_paths_compare_folder_by_folder():
+    from stagec.frontend.torch_export import user_frame
+    torch_dir = Path(torch.__file__).parent
+    trace = (f'File "{torch_dir}vision/models/net.py", line 7, in forward\n    x = self.pool(x)\n'
+             f'File "{torch_dir}/nn/modules/pooling.py", line 1402, in forward\n    return F.adaptive_avg_pool2d(x)\n'
+             'File "<string>", line 1, in <lambda>\n')
+    assert user_frame(trace) == f"{torch_dir}vision/models/net.py:7: x = self.pool(x)"
+
+
+def test_unflattenable_output_is_an_export_error_with_a_hint():
+    class Cache:   # an output type torch's pytree does not know, as transformers' DynamicCache
+        def __init__(self, x):
+            self.x = x
+
+    class WithCache(nn.Module):
+        def forward(self, x):
+            return x * 2, Cache(x)
+    with pytest.raises(ExportError) as e:
+        from_torch(WithCache(), (torch.randn(2),))
+    assert "use_cache=False" in str(e.value) and "register_pytree_node" in str(e.value)
 
 
 class StridedOutsideView(nn.Module):
