@@ -8,6 +8,7 @@ from helpers import rel_err
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 from torch import nn
 
+from stagec.errors import InputError
 from stagec.frontend import ExportError, UnsupportedOpError, from_jax, from_torch, supported_ops, trace_torch
 
 
@@ -229,6 +230,15 @@ def test_frame_paths_compare_folder_by_folder():
              f'File "{torch_dir}/nn/modules/pooling.py", line 1402, in forward\n    return F.adaptive_avg_pool2d(x)\n'
              'File "<string>", line 1, in <lambda>\n')
     assert user_frame(trace) == f"{torch_dir}vision/models/net.py:7: x = self.pool(x)"
+
+
+def test_zero_size_input_is_an_input_error_naming_it():
+    with pytest.raises(InputError, match=r"args\[0\] has shape \[2, 0, 4\], a dimension of size 0"):
+        trace_torch(nn.Linear(4, 2), (torch.randn(2, 0, 4),))
+    with pytest.raises(InputError, match=r"kwargs\['mask'\] has shape \[0\]"):
+        trace_torch(ScatterByInput(), (torch.randn(2, 3),), {"index": torch.tensor([1]), "mask": torch.ones(0)})
+    with pytest.raises(InputError, match=r"args\[1\] has shape \[3, 0\]"):
+        from_jax(lambda a, b: a, (np.ones(2), np.ones((3, 0))))
 
 
 def test_unflattenable_output_is_an_export_error_with_a_hint():
