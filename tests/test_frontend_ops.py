@@ -503,28 +503,15 @@ resize_case = st.tuples(st.integers(1, 6), st.integers(1, 6), st.integers(1, 12)
 
 @few
 @given(cases(resize_case))
-def test_resize_sizes(resizes):
+def test_output_sizes_of_resizing_and_adaptive_pooling(resizes):
+    """Ops that take an output size: any input and output sizes, dividing or not, smaller or larger."""
     def fn(*xs):
         out = {}
         for i, (x, (_, _, out_h, out_w)) in enumerate(zip(xs, resizes, strict=True)):
             size = (out_h, out_w)
             out |= {f"nearest{i}": F.interpolate(x, size=size), f"bilinear{i}": F.interpolate(x, size, mode="bilinear"),
-                    f"corners{i}": F.interpolate(x, size, mode="bilinear", align_corners=True)}
+                    f"corners{i}": F.interpolate(x, size, mode="bilinear", align_corners=True),
+                    f"adaptive_avg{i}": F.adaptive_avg_pool2d(x, size),
+                    f"adaptive_max{i}": F.adaptive_max_pool2d(x, size)}
         return out
     assert_matches(fn, *[randn(1, 2, h, w) for h, w, _, _ in resizes])
-
-
-adaptive_case = st.tuples(st.integers(1, 9), st.integers(1, 9), st.integers(1, 9), st.integers(1, 9))
-
-
-@few
-@given(cases(adaptive_case))
-def test_adaptive_pooling_sizes(pools):
-    """Adaptive average and max pooling of any input and output sizes, dividing or not, smaller or larger."""
-    def fn(*xs):
-        out = {}
-        for i, (x, (_, _, out_h, out_w)) in enumerate(zip(xs, pools, strict=True)):
-            out |= {f"avg{i}": F.adaptive_avg_pool2d(x, (out_h, out_w)),
-                    f"max{i}": F.adaptive_max_pool2d(x, (out_h, out_w))}
-        return out
-    assert_matches(fn, *[randn(1, 2, h, w) for h, w, _, _ in pools])
