@@ -11,11 +11,13 @@ masked_scatter a running count and a gather; either mask may depend on the input
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .registry import SCATTER_INDEX_ARGS, aten, axis, register
+from .registry import SCATTER_INDEX_ARGS, aten, axis, register, register_table
 
 
 def _at(x):
@@ -42,8 +44,7 @@ def index_put(x, indices, values, accumulate=False):
     if filled is not None:
         return filled
     where = _at(x)[tuple(slice(None) if i is None else i for i in indices)]
-    # torch.export records the result's dtype; values of another dtype are cast as torch casts them
-    values = jnp.asarray(values).astype(x.dtype)
+    values = jnp.asarray(values).astype(x.dtype)   # a scalar value arrives as a tensor of its own dtype
     return where.add(values) if accumulate else where.set(values)
 
 
@@ -69,41 +70,29 @@ def _cropped(src, index):
     return lax.slice(jnp.asarray(src), (0,) * src.ndim, tuple(np.shape(index)))
 
 
-@register(aten.scatter.src, aten.scatter.value)
-def scatter(x, dim, index, src):
-    target = _scatter_target(x, dim, index)
-    return target.set(jnp.asarray(_cropped(src, index)).astype(x.dtype))
+def scatter(method, x, dim, index, src):
+    return getattr(_scatter_target(x, dim, index), method)(jnp.asarray(_cropped(src, index)).astype(x.dtype))
 
 
-@register(aten.scatter_add.default)
-def scatter_add(x, dim, index, src):
-    target = _scatter_target(x, dim, index)
-    return target.add(_cropped(src, index).astype(x.dtype))
+register_table({aten.scatter.src: partial(scatter, "set"), aten.scatter.value: partial(scatter, "set"),
+                aten.scatter_add.default: partial(scatter, "add")})
 
-
-# scatter_reduce's combiners: the .at method and the value that leaves an element as it is
-_COMBINERS = {"sum": ("add", 0), "mean": ("add", 0), "prod": ("multiply", 1), "amax": ("max", -np.inf),
-              "amin": ("min", np.inf)}
-
-
-def _identity(dtype, value):
-    if np.issubdtype(dtype, np.integer) and np.isinf(value):
-        limits = np.iinfo(dtype)
-        return limits.min if value < 0 else limits.max
-    return value
+# scatter_reduce's combiners: the .at method, and what a reached element starts from without itself
+# (include_self=False): the sum's and product's identities; max and min start from the updates, as a
+# repeated update leaves them as they are
+_COMBINERS = {"sum": ("add", 0), "mean": ("add", 0), "prod": ("multiply", 1), "amax": ("max", None),
+              "amin": ("min", None)}
 
 
 @register(aten.scatter_reduce.two)
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if reduce not in _COMBINERS:
         raise NotImplementedError(f"scatter_reduce with reduce={reduce!r} (supported: {sorted(_COMBINERS)})")
-    method, identity = _COMBINERS[reduce]
+    method, start = _COMBINERS[reduce]
     src = _cropped(src, index).astype(x.dtype)
-    start = x
-    if not include_self:    # the scattered-to elements start from the combiner's identity, not from x
-        start = _scatter_target(x, dim, index).set(_identity(np.dtype(x.dtype), identity))
-    target = _scatter_target(start, dim, index)
-    combined = getattr(target, method)(src)
+    if not include_self:
+        x = _scatter_target(x, dim, index).set(src if start is None else start)
+    combined = getattr(_scatter_target(x, dim, index), method)(src)
     if reduce != "mean":
         return combined
     ones = jnp.ones(np.shape(index), x.dtype)
@@ -118,7 +107,7 @@ def masked_scatter(x, mask, source):
     flattened mask's true elements reads source's element k."""
     mask = jnp.broadcast_to(mask, x.shape)
     order = jnp.cumsum(jnp.reshape(mask, -1).astype(jnp.int32)) - 1
-    taken = jnp.reshape(jnp.reshape(source, -1)[jnp.clip(order, 0, None)], x.shape)
+    taken = jnp.reshape(jnp.take(jnp.reshape(source, -1), jnp.clip(order, 0, None), mode="clip"), x.shape)
     return jnp.where(mask, taken.astype(x.dtype), x)
 
 

@@ -23,9 +23,7 @@ def _affine(index: np.ndarray) -> tuple[int, tuple[int, ...]] | None:
     offset = int(index.flat[0]) if index.size else 0
     strides = tuple(int(index[(0,) * k + (1,) + (0,) * (index.ndim - k - 1)]) - offset if n > 1 else 0
                     for k, n in enumerate(index.shape))
-    grid = offset + sum(np.arange(n).reshape((-1,) + (1,) * (index.ndim - k - 1)) * s
-                        for k, (n, s) in enumerate(zip(index.shape, strides, strict=True)))
-    return (offset, strides) if np.array_equal(index, np.broadcast_to(grid, index.shape)) else None
+    return (offset, strides) if np.array_equal(index, _positions(index.shape, strides, offset)) else None
 
 
 def take_flat(x, index: np.ndarray):

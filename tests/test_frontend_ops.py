@@ -428,6 +428,16 @@ def test_pooling_window_larger_than_its_input_is_the_input():
     assert pool.params["window_dimensions"] == (1, 1, 7, 7) and pool.params["padding"][2:] == ((0, 0), (0, 0))
 
 
+def test_plain_strided_views_are_slices_and_reshapes():
+    """A view whose rows do not overlap (every 2nd element of every 2nd row, a transpose, a broadcast,
+    a diagonal) is data movement; overlapping windows are a gather with a constant map."""
+    x = randn(4, 6, 6)
+    for view in (lambda x: x.as_strided((3, 4), (12, 2), 1), lambda x: x.as_strided((3, 2, 5), (1, 36, 0)),
+                 lambda x: torch.diagonal(x, 1, 1, 2)):
+        assert "gather" not in primitives(trace_torch(Fn(view), (x,)).closed.jaxpr)
+    assert "gather" in primitives(trace_torch(Fn(lambda x: x.as_strided((5, 4), (2, 1))), (x,)).closed.jaxpr)
+
+
 def test_traced_jaxpr_has_no_call_but_attention():
     """jnp's own jitted helpers (where, clip, take...) are inlined: only attention stays a call."""
     fn, inputs = FAMILIES["compare_and_select"]
