@@ -296,25 +296,32 @@ def clamp(b, eqn, lo, x, hi):
 
 @rule("gather")
 def gather(b, eqn, table, indices):
-    """XLA gathers of whole slices by index (embedding lookups, take, advanced indexing): the
-    indexed dims of the table become one row dim, the index vectors one flat row number, and the
-    rest is a GATHER of rows."""
+    """XLA gathers of whole slices by index (embedding lookups, take, advanced indexing,
+    take_along_axis): the indexed dims of the table become one row dim, the index vectors one flat
+    row number, and the rest is a GATHER of rows. A batching dim (take_along_axis' other axes) is an
+    indexed dim whose index is the position along the indices' matching dim."""
     dn, sizes = eqn.params["dimension_numbers"], tuple(eqn.params["slice_sizes"])
     shape, ishape = np.shape(table), np.shape(indices)
-    indexed = tuple(dn.start_index_map)
+    batching = tuple(dn.operand_batching_dims)
+    indexed = tuple(dn.start_index_map) + batching
     rest = [d for d in range(len(shape)) if d not in indexed]
-    if (tuple(dn.operand_batching_dims) or sorted(dn.collapsed_slice_dims) != sorted(indexed)
+    if (sorted(dn.collapsed_slice_dims) != sorted(dn.start_index_map)
             or any(sizes[d] != 1 for d in indexed) or any(sizes[d] != shape[d] for d in rest)):
         raise LoweringError(f"gather of partial slices (equation `{eqn}`)")
     rows = math.prod(shape[d] for d in indexed)
     width = math.prod(shape[d] for d in rest)
     flat = reshape_value(b, transpose_value(b, table, list(indexed) + rest), (rows, width))
     batch = ishape[:-1]
-    parts = [reshape_value(b, _slice_last(b, indices, k), batch) for k in range(len(indexed))]
+    parts = [reshape_value(b, _slice_last(b, indices, k), batch) for k in range(len(dn.start_index_map))]
+    parts += [np.broadcast_to(np.arange(batch[d], dtype=np.int32).reshape([-1 if a == d else 1 for a in range(
+        len(batch))]), batch) for d in dn.start_indices_batching_dims]
     row = parts[0]
     for k in range(1, len(indexed)):   # row-major: row = ((i0 * d1) + i1) * d2 + i2 ...
-        row = b.elementwise([row, np.int32(shape[indexed[k]]), parts[k]], (Step("mul", (0, 1)), Step("add", (3, 2))),
-                            batch)
+        if isinstance(row, Value) or isinstance(parts[k], Value):
+            row = b.elementwise([row, np.int32(shape[indexed[k]]), parts[k]],
+                                (Step("mul", (0, 1)), Step("add", (3, 2))), batch)
+        else:
+            row = row * np.int32(shape[indexed[k]]) + parts[k]
     out = b.emit(OpKind.GATHER, [flat, row], (*batch, width))
     out = reshape_value(b, out, (*batch, *(shape[d] for d in rest)))
     # XLA puts the slice dims at offset_dims among the batch dims

@@ -168,3 +168,17 @@ def test_running_sum_is_a_matmul_by_a_triangle():
         graph = canonicalize(jax.make_jaxpr(fn)(*args))
         assert [n.op for n in graph.nodes if n.op not in MOVEMENT_OPS | {OpKind.ELEMENTWISE}] == [OpKind.MATMUL]
         np.testing.assert_allclose(evaluate(graph, *args)[0], np.asarray(fn(*args)), rtol=1e-6, atol=1e-6)
+
+
+def test_take_along_axis_gathers_rows_by_batch_position():
+    """torch.gather (jnp.take_along_axis) of a computed tensor, by constant and by computed indices:
+    XLA's batching dims become part of the row number."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5, 4)).astype(np.float32)
+    index, last = rng.integers(0, 5, (3, 2, 4)).astype(np.int32), rng.integers(0, 4, (3, 5, 2)).astype(np.int32)
+    for fn, args in ((lambda x: jnp.take_along_axis(x * 2, index, 1), (x,)),
+                     (lambda x, i: jnp.take_along_axis(x * 2, i, 1), (x, index)),
+                     (lambda x, i: jnp.take_along_axis(x * 2, i, 2), (x, last))):
+        graph = canonicalize(jax.make_jaxpr(fn)(*args))
+        assert OpKind.GATHER in {n.op for n in graph.nodes}
+        np.testing.assert_array_equal(evaluate(graph, *args)[0], np.asarray(fn(*args)))

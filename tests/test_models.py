@@ -48,7 +48,15 @@ def roberta():
     return zoo._instantiate(hf.RobertaModel, config), (ids,)
 
 
-@pytest.mark.parametrize("build", [swin, levit, roberta], ids=lambda build: build.__name__)
+def funnel():
+    """Relative attention shifts its position scores with torch.gather (XLA batching dims)."""
+    hf = zoo._transformers()
+    config = hf.FunnelConfig(vocab_size=50, block_sizes=[1, 1], d_model=16, n_head=2, d_head=8, d_inner=32)
+    return zoo._instantiate(hf.FunnelBaseModel, config), (torch.randint(0, 50, (1, 8),
+                                                                          generator=torch.Generator().manual_seed(1)),)
+
+
+@pytest.mark.parametrize("build", [swin, levit, roberta, funnel], ids=lambda build: build.__name__)
 def test_model_compiles_and_runs_as_pytorch(build):
     model, args = build()
     program = stagec.compile(model, args)
