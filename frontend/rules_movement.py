@@ -44,6 +44,11 @@ def slice_tensor(x, dim=0, start=None, end=None, step=1):
     return lax.slice_in_dim(x, start, max(start, end), step, ax)
 
 
+@register(aten.narrow_copy.default)
+def narrow_copy(x, dim, start, length):
+    return slice_tensor(x, dim, start, start + length)
+
+
 @register(aten.select.int)
 def select(x, dim, index):
     ax = axis(dim, x.ndim)

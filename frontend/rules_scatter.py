@@ -1,5 +1,5 @@
 """Indexed-assignment rules: index_put (x[idx] = v, accumulate or not; index_add, index_copy and
-index_fill reach it in core ATen), scatter / scatter_add / scatter_reduce, put, masked_scatter and
+index_fill reach it in core ATen), scatter / scatter_add / scatter_reduce, index_reduce, put, masked_scatter and
 slice_scatter (select_scatter decomposes into a select with where).
 
 Each is a JAX scatter (`x.at[...]`), which the lowering runs as gathers with a constant index map
@@ -101,6 +101,14 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     return jnp.floor_divide(combined, count) if jnp.issubdtype(x.dtype, jnp.integer) else combined / count
 
 
+@register(aten.index_reduce.default)
+def index_reduce(x, dim, index, source, reduce, include_self=True):
+    """Row index[i] along dim combines source's row i: scatter_reduce by the index broadcast to source."""
+    ax = axis(dim, x.ndim)
+    full = jnp.broadcast_to(jnp.reshape(index, [-1 if a == ax else 1 for a in range(source.ndim)]), source.shape)
+    return scatter_reduce(x, ax, full, source, reduce, include_self)
+
+
 @register(aten.masked_scatter.default)
 def masked_scatter(x, mask, source):
     """Where mask (broadcast to x) holds, x takes source's elements in order: element k of the
@@ -124,4 +132,5 @@ def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
 
 
 SCATTER_INDEX_ARGS.update({aten.index_put.default: 1, aten.put.default: 1, aten.scatter.src: 2,
-                           aten.scatter.value: 2, aten.scatter_add.default: 2, aten.scatter_reduce.two: 2})
+                           aten.scatter.value: 2, aten.scatter_add.default: 2, aten.scatter_reduce.two: 2,
+                           aten.index_reduce.default: 2})

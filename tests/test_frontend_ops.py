@@ -99,7 +99,10 @@ def binary(a, b, i, j):   # a (3,1,4) and b (1,5,4) broadcast; i, j int tensors 
             "int_floordiv": i // j, "int_truncdiv": torch.div(i, j, rounding_mode="trunc"), "int_truediv": i / j,
             "int_mod": i % j, "int_fmod": torch.fmod(i, j), "int_mul_float": i * 0.5, "int_pow": i ** 2,
             "and": i & j, "or": i | j, "xor": i ^ j, "and_scalar": i & 3,
-            "or_scalar": i | 3, "xor_scalar": i ^ 3}
+            "or_scalar": i | 3, "xor_scalar": i ^ 3, "hypot": torch.hypot(a, b),
+            "add_scalar": torch.ops.aten.add.Scalar(a, 2.5), "sub_scalar": torch.ops.aten.sub.Scalar(a, 2.5, alpha=2),
+            "mul_scalar_op": torch.ops.aten.mul.Scalar(a, 3), "div_scalar_op": torch.ops.aten.div.Scalar(a, 4),
+            "div_scalar_floor": torch.ops.aten.div.Scalar_mode(a, 0.3, rounding_mode="floor")}
 
 
 def compare_and_select(a, b, i):
@@ -137,7 +140,8 @@ def reductions(x, mask):
             "amin": x.amin(-1), "max_values": values, "max_indices": indices, "min_values": min_values,
             "min_indices": min_indices, "max_all": x.max(), "min_all": x.min(), "argmax": x.argmax(1),
             "argmax_all": x.argmax(), "argmin_keepdim": x.argmin(-1, keepdim=True), "var": x.var(1),
-            "var_biased": x.var((0, 2), unbiased=False), "std": x.std(-1), "any": mask.any(1), "any_all": mask.any(),
+            "var_biased": x.var((0, 2), unbiased=False), "std": x.std(-1), "var_mean": torch.var_mean(x, 1)[0],
+            "var_mean_mean": torch.var_mean(x, (0, 2), correction=0)[1], "any": mask.any(1), "any_all": mask.any(),
             "all": mask.all(-1), "all_all": mask.all(), "cumsum": x.cumsum(1), "cumsum_int": mask.cumsum(-1),
             "norm": torch.linalg.vector_norm(x, dim=-1), "norm_inf": torch.linalg.vector_norm(x, ord=float("inf")),
             "normalize": F.normalize(x, dim=1), "logsumexp": torch.logsumexp(x, 1)}
@@ -156,7 +160,9 @@ def normalizations(x, weight, bias, mean, var, seq):
     return {"batch_norm": F.batch_norm(x, mean, var, weight, bias, training=False, eps=1e-3),
             "batch_norm_plain": F.batch_norm(x, mean, var, training=False),
             "group_norm": F.group_norm(x, 2, weight, bias), "group_norm_plain": F.group_norm(x, 4),
-            "layer_norm": F.layer_norm(seq, (7,), eps=1e-6),
+            "layer_norm": F.layer_norm(seq, (7,), eps=1e-6), "instance_norm": F.instance_norm(x, eps=1e-3),
+            "instance_norm_affine": F.instance_norm(x, weight=weight, bias=bias),
+            "batch_norm_batch_statistics": F.batch_norm(x, None, None, weight, bias, training=True),
             "layer_norm_2d": F.layer_norm(seq, (5, 7)), "softmax": F.softmax(seq, -1), "softmax_0": F.softmax(seq, 0),
             "log_softmax": F.log_softmax(seq, 1)}
 
@@ -199,7 +205,8 @@ def movement(x, y):   # x (2, 3, 5, 1), y (4, 6)
             "pad": F.pad(x, (1, 2, 0, 1), value=0.5), "crop": F.pad(y, (-1, -2)),
             "pad_reflect": F.pad(y[None], (2, 1), "reflect"),
             "unfold_patches": y.unfold(1, 2, 2), "unfold_overlapping": y.unfold(0, 3, 1), "repeat": y.repeat(2, 1, 3),
-            "narrow": y.narrow(1, 2, 3), "pixel_shuffle": F.pixel_shuffle(y.reshape(1, 4, 2, 3), 2),
+            "narrow": y.narrow(1, 2, 3), "narrow_copy": y.narrow_copy(1, 1, 4),
+            "pixel_shuffle": F.pixel_shuffle(y.reshape(1, 4, 2, 3), 2),
             "tril": torch.tril(y), "clone": y.clone(), "contiguous": y.t().contiguous(), "im2col": F.unfold(x, (2, 1))}
 
 
@@ -238,6 +245,9 @@ def indexed_assignment(x, t, src):   # x (2, 3, 7, 9), t (2, 3, 8), src (3, 9); 
            "put_accumulate": src.put(torch.tensor([0, 5, 5]), t[0, 0, :3], accumulate=True),
            "masked_scatter": src.masked_scatter(src > 0, x[0, 2] * 3),
            "masked_scatter_broadcast": x[0].masked_scatter(src[0] > 0, x[1])}
+    out |= {f"index_reduce_{reduce}": src.index_reduce(0, torch.tensor([0, 2, 0]), x[0, 1, :3], reduce,
+                                                        include_self=reduce != "amin")
+            for reduce in ("prod", "mean", "amax", "amin")}
     return out | {f"scatter_reduce_{reduce}{'' if include_self else '_excluding_self'}":
                   src.scatter_reduce(1, reduce_idx, x[0, 1, :3], reduce, include_self=include_self)
                   for reduce in ("sum", "prod", "mean", "amax", "amin") for include_self in (True, False)}
@@ -261,7 +271,9 @@ def creation(x):
             "zeros_int": torch.zeros(3, dtype=torch.int32),
             "full_bool": torch.full((2,), True), "new_full": x.new_full((4,), 7.0), "scalar": x * torch.tensor(3.0),
             "constant": x * torch.tensor([1.0, 2.0, 3.0]), "empty_filled": torch.empty(3).fill_(2.0) + x[0],
-            "eye": torch.eye(3) + x[0]}
+            "eye": torch.eye(3) + x[0], "empty_like_transposed": torch.empty_like(x.t()).fill_(2.0) * x.t(),
+            "new_empty_strided": x.new_empty_strided((3, 2), (1, 3)).fill_(1.0) + x.t(),
+            "one_hot": F.one_hot(torch.tensor([0, 2, 1]), 3) * x[0, 0]}
 
 
 def convolutions(x, w, image):   # x (2, 4, 9), w (6, 4, 3), image (1, 4, 6, 7)
