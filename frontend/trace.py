@@ -83,6 +83,14 @@ def _record_inputs(spec: pytree.TreeSpec, leaves: list) -> str:
     return json.dumps({"treespec": _dumps(spec, "inputs"), "constants": constants})
 
 
+def _check_not_empty(args: tuple, kwargs: dict) -> None:
+    """A tensor with a dimension of 0 has no element to compute (and no tile to cut): name the input."""
+    for path, leaf in pytree.tree_flatten_with_path((args, kwargs))[0]:
+        if _is_array(leaf) and 0 in tuple(leaf.shape):
+            raise InputError(f"{_leaf_name(path)} has shape {list(leaf.shape)}, a dimension of size 0: stagec compiles "
+                             "tensors with at least one element (trace with an example of the size the model runs at)")
+
+
 def _dtype_notes(leaves) -> list[str]:
     wide = sorted({str(leaf.dtype).removeprefix("torch.") for leaf in leaves
                    if isinstance(leaf, torch.Tensor) and leaf.dtype in (torch.int64, torch.float64)})
@@ -302,6 +310,7 @@ def trace_exported(ep: torch.export.ExportedProgram, args, kwargs=None) -> Trace
     """A TracedModel from a program already exported by `export` (core ATen, inference mode) with
     these example inputs: what trace_torch does after exporting."""
     args, kwargs = _as_tuple(args), dict(kwargs or {})
+    _check_not_empty(args, kwargs)
     check_rules(ep)
     tensors = [to_numpy(x) for x in pytree.tree_leaves((args, kwargs)) if _is_array(x)]
     # NOTE: jnp's helpers are jitted functions; tracing with jit disabled inlines them, so the only
@@ -327,6 +336,7 @@ def trace_torch(model: torch.nn.Module, args, kwargs=None, *, tracer: str = "exp
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"trace_torch takes a torch.nn.Module, not {type(model).__name__}")
     args, kwargs = _as_tuple(args), dict(kwargs or {})
+    _check_not_empty(args, kwargs)
     if tracer == "export":
         traced = trace_exported(export(model, args, kwargs), args, kwargs)
     else:
@@ -353,6 +363,7 @@ def trace_jax(fn, example_args) -> TracedModel:
     """Trace a plain JAX function of positional arrays (the compiler is JAX-hosted); its output
     structure (JAX containers are torch pytree nodes too) is recorded like a model's."""
     arrays = tuple(np.asarray(a) for a in _as_tuple(example_args))
+    _check_not_empty(arrays, {})
     closed = jax.make_jaxpr(lambda *xs: jax.tree_util.tree_leaves(fn(*xs)))(*arrays)
     out_spec = pytree.tree_structure(jax.tree_util.tree_map(lambda _: 0, jax.eval_shape(fn, *arrays)))
     return _traced(closed, out_spec, arrays, {})
