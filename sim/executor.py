@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from stagec.errors import ReferenceFallbackWarning
 from stagec.isa.instructions import BINARY, REDUCTIONS, AccMode, DType, PadValue, VectorFunc
 from stagec.isa.program import Program
 from stagec.isa.semantics import pad_value
@@ -585,7 +586,7 @@ def execute(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
             program.cache["executor"] = Executor(program)
         except PlanError as e:
             warnings.warn(f"batched executor cannot run this program ({e}); using the reference interpreter",
-                          stacklevel=2)
+                          ReferenceFallbackWarning, stacklevel=2)
             program.cache["executor"] = None
     ex = program.cache["executor"]
     return reference.execute(program, inputs) if ex is None else ex.run(inputs)
