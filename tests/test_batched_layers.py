@@ -7,6 +7,7 @@ or the integer reference bit for bit (int8).
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 import torch
 from helpers import rel_err
 from hypothesis import assume, example, given
@@ -95,3 +96,25 @@ def check(case: LayerCase) -> None:
 def test_every_layer_runs_batched_and_matches_its_reference(case):
     check(case)
 
+
+@pytest.mark.parametrize("counts, order, dmas", [
+    ((3, 3, 64, 128), (2, 3, 1, 0), 1),   # a conv's resident weights: 576 x 128, not 73728 cut at 65535
+    ((73728,), (0,), 1),                  # one count past the field that factors: 2 x 36864
+    ((65537,), (0,), 2),                  # a prime one: cut at 65535
+])
+def test_a_box_past_the_dma_count_field_takes_as_few_dmas_as_its_dims_allow(counts, order, dmas):
+    """A LOAD's counts are 16-bit: a longer box is cut into DMAs of counts within the field; those
+    cuts are reads across several producers for the plan, so none where the box's dims allow."""
+    from stagec.isa import Space
+    from stagec.lower.emitter import Emitter
+    from stagec.lower.tensors import DramRegion, DramTensor
+    from stagec.sim.plan import offsets
+    em = Emitter(stagec.HardwareConfig())
+    shape = tuple(counts[order.index(d)] for d in range(len(counts)))
+    em.load_box(DramTensor.dense(DramRegion.CONST, 0, shape, order), (0,) * len(counts), order, counts, Space.SPAD, 0)
+    assert len(em.instructions) == dmas
+    pairs = np.concatenate([np.stack([(ins.x.base + 4 * offsets(ins.x.strides, ins.n[:3])),
+                                      (ins.y.base + 4 * offsets(ins.y.strides, ins.n[:3]))], 1)
+                            for ins in em.instructions])
+    np.testing.assert_array_equal(np.sort(pairs, 0), np.stack([4 * np.arange(np.prod(counts))] * 2, 1))
+    assert (pairs[:, 0] == pairs[:, 1]).all()   # each element lands where the dense box has it
