@@ -213,20 +213,19 @@ def build_plan(program: Program) -> Plan:
         """(src group, rows, offs, lo, hi) of the values a node reads at `at` ((node, local byte address),
         one per chain member): from their group, or from the union of several (a chain whose
         operands come from groups alike in level and kind but not in shape)."""
-        ref = [value_ref(k, base, read_type) for k, base in at]
-        used = sorted({g for g, *_ in ref})
-        if len(used) == 1:
-            size = groups[used[0]].out_len
-            return used[0], [r for _, r, _, _ in ref], [o for _, _, o, _ in ref], [0] * len(ref), \
-                [n * size for *_, n in ref]
-        if tuple(used) not in unions:
-            unions[tuple(used)] = len(groups)
-            groups.append(_union(len(groups), lv, [groups[g] for g in used], read_type))
-        u = unions[tuple(used)]
-        start = {g: st for g, (st, _, _) in zip(used, groups[u].sig[2], strict=True)}
-        lo = [start[g] + r * groups[g].out_len for g, r, _, _ in ref]
-        return u, [0] * len(ref), [b + o for b, (_, _, o, _) in zip(lo, ref, strict=True)], lo, \
-            [b + n * groups[g].out_len for b, (g, *_, n) in zip(lo, ref, strict=True)]
+        ref = [value_ref(k, base, read_type) for k, base in at]   # (group, row, offset, rows spanned)
+        used = tuple(sorted({g for g, *_ in ref}))
+        if len(used) == 1:   # rows of one group, each offset from its row's start
+            src, rows, lo = used[0], [r for _, r, _, _ in ref], [0] * len(ref)
+        else:                # offsets into the union's one value
+            if used not in unions:
+                unions[used] = len(groups)
+                groups.append(_union(len(groups), lv, [groups[g] for g in used], read_type))
+            src, rows = unions[used], [0] * len(ref)
+            start = {g: st for g, (st, _, _) in zip(used, groups[src].sig[2], strict=True)}
+            lo = [start[g] + r * groups[g].out_len for g, r, _, _ in ref]
+        return (src, rows, [b + o for b, (_, _, o, _) in zip(lo, ref, strict=True)], lo,
+                [b + n * groups[g].out_len for b, (g, _, _, n) in zip(lo, ref, strict=True)])
 
     def describe(k: int):
         if k in joins:
@@ -241,7 +240,7 @@ def build_plan(program: Program) -> Plan:
         by_level.setdefault(int(level[k]), []).append(k)
     for lv in sorted(by_level):
         nodes = by_level[lv]
-        for batch in ([k for k in nodes if k not in joins], [k for k in nodes if k in joins]):
+        for batch in ([k for k in nodes if k not in joins], [k for k in nodes if k in joins]):   # joins last
             buckets: dict[tuple, list[tuple[int, dict, int]]] = {}
             for k in batch:
                 described = describe(k)
@@ -289,7 +288,7 @@ def _group(gid: int, lv: int, key: tuple, entries: list, members: list, refs: di
 def _union(gid: int, lv: int, parts: list[Group], dtype: DType) -> Group:
     """A join of one member: every value of the groups `parts`, one group after another."""
     starts = np.cumsum([0] + [len(p.members) * p.out_len for p in parts]).tolist()
-    layout = tuple((st, len(p.members), p.out_len) for st, p in zip(starts, parts, strict=False))
+    layout = tuple((st, len(p.members), p.out_len) for st, p in zip(starts[:-1], parts, strict=True))
     g = Group(gid, "join", lv, (dtype, starts[-1], layout), {}, starts[-1], [-1], instructions=[-1])
     for j, p in enumerate(parts):
         rows = np.arange(len(p.members))[None]
@@ -312,7 +311,7 @@ def _describe_join(k: int, writers: tuple[int, ...], node_of, placed: dict, refs
     """Join node k: the values of `writers` (instructions, in program order) as local memory holds them:
     each pasted at its address, a later writer's bytes over an earlier one's.  None where they are
     consecutive rows of one group laid out one after another (a stacked conv's per-row LOADs): the
-    reader then reads them in place; else (bucket key, reads {slot: (src, rows, offs, spanned)}, length)."""
+    reader then reads them in place; else (bucket key, reads {slot: (src, rows, offs, lo, hi)}, length)."""
     nodes = list(dict.fromkeys(int(node_of[w]) for w in writers))
     types = {placed[n][1] for n in nodes}
     if len(types) > 1:
