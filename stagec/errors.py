@@ -97,6 +97,12 @@ class ReferenceFallbackWarning(UserWarning):
     (pyproject.toml's filterwarnings): every program the compiler emits must run batched."""
 
 
+def shown(value, limit: int = 60) -> str:
+    """A value as an error message shows it: its repr, cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
 __all__ = ["AssemblyError", "ConfigError", "ExportError", "InputError", "LoweringError", "PlanError",
            "ProgramFormatError", "QuantizationError", "ReferenceFallbackWarning", "SimulationError", "StagecError",
            "TilingError", "TimingError", "UnsupportedOpError", "VerificationError"]
