@@ -50,6 +50,7 @@ class Dataflow:
     producer: dict[str, np.ndarray]       # slot -> (N,) producer index, -1 none, MULTIPLE
     granule: dict[Space, int]             # tracking granule (bytes) per memory
     spans: dict[tuple[str, int], tuple[int, ...]]   # (slot, i) -> the writers of a MULTIPLE read
+    dram_end: int                         # end of the DRAM bytes the program touches (what a simulator holds)
 
 
 def verify(program: Program) -> Dataflow:
@@ -307,13 +308,14 @@ class _Memory:
 
 
 def _dram_end(p: Program, accs: list[Access]) -> int:
-    """The end of the DRAM bytes the program touches: the walk tracks those, not all of dram_bytes."""
-    ends = [t.offset + t.nbytes for t in p.inputs]
+    """The end of the DRAM bytes the program touches: the walk and the simulators hold those, not all
+    of dram_bytes (which a file may declare as large as the hardware's DRAM)."""
+    ends = [len(p.constants), *(t.offset + t.nbytes for t in (*p.inputs, *p.outputs))]
     for a in accs:
         rows = a.valid & (a.space == Space.DRAM)
         if rows.any():
             ends.append(int(a.extent()[1][rows].max()))
-    return max(ends, default=0)
+    return min(-(-max(ends) // 64) * 64, p.dram_bytes)   # whole 64-byte lines, as the compiler lays DRAM out
 
 
 def _granule_views(a: Access, granule: dict, base: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -345,7 +347,8 @@ class DataflowWalk:
             sizes = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
             self.granule[space] = int(sizes.min()) if sizes.size else 4
         inputs = [(t.offset, t.offset + t.nbytes) for t in p.inputs]
-        self.mems = {Space.DRAM: _Memory(_dram_end(p, accs), self.granule[Space.DRAM], consts, inputs),
+        self.dram_end = _dram_end(p, accs)
+        self.mems = {Space.DRAM: _Memory(self.dram_end, self.granule[Space.DRAM], consts, inputs),
                      Space.SPAD: _Memory(p.hw.scratchpad_bytes, self.granule[Space.SPAD], 0, []),
                      Space.ACC: _Memory(p.hw.accumulator_bytes, self.granule[Space.ACC], 0, [])}
         self.mem_of = [self.mems[s] for s in sorted(Space)]   # by the int in `entries`
@@ -432,7 +435,19 @@ class DataflowWalk:
         return np.ndarray(shape[i].tolist(), np.int32, arr, int(offset[i]), strides[i].tolist())
 
     def result(self) -> Dataflow:
-        return Dataflow(queue=self.queue, producer=self.producer, granule=self.granule, spans=self.spans)
+        return Dataflow(queue=self.queue, producer=self.producer, granule=self.granule, spans=self.spans,
+                        dram_end=self.dram_end)
+
+    def check_outputs_written(self, outputs) -> None:
+        """Every byte of every output is stored by the program (or is an input's): a simulator
+        would otherwise return whatever DRAM held."""
+        dram = self.mems[Space.DRAM]
+        for t in outputs:
+            g0, g1 = (t.offset - dram.base) // dram.granule, -(-(t.offset + t.nbytes - dram.base) // dram.granule)
+            unwritten = np.flatnonzero(dram.writer[g0:g1] == -1)
+            if unwritten.size:
+                byte = dram.base + (g0 + int(unwritten[0])) * dram.granule
+                raise VerificationError(f"output '{t.name}' byte {byte:#x} is never written by the program")
 
     @staticmethod
     def _unwritten(a: Access, i: int, mem: _Memory) -> int:
@@ -474,6 +489,7 @@ def _check_dataflow(p: Program, accs: list[Access]) -> Dataflow:
         for d in range(4):
             if push[i] >> d & 1:
                 fifo[(q, d)].append(i)
+    walk.check_outputs_written(p.outputs)
     for (_, d), left in fifo.items():
         if left:
             raise VerificationError(f"{len(left)} token(s) pushed to the {Queue(d).name} queue are never popped "

@@ -134,7 +134,7 @@ def build_plan(program: Program) -> Plan:
     # member ends its chain), so levels are known while chains grow.  A read spanning several
     # producers reads a join node: their values laid out as local memory holds them.
     data_origin = const_bytes(program)
-    dram = _DramTracker(program, data_origin, flow.granule)
+    dram = _DramTracker(program, data_origin, flow)
     node_of = np.full(N, -1, np.int64)
     members: list[list[int]] = []     # a join node has none
     init: list[int] = []              # node whose value the node's initial dst value is, or -1
@@ -253,7 +253,7 @@ def build_plan(program: Program) -> Plan:
                 _check_reads(g, groups)
                 groups.append(g)
 
-    plan = Plan(groups, data_origin, max(program.dram_bytes - data_origin, 0), frozenset(dram.types))
+    plan = Plan(groups, data_origin, max(flow.dram_end - data_origin, 0), frozenset(dram.types))
     program.cache["plan"] = plan
     return plan
 
@@ -340,10 +340,10 @@ class _DramTracker:
     """Levels of DRAM accesses (a load after the stores it reads, a store after the loads and
     stores of the bytes it overwrites) and the element type of every data byte."""
 
-    def __init__(self, program: Program, origin: int, granule: dict):
+    def __init__(self, program: Program, origin: int, flow):
         self.code, self.origin = program.code, origin
-        self.granule = granule[Space.DRAM]
-        size = max(program.dram_bytes - origin, 0) // self.granule
+        self.granule = flow.granule[Space.DRAM]
+        size = -(-max(flow.dram_end - origin, 0) // self.granule)
         self.last_write = np.full(size, -1, np.int64)
         self.max_read = np.full(size, -1, np.int64)
         self.dtype = np.full(size, -1, np.int8)

@@ -171,3 +171,28 @@ def test_the_walk_views_a_broadcast_read_once():
     walk = DataflowWalk(q, accs)
     src = next(k for k, a in enumerate(accs) if a.operand == "y" and not a.write and a.valid[3])
     assert walk.geometry[src][0][3].tolist() == [1, 1, 1, 1]
+
+
+def test_an_output_the_program_never_stores_is_refused():
+    p, _, _ = relu_matmul()
+    half = mutate(p, 4, n=(1, 4, 5, 0))      # stores the first 4 of c's 8 rows
+    broken(half, r"output 'c' byte 0x\w+ is never written by the program")
+    moved = dataclasses.replace(p, outputs=(dataclasses.replace(p.outputs[0], offset=p.outputs[0].offset + 64),),
+                                dram_bytes=1024, cache={})
+    broken(moved, "output 'c' byte .* is never written")
+
+
+def test_simulators_hold_the_dram_the_program_touches_not_all_it_declares():
+    import tracemalloc
+
+    from stagec.sim.executor import execute as batched
+    p, b, a = relu_matmul()
+    roomy = dataclasses.replace(p, dram_bytes=2**30, cache={})
+    tracemalloc.start()
+    try:
+        for run in (execute, batched):
+            np.testing.assert_allclose(run(roomy, [a])[0], np.maximum(a @ b, 0), rtol=1e-6)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**24     # the GiB it declares would be allocated (and its trackers 8x that) otherwise
