@@ -28,6 +28,7 @@ from stagec.isa.instructions import (
     vector,
 )
 
+from .buffers import Buffer, local_bytes
 from .memory import ALIGN, LocalAllocator, align
 from .tensors import DTYPE_OF, DramRegion, DramTensor, coalesce
 
@@ -83,13 +84,24 @@ class Emitter:
         self.layer = -1
         self.consts = ConstPool()
         self.layer_name = ""
+        self.layer_label = ""   # the layer's name and op, as errors name it (schedule.layer_label)
+        self.local_peaks: dict[str, list[int]] = {}   # layer -> [scratchpad, accumulator] bytes it used
 
     # --- local memory -----------------------------------------------------------------------
-    def spad(self) -> LocalAllocator:
-        return LocalAllocator(self.hw.scratchpad_bytes, "scratchpad", self.layer_name)
-
-    def acc(self) -> LocalAllocator:
-        return LocalAllocator(self.hw.accumulator_bytes, "accumulator", self.layer_name)
+    def allocate(self, buffers: list[Buffer]) -> dict[str, list[int]]:
+        """Place one nest's buffers (lower.buffers: the list the mapper checked fits) in the
+        scratchpad and the accumulator, which the nest owns whole: {name: the base of each of its
+        buffers}.  Largest alignment first, so no gap opens; each layer's high-water marks are kept
+        in `local_peaks`."""
+        memories = {Space.SPAD: LocalAllocator(self.hw.scratchpad_bytes, "scratchpad", self.layer_name),
+                    Space.ACC: LocalAllocator(self.hw.accumulator_bytes, "accumulator", self.layer_name)}
+        bases = {b.name: [memories[b.space].alloc(int(b.nbytes), b.align) for _ in range(int(b.count))]
+                 for b in sorted(buffers, key=lambda b: -b.align)}
+        peaks = self.local_peaks.setdefault(self.layer_name, [0, 0])
+        for i, (space, need) in enumerate(zip((Space.SPAD, Space.ACC), local_bytes(buffers), strict=True)):
+            memories[space].expect(int(need))
+            peaks[i] = max(peaks[i], int(need))
+        return bases
 
     def _append(self, ins: Instruction, dram: DramRegion | None = None) -> None:
         self.instructions.append(ins)
