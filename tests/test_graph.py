@@ -63,6 +63,34 @@ def test_elementwise_chains_fuse():
     np.testing.assert_allclose(evaluate(g, x.numpy(), y.numpy())[0], Chain()(x, y).numpy(), rtol=1e-6)
 
 
+
+class ReadsTwice(torch.nn.Module):
+    """Values that one node reads twice: an elementwise square and a conv result's square."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x, r):
+        y = -x
+        c = self.conv(torch.sigmoid(x))
+        return y * y * r, c * c
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_a_value_read_twice_by_one_node_fuses_whole(quantize):
+    import stagec
+    model = ReadsTwice().eval()
+    x, r = torch.randn(2, 3, 6, 5), torch.randn(2, 3, 6, 5)
+    program = stagec.compile(model, (x, r), quantize=quantize)
+    (square, conv_square), _ = stagec.simulate(program, x, r)
+    with torch.no_grad():
+        ref_square, ref_conv_square = model(x, r)
+    assert rel_err(square, ref_square) < 1e-6
+    assert rel_err(conv_square, ref_conv_square) < (1e-5 if quantize is None else 0.1)
+    matrix = [layer for layer in program.layers if layer.op == "conv"]
+    assert len(matrix) == 1 and "mul" in matrix[0].name    # the square runs in the conv's epilogue
+
 def test_graph_prints():
     model, (x,) = hand_keypoint_net()
     _, graphs = _graphs(model, x)
