@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from stagec.errors import LoweringError
 from stagec.isa.instructions import TRANSCENDENTAL, AccMode, DType, Operand, Space, VectorFunc
 
 from . import tile_expr
@@ -164,7 +165,8 @@ def emit_gather(em, table: DramTensor, indices: DramTensor, out: DramTensor) -> 
     the rows (the table's rows bound the indices, checked when they run)."""
     rows = table.shape[0]
     if rows > MAX_COUNT:
-        raise ValueError(f"{em.layer_name}: a table of {rows} rows exceeds GATHER's {MAX_COUNT}")
+        raise LoweringError(f"{em.layer_name}: a gather from a table of {rows} rows: GATHER indexes at most "
+                            f"{MAX_COUNT} rows (its 16-bit row count)")
     row = table.reshape((rows, table.size // rows))
     idx = indices.reshape((indices.size,))
     dst = out.reshape((indices.size, table.size // rows))

@@ -163,6 +163,12 @@ def test_embedding_masks_and_integer_ops():
         stagec.simulate(program, np.where(np.arange(14).reshape(2, 7) == 3, 50, ids).astype(np.int32), mask)
 
 
+
+def test_a_table_beyond_gathers_row_count_is_a_lowering_error_naming_the_layer():
+    table = np.zeros((70_000, 2), np.float32)
+    with pytest.raises(stagec.LoweringError, match=r"gather from a table of 70000 rows: GATHER indexes at most 65535"):
+        stagec.compile(lambda ids: jnp.take(table, ids, axis=0), (np.zeros(3, np.int32),))
+
 @pytest.mark.parametrize("module", [nn.Sequential(nn.Conv2d(8, 24, 3, padding=1), nn.ReLU()),
                                     nn.Conv2d(8, 24, 1, bias=False)])
 def test_single_accumulator_tile_matches_torch(module):
