@@ -15,7 +15,7 @@ style of Timeloop/MAESTRO: count each unit's work from the tile sizes, then comp
            and store.  Resident weights and per-channel epilogue vectors load first.
   energy   the same action counts sim.energy takes from the instruction stream, times the
            config's energy table, plus leakage over the latency.
-  capacity lower.schedule's footprint (the one definition mapper, compiler and tuner share),
+  capacity lower.buffers' buffer lists (the one definition mapper, emitter and tuner share),
            as a violation to penalize.
 
 Loop order: lower.matrix emits one nest (batch, rows, cols, output channels, input channels);
@@ -36,7 +36,8 @@ from types import SimpleNamespace
 import jax
 import jax.numpy as jnp
 
-from stagec.lower.schedule import FP32, MAX_HALO, conv_footprint, one_spatial_tile, tile_line, window_footprint
+from stagec.lower.buffers import FP32, Extras, conv_buffers, local_bytes, one_spatial_tile, tile_line, window_buffers
+from stagec.lower.schedule import MAX_HALO
 from stagec.sim.costs import matmul_fold_cycles
 from stagec.sim.energy import ActionCounts, energy_pj
 
@@ -86,7 +87,7 @@ def _problem(L: LayerShape):
     """The attributes lower.schedule's footprints read, from a LayerShape (an fp32 layer: no int8
     halos widened to int32)."""
     return SimpleNamespace(stride=(L.stride_h, L.stride_w), dilation=(L.dilation_h, L.dilation_w), kh=L.kh,
-                           kw=L.kw, c=L.c, o=L.o, n=L.n, oh=L.oh, ow=L.ow, widened=False)
+                           kw=L.kw, c=L.c, o=L.o, n=L.n, oh=L.oh, ow=L.ow, itemsize=FP32, widened=False)
 
 
 def _tile_sum(f, *dims):
@@ -166,7 +167,7 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     one = jnp.where(matrix & one_spatial_tile(p, m.tile_oh, m.tile_ow, st, jnp), 1.0, 0.0)
     ex_n = tiles_out * L.tile_loads + one * n_o * L.channel_extras
     ex_b = L.tile_loads * out_elems * FP32 + one * L.channel_extras * L.o * FP32
-    first_n = res + (1.0 - one) * L.channel_extras
+    first_n = res * n_c + (1.0 - one) * L.channel_extras   # resident weights: a LOAD per channel tile
     first_b = res * w_all + (1.0 - one) * L.channel_extras * L.o * FP32
     store_n, store_b = tiles_out, out_elems * FP32
     startup = first_n * lat + first_b / bw
@@ -256,12 +257,12 @@ def layer_cost(L: LayerShape, m: MappingArrays, hw: HardwarePoint, k: CostConsta
     energy = sum(energy_pj(counts, cycles, hw, jnp).values())
 
     # --- capacity
-    extras = (L.tile_extras, L.channel_extras)
+    extras = Extras(L.tile_extras, L.channel_extras, L.fixed_bytes)
     spad_mx, acc_mx = (res * a + (1.0 - res) * b for a, b in zip(
-        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, True, extras, jnp, sa, tr, st),
-        conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, False, extras, jnp, sa, tr, st), strict=True))
-    spad_win, acc_win = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, db, extras, True, jnp)
-    no_weights = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, db, extras, False, jnp)[0]
+        *(local_bytes(conv_buffers(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, db, resident, extras, sa, tr, st, jnp))
+          for resident in (True, False)), strict=True))
+    spad_win, acc_win = local_bytes(window_buffers(p, m.tile_oh, m.tile_ow, m.tile_o, db, extras, True, jnp))
+    no_weights = local_bytes(window_buffers(p, m.tile_oh, m.tile_ow, m.tile_o, db, extras, False, jnp))[0]
     spad = jnp.where(matrix, spad_mx, jnp.where(L.kind == DEPTHWISE, spad_win, no_weights))
     acc = jnp.where(matrix, acc_mx, acc_win)
     halo = jnp.maximum((m.tile_oh - 1) * L.stride_h + (L.kh - 1) * L.dilation_h + 1,

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stagec.lower.buffers import NO_EXTRAS, Extras
 from stagec.lower.schedule import ConvProblem, TileMapping
 
 KINDS = ("matrix", "depthwise", "pool")
@@ -24,8 +25,9 @@ KINDS = ("matrix", "depthwise", "pool")
 class LayerShape:
     """A conv-shaped layer: NCHW x OIHW dims, window geometry, epilogue and repeat count.
 
-    kind: index into KINDS; tile_extras / channel_extras: epilogue tiles (operands and temporaries)
-    per buffer / per-channel vectors loaded once (lower.schedule.node_problem); tile_loads: the
+    kind: index into KINDS; tile_extras / channel_extras / fixed_bytes: the epilogue's tiles (operands
+    and temporaries) per buffer set / 4-byte words per output channel / bytes held once
+    (lower.buffers.Extras); tile_loads: the
     epilogue operands LOADed per output tile; epi_plain / epi_hard: VECTOR instructions per output tile
     of the epilogue (transcendental ones cost vector_cycles_per_transcendental per lane group);
     repeat: how many times the whole loop nest runs (batch of a matmul, groups of a conv).
@@ -49,6 +51,7 @@ class LayerShape:
     dilation_w: object
     tile_extras: object
     channel_extras: object
+    fixed_bytes: object
     tile_loads: object
     epi_plain: object
     epi_hard: object
@@ -89,15 +92,16 @@ for _cls in (LayerShape, MappingArrays):
     jax.tree_util.register_dataclass(_cls, data_fields=[f.name for f in fields(_cls)], meta_fields=[])
 
 
-def layer_shape(kind: str, p: ConvProblem, extras=(0, 0), epilogue=(0, 0), repeat: int = 1,
+def layer_shape(kind: str, p: ConvProblem, extras=NO_EXTRAS, epilogue=(0, 0), repeat: int = 1,
                 tile_loads: int = 0) -> LayerShape:
     """One layer as a LayerShape of float32 scalars (stack several with `stack`)."""
     (pt, pb), (pl, pr) = p.padding
+    extras = Extras(*extras)
     values = dict(kind=KINDS.index(kind), n=p.n, c=p.c, h=p.h, w=p.w, o=p.o, kh=p.kh, kw=p.kw,
                   stride_h=p.stride[0], stride_w=p.stride[1], pad_top=pt, pad_bottom=pb, pad_left=pl, pad_right=pr,
-                  dilation_h=p.dilation[0], dilation_w=p.dilation[1], tile_extras=extras[0],
-                  channel_extras=extras[1], tile_loads=tile_loads, epi_plain=epilogue[0], epi_hard=epilogue[1],
-                  repeat=repeat)
+                  dilation_h=p.dilation[0], dilation_w=p.dilation[1], tile_extras=extras.tiles,
+                  channel_extras=extras.channel_words, fixed_bytes=extras.fixed_bytes, tile_loads=tile_loads,
+                  epi_plain=epilogue[0], epi_hard=epilogue[1], repeat=repeat)
     return LayerShape(**{k: np.float32(v) for k, v in values.items()})
 
 

@@ -3,7 +3,8 @@
 Families: elementwise math, comparisons, logic, casts (rules_elementwise); activations
 (rules_activation); reductions (rules_reduce); matmul and convolution (rules_linalg); normalization
 and softmax (rules_norm); pooling (rules_pool); resizing (rules_resize); data movement
-(rules_movement); indexing (rules_index); creation (rules_creation); attention (rules_attention).
+(rules_movement); views by strides (rules_strided); indexing (rules_index); indexed assignment
+(rules_scatter); creation (rules_creation); attention (rules_attention).
 """
 
 from . import (  # noqa: F401 - imported for their registrations
@@ -18,6 +19,8 @@ from . import (  # noqa: F401 - imported for their registrations
     rules_pool,
     rules_reduce,
     rules_resize,
+    rules_scatter,
+    rules_strided,
 )
 from .registry import ATEN_RULES
 

@@ -18,6 +18,9 @@ from stagec.rule_tables import registrar
 
 aten = torch.ops.aten
 ATEN_RULES: dict[object, Callable] = {}
+# Scatter ops -> the position of their index argument, whose integer tensors must not depend on the
+# model's inputs: the lowering runs a scatter as gathers with a constant index map (rules_scatter.py).
+SCATTER_INDEX_ARGS: dict[object, int] = {}
 
 # JAX runs with x64 off (as on an accelerator): 64-bit torch types become their 32-bit JAX types.
 _JAX_DTYPES = {
@@ -45,6 +48,13 @@ def to_numpy(x) -> np.ndarray:
 
 
 register = registrar(ATEN_RULES)
+
+
+def takes_layout(rule: Callable) -> Callable:
+    """Mark a rule that reads its first argument's memory layout (as_strided indexes storage): the
+    interpreter passes layout=(strides, storage offset), as torch.export recorded them."""
+    rule.takes_layout = True
+    return rule
 
 
 def register_table(table: dict) -> None:

@@ -25,10 +25,15 @@ def full_like(x, fill_value, dtype=None, **layout_and_device):
     return jnp.full(x.shape, fill_value, dtype=jax_dtype(dtype) or x.dtype)
 
 
-@register(aten.empty.memory_format)
-def empty(size, dtype=None, **layout_and_device):
+@register(aten.empty.memory_format, aten.empty_permuted.default)
+def empty(size, physical_layout=None, dtype=None, **layout_and_device):
     # torch's memory is uninitialized; zeros are one valid value (a fill always follows in practice)
     return jnp.zeros(tuple(size), dtype=jax_dtype(dtype) or jnp.float32)
+
+
+@register(aten.new_empty_strided.default)
+def new_empty_strided(x, size, stride, dtype=None, **layout_and_device):   # strides: a layout JAX has no notion of
+    return jnp.zeros(tuple(size), dtype=jax_dtype(dtype) or x.dtype)
 
 
 @register(aten.scalar_tensor.default)

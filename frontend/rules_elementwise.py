@@ -47,21 +47,21 @@ register_table({
     aten.logical_and.default: jnp.logical_and, aten.logical_or.default: jnp.logical_or,
     aten.logical_xor.default: jnp.logical_xor, aten.maximum.default: jnp.maximum,
     aten.minimum.default: jnp.minimum, aten.atan2.default: jnp.arctan2, aten.where.self: jnp.where,
-    aten.mul.Tensor: jnp.multiply,
+    aten.mul.Tensor: jnp.multiply, aten.mul.Scalar: jnp.multiply, aten.hypot.default: jnp.hypot,
 })
 
 
-@register(aten.add.Tensor)
+@register(aten.add.Tensor, aten.add.Scalar)
 def add(a, b, alpha=1):
     return a + (b * alpha if alpha != 1 else b)
 
 
-@register(aten.sub.Tensor)
+@register(aten.sub.Tensor, aten.sub.Scalar)
 def sub(a, b, alpha=1):
     return a - (b * alpha if alpha != 1 else b)
 
 
-@register(aten.div.Tensor, aten.div.Tensor_mode)
+@register(aten.div.Tensor, aten.div.Tensor_mode, aten.div.Scalar, aten.div.Scalar_mode)
 def div(a, b, rounding_mode=None):
     if rounding_mode == "floor":
         return jnp.floor_divide(a, b)     # numpy's floor division, which torch's matches bit for bit
@@ -89,8 +89,9 @@ def to_copy(x, dtype=None, **layout_and_device):   # layout, device, memory form
     return x if dtype is None else x.astype(jax_dtype(dtype))
 
 
-@register(aten._assert_tensor_metadata.default)
+@register(aten._assert_tensor_metadata.default, aten._assert_async.msg)
 def assert_tensor_metadata(x, *args, **kwargs):
-    # `.to(dtype)` leaves this check in the graph; torch.export already ran it on the example inputs,
-    # and the interpreter checks every result's dtype and shape against the export's record.
+    # `.to(dtype)` leaves a metadata check in the graph, F.one_hot a check of its values; torch.export
+    # ran them on the example inputs, and the interpreter checks every result's dtype and shape
+    # against the export's record.
     return None

@@ -15,8 +15,9 @@ from .registry import aten, axis, register
 
 @register(aten.index.Tensor)
 def index(x, indices):
-    # torch's advanced indexing (None = a full slice) follows NumPy's rules, as JAX's does
-    return x.at[tuple(slice(None) if i is None else i for i in indices)].get(mode="fill")
+    # torch's advanced indexing (None = a full slice) follows NumPy's rules, as JAX's does; a weight
+    # or buffer arrives as a numpy array, which has no .at
+    return jnp.asarray(x).at[tuple(slice(None) if i is None else i for i in indices)].get(mode="fill")
 
 
 @register(aten.index_select.default)

@@ -11,9 +11,14 @@ from jax import lax
 from .registry import aten, axis, register
 
 
-@register(aten.clone.default)
-def identity(x, memory_format=None):   # JAX values are immutable: a copy is the value itself
+@register(aten.clone.default, aten.alias.default)
+def identity(x, memory_format=None):   # JAX values are immutable: a copy or an alias is the value itself
     return x
+
+
+@register(aten.copy.default)
+def copy(x, src, non_blocking=False):   # x's shape and dtype, src's values
+    return jnp.broadcast_to(src, x.shape).astype(x.dtype)
 
 
 @register(aten.view.default)
@@ -37,6 +42,11 @@ def slice_tensor(x, dim=0, start=None, end=None, step=1):
     ax = axis(dim, x.ndim)
     start, end, _ = slice(start, end, step).indices(x.shape[ax])
     return lax.slice_in_dim(x, start, max(start, end), step, ax)
+
+
+@register(aten.narrow_copy.default)
+def narrow_copy(x, dim, start, length):
+    return slice_tensor(x, dim, start, start + length)
 
 
 @register(aten.select.int)

@@ -1,5 +1,5 @@
-"""Pooling rules: max and average pooling (floor or ceil mode) and adaptive average pooling.
-1-D pooling reaches these 2-D rules through an unsqueeze in core ATen."""
+"""Pooling rules: max and average pooling (floor or ceil mode) and adaptive average and max pooling
+of any input and output sizes. 1-D pooling reaches these 2-D rules through an unsqueeze in core ATen."""
 
 from __future__ import annotations
 
@@ -77,17 +77,54 @@ def avg_pool2d(x, kernel, stride=(), padding=(0,), ceil_mode=False, count_includ
     return total / divisor.astype(x.dtype)
 
 
+def _adaptive_windows(n: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+    """PyTorch's adaptive windows along one axis: output i reduces [floor(i*n/out), ceil((i+1)*n/out))."""
+    i = np.arange(out)
+    return (i * n) // out, -(-(i + 1) * n // out)
+
+
+def _uneven_mean(x, ax: int, out: int):
+    """The windows' means along axis ax: a contraction with a constant matrix of 1/len over each window."""
+    start, end = _adaptive_windows(x.shape[ax], out)
+    weights = np.zeros((out, x.shape[ax]), np.float32)
+    for i, (lo, hi) in enumerate(zip(start, end, strict=True)):
+        weights[i, lo:hi] = 1.0 / (hi - lo)
+    y = jnp.tensordot(x, weights.astype(x.dtype), axes=([ax], [1]), precision=lax.Precision.HIGHEST)
+    return jnp.moveaxis(y, -1, ax)
+
+
+def _uneven_max(x, ax: int, out: int):
+    """The windows' maxima along axis ax: a gather of each window's elements (a short window repeats
+    its last, which leaves its maximum as it is), then the maximum over them."""
+    start, end = _adaptive_windows(x.shape[ax], out)
+    taps = np.minimum(start[:, None] + np.arange((end - start).max())[None, :], end[:, None] - 1)
+    return jnp.max(jnp.take(x, taps, axis=ax), axis=ax + 1)
+
+
+_ADAPTIVE = {"avg": (0, lax.add, _uneven_mean), "max": (-np.inf, lax.max, _uneven_max)}
+
+
+def _adaptive(kind: str, x, output_size):
+    """Adaptive pooling of the last two axes to output_size (None keeps an axis). An axis whose size
+    the output divides has windows of one size: a strided window (the POOL op); another axis has
+    windows of two sizes, reduced by _uneven_mean or _uneven_max."""
+    init, op, uneven = _ADAPTIVE[kind]
+    sizes = [n if o is None else o for n, o in zip(x.shape[-2:], output_size, strict=True)]
+    kernel = tuple(n // o if n % o == 0 else 1 for n, o in zip(x.shape[-2:], sizes, strict=True))
+    if kernel != (1, 1):
+        x = _window(x, init, op, kernel, kernel, (0, 0), (1, 1), False)
+        x = x / math.prod(kernel) if kind == "avg" else x
+    for ax, out in zip((x.ndim - 2, x.ndim - 1), sizes, strict=True):
+        if x.shape[ax] != out:
+            x = uneven(x, ax, out)
+    return x
+
+
 @register(aten._adaptive_avg_pool2d.default)
 def adaptive_avg_pool2d(x, output_size):
-    (h, w), (oh, ow) = x.shape[-2:], output_size
-    if h % oh == 0 and w % ow == 0:
-        kernel = (h // oh, w // ow)
-        return _window(x, 0, lax.add, kernel, kernel, (0, 0), (1, 1), False) / math.prod(kernel)
-    # Uneven windows: a constant averaging matrix, as PyTorch's start/end index formula.
-    pool = np.zeros((oh, ow, h, w), np.float32)
-    for i in range(oh):
-        for j in range(ow):
-            r0, r1 = (i * h) // oh, -((-(i + 1) * h) // oh)
-            c0, c1 = (j * w) // ow, -((-(j + 1) * w) // ow)
-            pool[i, j, r0:r1, c0:c1] = 1.0 / ((r1 - r0) * (c1 - c0))
-    return jnp.einsum("...hw,ijhw->...ij", x, pool.astype(x.dtype), precision=lax.Precision.HIGHEST)
+    return _adaptive("avg", x, output_size)
+
+
+@register(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(x, output_size):
+    return _adaptive("max", x, output_size), None     # the indices (for max_unpool) are not computed

@@ -53,6 +53,11 @@ def var(x, dim=None, correction=None, keepdim=False):
     return jnp.sum(squares, axis=reduced, keepdims=keepdim) / (count - (1 if correction is None else correction))
 
 
+@register(aten.var_mean.correction)
+def var_mean(x, dim=None, correction=None, keepdim=False):
+    return var(x, dim, correction, keepdim), jnp.mean(x, axis=axes(dim, x.ndim), keepdims=keepdim)
+
+
 @register(aten.cumsum.default)
 def cumsum(x, dim, dtype=None):
     return jnp.cumsum(x, axis=axis(dim, x.ndim), dtype=jax_dtype(dtype))

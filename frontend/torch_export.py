@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import difflib
 import operator
-import os
 import re
 import traceback
 import warnings
+from pathlib import Path
 
 import jax
 import torch
@@ -24,14 +24,17 @@ from stagec.errors import ExportError, UnsupportedOpError
 
 from .aten import ATEN_RULES
 from .decompose import to_core_aten
-from .registry import jax_dtype, to_numpy
+from .registry import SCATTER_INDEX_ARGS, jax_dtype, to_numpy
 
-_NOT_THE_MODEL = (os.path.dirname(torch.__file__), os.path.dirname(__file__))   # torch's frames and ours
+_NOT_THE_MODEL = (Path(torch.__file__).parent, Path(__file__).parent)   # torch's frames and ours
 SUPPORTED_OPS_HINT = "stagec.frontend.supported_ops() (or `stagec ops MODEL`) lists the supported ops"
 # (what the exporter's message says, the hint for it); the last is the fallback
 EXPORT_HINTS = [
     ("data-dependent", "the model branches on tensor values (if/while on a tensor, .item()): express that with "
                        "torch.where, or torch.cond for whole branches"),
+    ("not a known type", "the model returns an object torch.export cannot flatten: transformers' key/value caches "
+                         "go with use_cache=False (in the config or the call); register other containers with "
+                         "torch.utils._pytree.register_pytree_node"),
     ("", "the model must run eagerly on these example inputs and give one graph for them"),
 ]
 
@@ -40,14 +43,22 @@ def supported_ops() -> list[str]:
     return sorted({str(op) for op in ATEN_RULES})
 
 
+def _in_model_code(path: str) -> bool:
+    """Whether a frame is in a file outside torch and stagec's frontend (compared folder by folder: a
+    package named torchvision or torch_geometric is the model's, not torch's); generated code
+    (<string>, <eval_with_key.3>) has no source line to show."""
+    return not path.startswith("<") and not any(Path(path).is_relative_to(folder) for folder in _NOT_THE_MODEL)
+
+
 def user_frame(trace: str) -> str | None:
     """The innermost frame of a Python stack trace in the model's code ('file.py:12: code')."""
-    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', trace)
-    user = [f for f in frames if not f[0].startswith(_NOT_THE_MODEL)]
+    # a frame's code line is absent where Python has no source (<string>, <frozen ...>)
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+(?:\n(?!\s*File ")\s*(.*))?', trace)
+    user = [f for f in frames if _in_model_code(f[0])]
     if not (user or frames):
         return None
     path, line, code = (user or frames)[-1]
-    return f"{path}:{line}: {code.strip()}"
+    return f"{path}:{line}: {code.strip()}".rstrip(": ")
 
 
 def source_line(node: torch.fx.Node) -> str:
@@ -117,7 +128,8 @@ def nearest_supported(op) -> list[str]:
 
 
 def check_rules(ep: torch.export.ExportedProgram) -> None:
-    """Every ATen op of the graph has a rule, or one error lists each missing op once, where it is used."""
+    """Every ATen op of the graph has a rule, or one error lists each missing op once, where it is used;
+    then every scatter's indices are constants (_check_scatter_indices)."""
     missing = {}
     for node in aten_calls(ep):
         if node.target not in ATEN_RULES:
@@ -129,6 +141,36 @@ def check_rules(ep: torch.export.ExportedProgram) -> None:
             lines.append(f"ATen op {op} has no stagec rule, at {source_line(node)}"
                          + (f"; nearest supported: {', '.join(near)}" if near else ""))
         raise UnsupportedOpError("\n".join(lines + [SUPPORTED_OPS_HINT]))
+    _check_scatter_indices(ep)
+
+
+def _input_dependent(ep: torch.export.ExportedProgram) -> set[torch.fx.Node]:
+    """The nodes whose values depend on the model's (user) inputs, not only on its weights and constants."""
+    user_inputs = {spec.arg.name for spec in ep.graph_signature.input_specs
+                   if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT}
+    dependent = set()
+    for node in ep.graph.nodes:
+        if node.name in user_inputs or any(n in dependent for n in node.all_input_nodes):
+            dependent.add(node)
+    return dependent
+
+
+def _check_scatter_indices(ep: torch.export.ExportedProgram) -> None:
+    """A scatter's integer indices are constants of the model (the lowering gathers with a constant
+    index map); indices computed from its inputs are an error that names the op and the line."""
+    dependent = None
+    for node in aten_calls(ep):
+        if node.target not in SCATTER_INDEX_ARGS:
+            continue
+        dependent = _input_dependent(ep) if dependent is None else dependent
+        arg = node.args[SCATTER_INDEX_ARGS[node.target]]
+        indices = [i for i in (arg if isinstance(arg, (list, tuple)) else [arg])
+                   if isinstance(i, torch.fx.Node) and i.meta["val"].dtype != torch.bool]
+        if any(i in dependent for i in indices):
+            raise UnsupportedOpError(
+                f"ATen op {node.target} at {source_line(node)}: its indices are computed from the model's inputs; "
+                "stagec compiles indexed assignment (index_put, scatter) with constant indices only (hint: "
+                "express a data-dependent update as a select, e.g. torch.where(positions == index, value, x))")
 
 
 def scope_name(node: torch.fx.Node) -> str:
@@ -151,14 +193,18 @@ def _conform(node: torch.fx.Node, value, recorded):
 
 
 def _call_rule(node: torch.fx.Node, args, kwargs):
+    rule = ATEN_RULES[node.target]
+    if getattr(rule, "takes_layout", False):
+        base = node.args[0].meta["val"]
+        kwargs = {**kwargs, "layout": (tuple(base.stride()), base.storage_offset())}
     try:
         with jax.named_scope(scope_name(node)):
-            result = ATEN_RULES[node.target](*args, **kwargs)
+            result = rule(*args, **kwargs)
             recorded = node.meta.get("val")
             if isinstance(result, tuple):
                 return tuple(_conform(node, v, r) for v, r in zip(result, recorded, strict=True))
             return _conform(node, result, recorded)
-    except (NotImplementedError, TypeError, ValueError) as e:
+    except (NotImplementedError, TypeError, ValueError, IndexError) as e:
         raise UnsupportedOpError(f"ATen op {node.target} at {source_line(node)}: {e}") from e
 
 

@@ -10,12 +10,13 @@ import json
 from dataclasses import dataclass, replace
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from stagec.errors import InputError
+from stagec.errors import InputError, ProgramFormatError, shown
 
 from .registry import to_numpy
 from .torch_export import check_rules, export, in_training_mode, interpret
@@ -82,52 +83,221 @@ def _record_inputs(spec: pytree.TreeSpec, leaves: list) -> str:
     return json.dumps({"treespec": _dumps(spec, "inputs"), "constants": constants})
 
 
+def _check_not_empty(args: tuple, kwargs: dict) -> None:
+    """A tensor with a dimension of 0 has no element to compute (and no tile to cut): name the input."""
+    for path, leaf in pytree.tree_flatten_with_path((args, kwargs))[0]:
+        if _is_array(leaf) and 0 in tuple(leaf.shape):
+            raise InputError(f"{_leaf_name(path)} has shape {list(leaf.shape)}, a dimension of size 0: stagec compiles "
+                             "tensors with at least one element (trace with an example of the size the model runs at)")
+
+
 def _dtype_notes(leaves) -> list[str]:
     wide = sorted({str(leaf.dtype).removeprefix("torch.") for leaf in leaves
                    if isinstance(leaf, torch.Tensor) and leaf.dtype in (torch.int64, torch.float64)})
     return [f"{'/'.join(wide)} inputs run as their 32-bit types (JAX runs without x64)"] if wide else []
 
 
-def flatten_inputs(traced_or_in_tree: TracedModel | str, args, kwargs=None) -> list[np.ndarray]:
+def flatten_inputs(traced_or_in_tree: TracedModel | str | None, args, kwargs=None,
+                   expected: list[tuple[str, tuple]] | None = None) -> list[np.ndarray]:
     """The input tensors of a call, flattened in the traced order and converted as tracing did
-    (int64 -> int32, float64 -> float32, bfloat16 kept). Structure, non-tensor values and (given a
-    TracedModel) shapes and dtypes must match what was traced; a mismatch names the input."""
-    traced = traced_or_in_tree if isinstance(traced_or_in_tree, TracedModel) else None
-    record = json.loads(traced.in_tree if traced else traced_or_in_tree)
-    expected = pytree.treespec_loads(record["treespec"])
+    (int64 -> int32, float64 -> float32, bfloat16 kept).  Structure and non-tensor values must match
+    what was traced, and each tensor the (dtype, shape) `expected` of it (a TracedModel knows its
+    own): same shape, same kind of number (bool, integer or floating-point; integers must fit).
+    `None` for the tree: positional tensors only, one per `expected`.  A mismatch is an InputError
+    that says what was expected and what came, by name (`args[0]`, `kwargs['mask']`)."""
+    if isinstance(traced_or_in_tree, TracedModel):
+        expected = [(str(v.aval.dtype), tuple(v.aval.shape)) for v in traced_or_in_tree.closed.jaxpr.invars]
+        traced_or_in_tree = traced_or_in_tree.in_tree
+    if traced_or_in_tree is None:
+        spec, constants = pytree.tree_structure((tuple(range(len(expected))), {})), {}
+    else:
+        spec, constants = read_in_tree(traced_or_in_tree)
     args, kwargs = _as_tuple(args), dict(kwargs or {})
-    keys = expected.child(1).context
+    keys = spec.child(1).context
     if set(kwargs) == set(keys):
         kwargs = {k: kwargs[k] for k in keys}     # keyword order is not structure
-    with_paths, spec = pytree.tree_flatten_with_path((args, kwargs))
-    if spec != expected:
-        raise InputError(f"inputs have structure {spec}, but the model was traced with {expected}")
+    with_paths, got = pytree.tree_flatten_with_path((args, kwargs))
+    if got != spec:
+        raise InputError(_structure_mismatch(spec, constants, expected, got, [leaf for _, leaf in with_paths]))
     arrays = []
     for i, (path, leaf) in enumerate(with_paths):
-        constants = record["constants"]
-        if _is_array(leaf) == (str(i) in constants) or (str(i) in constants and _constant(leaf) != constants[str(i)]):
-            traced_with = repr(constants[str(i)]) if str(i) in constants else "a tensor"
-            raise InputError(f"{_leaf_name(path)} is {'a tensor' if _is_array(leaf) else repr(leaf)}, but the model "
+        name = _leaf_name(path)
+        if _is_array(leaf) == (i in constants) or (i in constants and _constant(leaf) != constants[i]):
+            traced_with = repr(constants[i]) if i in constants else "a tensor"
+            raise InputError(f"{name} is {'a tensor' if _is_array(leaf) else repr(leaf)}, but the model "
                              f"was traced with {traced_with} (non-tensor inputs are fixed at trace time)")
-        if not _is_array(leaf):
-            continue
-        array = to_numpy(leaf)
-        if traced is not None:
-            aval = traced.closed.jaxpr.invars[len(arrays)].aval
-            if array.shape != aval.shape or array.dtype != aval.dtype:
-                raise InputError(f"{_leaf_name(path)} is {array.dtype}{list(array.shape)}, but the model was "
-                                 f"traced with {aval.dtype}{list(aval.shape)}")
-        arrays.append(array)
+        if _is_array(leaf):
+            arrays.append(_checked_tensor(leaf, name, expected[len(arrays)] if expected else None))
     return arrays
+
+
+_KINDS = (("bool", jnp.bool_), ("integer", jnp.integer), ("floating-point", jnp.floating))
+
+
+def _kind(dtype) -> str:
+    return next((name for name, kind in _KINDS if jnp.issubdtype(dtype, kind)), f"non-numeric ({dtype})")
+
+
+def _checked_tensor(leaf, name: str, expected: tuple[str, tuple] | None) -> np.ndarray:
+    """`leaf` as a numpy array of the expected dtype, if it has the expected shape and kind of number."""
+    try:
+        array = to_numpy(leaf)
+    except ValueError as e:        # an int64 beyond int32's range
+        raise InputError(f"{name}: {e}") from None
+    if expected is None:
+        return array
+    dtype, shape = expected
+    got = _describe(array.dtype, array.shape)
+    if array.shape != tuple(shape):
+        raise InputError(f"{name} is {got}, but the model was traced with {_describe(dtype, shape)}")
+    if _kind(array.dtype) != _kind(dtype):
+        raise InputError(f"{name} is {got}, but the model was traced with {_describe(dtype, shape)}: "
+                         f"{_kind(array.dtype)} values where it takes {_kind(dtype)} ones (convert them first)")
+    if _kind(dtype) == "integer" and array.size:
+        limits = np.iinfo(dtype)
+        if array.min() < limits.min or array.max() > limits.max:
+            raise InputError(f"{name} holds values in [{array.min()}, {array.max()}], beyond {dtype}'s range")
+    return array.astype(dtype, copy=False)
+
+
+def _describe(dtype, shape) -> str:
+    return f"{str(dtype).removeprefix('torch.')} {tuple(shape)}"
+
+
+def _structure_mismatch(spec, constants: dict, expected, got_spec, got_leaves: list) -> str:
+    """What the model takes and what came, by name; the names missing and unexpected."""
+    names, got_names = _leaf_names(spec), _leaf_names(got_spec)
+    tensors = iter(expected or ())
+    want = [f"{name} = {constants[i]!r}" if i in constants else
+            f"{name} {_describe(*next(tensors))}" if expected else name for i, name in enumerate(names)]
+    came = [f"{name} {_describe(leaf.dtype, leaf.shape)}" if _is_array(leaf) else f"{name} = {shown(leaf)}"
+            for name, leaf in zip(got_names, got_leaves, strict=True)]
+    text = (f"expected {len(want)} input{'s' * (len(want) != 1)}: {', '.join(want)}; "
+            f"got {len(came)}: {', '.join(came) or 'none'}")
+    missing = [n for n in names if n not in got_names]
+    unexpected = [n for n in got_names if n not in names]
+    if missing or unexpected:
+        return text + "".join(f" ({what}: {', '.join(ns)})" for what, ns in (("missing", missing),
+                                                                              ("unexpected", unexpected)) if ns)
+    return f"{text} (in other containers: expected {_picture(spec)}, got {_picture(got_spec)})"
+
+
+class _Slot:
+    def __repr__(self) -> str:
+        return "*"
+
+
+def _leaf_names(spec: pytree.TreeSpec) -> list[str]:
+    tree = pytree.tree_unflatten([_Slot()] * spec.num_leaves, spec)
+    return [_leaf_name(path) for path, _ in pytree.tree_flatten_with_path(tree)[0]]
+
+
+def _picture(spec: pytree.TreeSpec) -> str:
+    """(args, kwargs) with a * for each leaf, e.g. `((*, [*, *]), {'mask': *})`."""
+    return repr(pytree.tree_unflatten([_Slot()] * spec.num_leaves, spec))
+
+
+def unflatten_inputs(in_tree: str, arrays) -> tuple[tuple, dict]:
+    """(args, kwargs) of a call with these input tensors (in traced order) and the traced
+    non-tensor inputs: what flatten_inputs takes apart."""
+    spec, constants = read_in_tree(in_tree)
+    arrays = iter(arrays)
+    return pytree.tree_unflatten([constants[i] if i in constants else next(arrays)
+                                  for i in range(spec.num_leaves)], spec)
 
 
 def unflatten_outputs(out_tree: str, arrays) -> object:
     """The model's own output structure (tuple, dict, ModelOutput...) around flat output arrays."""
-    spec = pytree.treespec_loads(out_tree)
+    spec = read_out_tree(out_tree)
     arrays = list(arrays)
     if len(arrays) != spec.num_leaves:
         raise InputError(f"{len(arrays)} output arrays for an output structure of {spec.num_leaves}")
     return pytree.tree_unflatten(arrays, spec)
+
+
+# --- the trees as a program file records them (metadata in_tree, out_tree) ---
+
+@functools.lru_cache(maxsize=64)
+def read_in_tree(in_tree: str) -> tuple[pytree.TreeSpec, dict[int, object]]:
+    """(treespec of (args, kwargs), {leaf index: the value of each non-tensor input}) from a recorded in_tree."""
+    record = json.loads(in_tree)
+    spec = _treespec("in_tree", record["treespec"])
+    return spec, {int(i): v for i, v in record["constants"].items()}
+
+
+@functools.lru_cache(maxsize=64)
+def read_out_tree(out_tree: str) -> pytree.TreeSpec:
+    return _treespec("out_tree", out_tree)
+
+
+def _treespec(key: str, text: str) -> pytree.TreeSpec:
+    """The treespec, rebuilt and checked: a tree built on it flattens back to it (treespec_loads
+    leaves a context that does not fit its container type to fail later)."""
+    try:
+        spec = pytree.treespec_loads(text)
+        if pytree.tree_structure(pytree.tree_unflatten([0] * spec.num_leaves, spec)) != spec:
+            raise ValueError("a tree built on it flattens to another structure")
+        return spec
+    except Exception as e:  # noqa: BLE001 - torch raises several types for a treespec it cannot rebuild
+        hint = (" (a container type this process has not registered with torch.utils._pytree: import the module "
+                "that defines it, e.g. transformers, first)") if "not registered" in str(e) else ""
+        raise ProgramFormatError(f"header.metadata.{key}: {type(e).__name__}: {e}{hint}") from None
+
+
+def check_io_metadata(metadata, n_inputs: int, n_outputs: int) -> None:
+    """Check a program's recorded input and output structure (in_tree, out_tree) against its
+    number of input and output tensors, without rebuilding the trees: their container types need
+    not be registered with torch in this process (a transformers model's outputs, say) until the
+    program runs.  Raises ProgramFormatError naming the metadata key."""
+    if "in_tree" in metadata:
+        record = _json("in_tree", metadata["in_tree"])
+        if type(record) is not dict or set(record) != {"treespec", "constants"}:
+            raise ProgramFormatError("header.metadata.in_tree: expected an object with keys 'treespec' and "
+                                     "'constants'")
+        root = _json("in_tree.treespec", record["treespec"]) if type(record["treespec"]) is str else None
+        leaves = _serialized_leaves("in_tree.treespec", root)
+        if [root[1]["type"], *(c["type"] for c in root[1]["children_spec"])] != _CALL_TYPES:
+            raise ProgramFormatError("header.metadata.in_tree.treespec: expected a tuple of (args tuple, kwargs dict)")
+        constants = record["constants"]
+        if type(constants) is not dict or any(not k.isdigit() or int(k) >= leaves for k in constants):
+            raise ProgramFormatError(f"header.metadata.in_tree.constants: expected an object keyed by leaf "
+                                     f"indices below {leaves}")
+        if leaves - len(constants) != n_inputs:
+            raise ProgramFormatError(f"header.metadata.in_tree: {leaves - len(constants)} tensor inputs, "
+                                     f"the program has {n_inputs}")
+    if "out_tree" in metadata:
+        leaves = _serialized_leaves("out_tree", _json("out_tree", metadata["out_tree"]))
+        if leaves != n_outputs:
+            raise ProgramFormatError(f"header.metadata.out_tree: {leaves} outputs, the program has {n_outputs}")
+
+
+_CALL_TYPES = ["builtins.tuple", "builtins.tuple", "builtins.dict"]
+_NODE_KEYS = {"type", "context", "children_spec"}
+
+
+def _json(key: str, text: str):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ProgramFormatError(f"header.metadata.{key}: not JSON ({e})") from None
+
+
+def _serialized_leaves(key: str, data) -> int:
+    """The leaves of a treespec as torch's treespec_dumps writes it ([protocol, node], a node
+    {"type", "context", "children_spec"}, a leaf's type null), counted from the JSON alone."""
+    if type(data) is not list or len(data) != 2 or data[0] != 1:
+        raise ProgramFormatError(f"header.metadata.{key}: expected a torch treespec, [1, node]")
+    leaves, stack = 0, [data[1]]
+    while stack:
+        node = stack.pop()
+        if (type(node) is not dict or set(node) != _NODE_KEYS or type(node["children_spec"]) is not list
+                or not all(node[k] is None or type(node[k]) is str for k in ("type", "context"))
+                or (node["type"] is None and node["children_spec"])):
+            raise ProgramFormatError(f"header.metadata.{key}: a treespec node is not "
+                                     "{type: str or null, context: str or null, children_spec: [node, ...]}")
+        leaves += node["type"] is None
+        stack += node["children_spec"]
+    return leaves
 
 
 def _traced(closed: ClosedJaxpr, out_spec: pytree.TreeSpec, args: tuple, kwargs: dict, notes=()) -> TracedModel:
@@ -140,6 +310,7 @@ def trace_exported(ep: torch.export.ExportedProgram, args, kwargs=None) -> Trace
     """A TracedModel from a program already exported by `export` (core ATen, inference mode) with
     these example inputs: what trace_torch does after exporting."""
     args, kwargs = _as_tuple(args), dict(kwargs or {})
+    _check_not_empty(args, kwargs)
     check_rules(ep)
     tensors = [to_numpy(x) for x in pytree.tree_leaves((args, kwargs)) if _is_array(x)]
     # NOTE: jnp's helpers are jitted functions; tracing with jit disabled inlines them, so the only
@@ -165,6 +336,7 @@ def trace_torch(model: torch.nn.Module, args, kwargs=None, *, tracer: str = "exp
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"trace_torch takes a torch.nn.Module, not {type(model).__name__}")
     args, kwargs = _as_tuple(args), dict(kwargs or {})
+    _check_not_empty(args, kwargs)
     if tracer == "export":
         traced = trace_exported(export(model, args, kwargs), args, kwargs)
     else:
@@ -191,6 +363,7 @@ def trace_jax(fn, example_args) -> TracedModel:
     """Trace a plain JAX function of positional arrays (the compiler is JAX-hosted); its output
     structure (JAX containers are torch pytree nodes too) is recorded like a model's."""
     arrays = tuple(np.asarray(a) for a in _as_tuple(example_args))
+    _check_not_empty(arrays, {})
     closed = jax.make_jaxpr(lambda *xs: jax.tree_util.tree_leaves(fn(*xs)))(*arrays)
     out_spec = pytree.tree_structure(jax.tree_util.tree_map(lambda _: 0, jax.eval_shape(fn, *arrays)))
     return _traced(closed, out_spec, arrays, {})

@@ -117,6 +117,22 @@ def dense_patterns(strides: np.ndarray, dims: np.ndarray) -> np.ndarray:
             & ((d[:, 0] <= 1) | (s[:, 0] == d[:, 1] * d[:, 2])))
 
 
+def overlapping_patterns(strides: np.ndarray, dims: np.ndarray) -> np.ndarray:
+    """Per pattern (N, 3), True where it may visit an element twice: its dims (those of more than one
+    step), sorted by |stride|, do not nest, each stride beyond the span of the smaller ones."""
+    d = np.asarray(dims, np.int64)
+    s = np.where(d > 1, np.abs(np.asarray(strides, np.int64)), 0)
+    order = np.argsort(s, 1)
+    d, s = np.take_along_axis(d, order, 1), np.take_along_axis(s, order, 1)
+    span = np.zeros(len(d), np.int64)
+    overlap = np.zeros(len(d), bool)
+    for k in range(3):
+        steps = d[:, k] > 1
+        overlap |= steps & (s[:, k] <= span)
+        span = np.where(steps, span + (d[:, k] - 1) * s[:, k], span)
+    return overlap
+
+
 def is_dense(strides, dims) -> bool:
     """True when the pattern visits consecutive elements in iteration order (row-major, no gaps)."""
     expect = 1

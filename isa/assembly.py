@@ -58,7 +58,7 @@ def _operand(o: Operand) -> str:
 
 def format_instruction(ins: Ins) -> str:
     name = ins.opcode.name.lower() + (f".{ins.func.name.lower()}" if ins.opcode == Opcode.VECTOR else "")
-    rank = 4 if ins.opcode == Opcode.MATMUL else 3
+    rank = 4 if ins.opcode in (Opcode.MATMUL, Opcode.GATHER) else 3   # GATHER's n[3]: its table's rows
     parts = [f"{name:<13}", f"{_DT[ins.dtype]}>{_DT[ins.out_dtype]}", "n=" + ",".join(map(str, ins.n[:rank])),
              f"x={_operand(ins.x)}", f"y={_operand(ins.y)}"]
     if ins.z is not None:
@@ -149,6 +149,8 @@ def assemble(text: str) -> Program:
             if in_text:
                 if line.startswith("@layer"):
                     layer = int(line.split()[1])
+                    if not -1 <= layer < len(header["layers"]):
+                        raise ValueError(f"no layer {layer}; the .layer directives define {len(header['layers'])}")
                 else:
                     instructions.append(parse_instruction(line))
                     layer_ids.append(layer)
@@ -181,4 +183,6 @@ def assemble(text: str) -> Program:
     for key in ("hw", "dram_bytes"):
         if key not in header:
             raise AssemblyError(f"missing .{key.split('_')[0]} directive")
-    return Program.from_header(header, encode(instructions), np.array(layer_ids, np.int32), b"".join(blob))
+    blob = b"".join(blob)
+    header.update(instructions=len(instructions), constant_bytes=len(blob))
+    return Program.from_header(header, encode(instructions), np.array(layer_ids, np.int32), blob)

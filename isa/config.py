@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import yaml
 
-from stagec.errors import ConfigError
+from stagec.errors import ConfigError, shown
 
 DATAFLOWS = ("weight_stationary", "output_stationary")
 DTYPE_MODES = ("int8", "bf16", "fp32")
@@ -86,9 +88,7 @@ class HardwareConfig:
 
     def __post_init__(self):
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.metadata["static"] or _is_concrete_number(value):
-                object.__setattr__(self, f.name, _validate(f, value))
+            object.__setattr__(self, f.name, _validate(f, getattr(self, f.name)))
         for mem in ("scratchpad", "accumulator"):
             size, banks = getattr(self, f"{mem}_bytes"), getattr(self, f"{mem}_banks")
             if size % banks:
@@ -128,11 +128,14 @@ class HardwareConfig:
     @classmethod
     def load(cls, path: str | Path) -> HardwareConfig:
         path = Path(path)
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: cannot read the hardware config ({_reason(e)})") from None
         try:
             data = yaml.load(text, Loader=_StrictYamlLoader) if path.suffix in (".yaml", ".yml") else json.loads(
                 text, object_pairs_hook=_no_duplicate_keys)
-        except (yaml.YAMLError, json.JSONDecodeError) as e:
+        except (yaml.YAMLError, json.JSONDecodeError, RecursionError, ConfigError) as e:
             raise ConfigError(f"{path}: {e}") from None
         try:
             return cls.from_dict(data)
@@ -140,37 +143,48 @@ class HardwareConfig:
             raise ConfigError(f"{path}: {e}") from None
 
 
-def _is_concrete_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _reason(e: Exception) -> str:
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
 
 
 def _validate(f: dataclasses.Field, value):
+    """A field's value, checked (a ConfigError names the field) and normalized: ints for integer
+    fields, floats for continuous ones; numpy and JAX arrays (traced or batched configs of the
+    cost model) pass through continuous fields, if they hold numbers, with concrete values checked."""
     kind, lo, hi = f.metadata["kind"], f.metadata["lo"], f.metadata["hi"]
-    where = f"HardwareConfig.{f.name} = {value!r}"
+    where = f"HardwareConfig.{f.name} = {shown(value)}"
     if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            else:
-                raise ConfigError(f"{where}: expected an integer in [{lo}, {hi}]")
-        if not lo <= value <= hi:
+        if isinstance(value, (float, np.floating)) and float(value).is_integer():
+            value = int(value)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
             raise ConfigError(f"{where}: expected an integer in [{lo}, {hi}]")
-        return value
+        return int(value)
     if kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(f"{where}: expected a finite number in [{lo}, {hi}]")
-        if not lo <= value <= hi:
-            raise ConfigError(f"{where}: expected a number in [{lo}, {hi}]")
-        return float(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value) or not lo <= value <= hi:
+                raise ConfigError(f"{where}: expected a finite number in [{lo:g}, {hi:g}]")
+            return float(value)
+        if not _numeric_array(value):
+            raise ConfigError(f"{where}: expected a finite number in [{lo:g}, {hi:g}] (or a numeric array)")
+        concrete = isinstance(value, (np.ndarray, np.generic))
+        if concrete and not (np.isfinite(value) & (lo <= value) & (value <= hi)).all():
+            raise ConfigError(f"{where}: expected finite numbers in [{lo:g}, {hi:g}]")
+        return value
     if f.name == "dtypes":
-        values = (value,) if isinstance(value, str) else tuple(value)
-        bad = [v for v in values if v not in kind]
-        if bad or not values or len(set(values)) != len(values):
+        values = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, (list, tuple)) else None
+        if values is None or not values or any(v not in kind for v in values) or len(set(values)) != len(values):
             raise ConfigError(f"{where}: expected a non-empty set of distinct modes from {kind}")
         return tuple(v for v in kind if v in values)
-    if value not in kind:
+    if not isinstance(value, str) or value not in kind:
         raise ConfigError(f"{where}: expected one of {kind}")
     return value
+
+
+def _numeric_array(value) -> bool:
+    """A numpy or JAX array (or tracer) of integers or floats."""
+    if not isinstance(value, (np.ndarray, np.generic, jax.Array)):
+        return False
+    return bool(jnp.issubdtype(value.dtype, jnp.floating) or jnp.issubdtype(value.dtype, jnp.integer))
 
 
 _STATIC = tuple(f.name for f in fields(HardwareConfig) if f.metadata["static"])

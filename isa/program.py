@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -34,6 +35,7 @@ from stagec.errors import ProgramFormatError
 
 from .config import HardwareConfig
 from .instructions import ENCODING, INSTRUCTION_BYTES, DType, Instruction, decode
+from .schema import Checked, Int, ListOf, Maybe, OneOf, Record, Str, check
 
 MAGIC = b"STAGEC\x00\x01"
 FORMAT_VERSION = 1
@@ -74,7 +76,7 @@ class TensorRef:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,47 @@ class Layer:
     def __post_init__(self):
         object.__setattr__(self, "in_shapes", tuple(tuple(int(d) for d in s) for s in self.in_shapes))
         object.__setattr__(self, "out_shape", tuple(int(d) for d in self.out_shape))
+
+
+# Element types of a model's own inputs and outputs (metadata in_dtypes/out_dtypes): the program's
+# element types, and bool (held in the program as 0/1 numbers).
+MODEL_DTYPES = ("float32", "int32", "int8", "bool")
+
+
+def _complete_hw(data) -> None:
+    HardwareConfig.from_dict(data)
+    missing = [f.name for f in fields(HardwareConfig) if f.name not in data]
+    if missing:
+        raise ProgramFormatError(f"missing key {missing[0]!r}")
+
+
+# The header of a program file: every key, its type and range.  `Program.from_header` checks a
+# header against it before it builds anything; the verifier then checks what the values mean
+# together (regions and tensors inside DRAM, the instruction stream).
+_ADDRESS = Int(0, 2**32)   # DRAM offsets and sizes (HardwareConfig.dram_bytes is at most 2**32)
+_COUNT = Int(0, 2**62)
+_SHAPE = ListOf(Int(0, 2**32))
+_TENSOR = Record({"name": Str(), "offset": _ADDRESS, "dtype": OneOf(tuple(int(d) for d in DType)), "shape": _SHAPE})
+HEADER = Record({
+    "hw": Checked(_complete_hw),
+    "dram_bytes": _ADDRESS,
+    "regions": ListOf(Record({"name": Str(), "kind": OneOf(tuple(k.value for k in RegionKind)),
+                              "offset": _ADDRESS, "nbytes": _ADDRESS})),
+    "inputs": ListOf(_TENSOR),
+    "outputs": ListOf(_TENSOR),
+    "layers": ListOf(Record({"name": Str(), "op": Str(), "in_shapes": ListOf(_SHAPE), "out_shape": _SHAPE,
+                             "macs": _COUNT, "detail": Str()})),
+    # stagec.compile's notes; other keys may hold any JSON value
+    "metadata": Record({}, {
+        "model": Str(), "note": Str(), "quantize": Maybe(Str()),
+        "in_tree": Str(), "out_tree": Str(),   # the model's input and output structure (stagec.frontend.trace)
+        "in_dtypes": ListOf(OneOf(MODEL_DTYPES), length_of="inputs"),
+        "out_dtypes": ListOf(OneOf(MODEL_DTYPES), length_of="outputs"),
+        "activation_bytes": _COUNT, "peak_activation_bytes": _COUNT,
+    }, open=True),
+    "instructions": Int(0, 2**32),
+    "constant_bytes": _ADDRESS,
+})
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,6 +160,8 @@ class Program:
         ids.flags.writeable = False
         if ids.shape != code.shape:
             raise ProgramFormatError(f"layer_ids has {ids.shape[0]} entries for {code.shape[0]} instructions")
+        if (problem := layer_id_problem(ids, len(self.layers))) is not None:
+            raise ProgramFormatError(problem)
         object.__setattr__(self, "code", code)
         object.__setattr__(self, "layer_ids", ids)
         object.__setattr__(self, "constants", bytes(self.constants))
@@ -168,6 +213,8 @@ class Program:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Program:
+        """The Program a file holds, its header checked against HEADER; the instruction stream is
+        the verifier's to check (`stagec.load` runs both)."""
         if data[:8] != MAGIC:
             raise ProgramFormatError(f"not a stagec program: bytes 0-7 are {data[:8]!r}, expected {MAGIC!r}")
         if len(data) < 16:
@@ -179,9 +226,12 @@ class Program:
         if len(data) < end:
             raise ProgramFormatError(f"truncated file: header of {hlen} bytes at byte offset 16 ends past {len(data)}")
         try:
-            h = json.loads(data[16:end])
-        except ValueError as e:
+            h = json.loads(data[16:end], object_pairs_hook=_no_duplicate_keys)
+        except ProgramFormatError:
+            raise
+        except (ValueError, RecursionError) as e:
             raise ProgramFormatError(f"byte offset 16: header is not valid JSON ({e})") from None
+        check(HEADER, h, "header")
         pos = end + (-end % INSTRUCTION_BYTES)
         n, nconst = h["instructions"], h["constant_bytes"]
         expect = pos + n * INSTRUCTION_BYTES + 4 * n + nconst
@@ -192,18 +242,46 @@ class Program:
         code = np.frombuffer(data, ENCODING, n, pos).copy()
         pos += n * INSTRUCTION_BYTES
         ids = np.frombuffer(data, "<i4", n, pos).astype(np.int32)
+        if (problem := layer_id_problem(ids, len(h["layers"]))) is not None:
+            raise ProgramFormatError(f"layer index table at byte offset {pos}: {problem}")
         pos += 4 * n
-        return cls.from_header(h, code, ids, data[pos:pos + nconst])
+        return cls._from_checked_header(h, code, ids, data[pos:pos + nconst])
 
     @classmethod
     def from_header(cls, h: dict, code: np.ndarray, layer_ids: np.ndarray, constants: bytes) -> Program:
+        """A Program from a header (as `to_bytes` writes it, checked against HEADER) and its data."""
+        check(HEADER, h, "header")
+        for key, count in (("instructions", len(code)), ("constant_bytes", len(constants))):
+            if h[key] != count:
+                raise ProgramFormatError(f"header.{key} = {h[key]}, but there are {count}")
+        return cls._from_checked_header(h, code, layer_ids, constants)
+
+    @classmethod
+    def _from_checked_header(cls, h: dict, code: np.ndarray, layer_ids: np.ndarray, constants: bytes) -> Program:
         return cls(code=code, layer_ids=layer_ids,
                    layers=tuple(Layer(**d) for d in h["layers"]),
                    inputs=tuple(TensorRef(**d) for d in h["inputs"]),
                    outputs=tuple(TensorRef(**d) for d in h["outputs"]),
                    regions=tuple(Region(**d) for d in h["regions"]),
                    constants=constants, dram_bytes=h["dram_bytes"],
-                   hw=HardwareConfig.from_dict(h["hw"]), metadata=h.get("metadata", {}))
+                   hw=HardwareConfig.from_dict(h["hw"]), metadata=h["metadata"])
+
+
+def layer_id_problem(ids: np.ndarray, n_layers: int) -> str | None:
+    """What is wrong with a layer index table (each instruction's layer, -1 for none), if anything."""
+    bad = np.flatnonzero((ids < -1) | (ids >= n_layers))
+    if not len(bad):
+        return None
+    i = int(bad[0])
+    return f"instruction {i} names layer {ids[i]}; the program has {n_layers} layers (-1: none)"
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        dup = next(k for i, k in enumerate(keys) if k in keys[:i])
+        raise ProgramFormatError(f"byte offset 16: the header has key {dup!r} twice")
+    return dict(pairs)
 
 
 def _plain(value):

@@ -22,7 +22,7 @@ import numpy as np
 
 from stagec.errors import VerificationError
 
-from .access import Access, accesses, dense_patterns, element_offsets
+from .access import Access, accesses, dense_patterns, element_offsets, overlapping_patterns
 from .instructions import (
     BINARY,
     ENCODING,
@@ -50,6 +50,7 @@ class Dataflow:
     producer: dict[str, np.ndarray]       # slot -> (N,) producer index, -1 none, MULTIPLE
     granule: dict[Space, int]             # tracking granule (bytes) per memory
     spans: dict[tuple[str, int], tuple[int, ...]]   # (slot, i) -> the writers of a MULTIPLE read
+    dram_end: int                         # end of the DRAM bytes the program touches (what a simulator holds)
 
 
 def verify(program: Program) -> Dataflow:
@@ -190,6 +191,9 @@ def _check_fields(p: Program, accs: list[Access]) -> None:
     _fail(is_mm & ((sx != Space.SPAD) | (sy != Space.SPAD)), "x", "MATMUL reads A and B from the scratchpad")
     _fail(is_mm & (sz != Space.ACC), "z", "MATMUL writes C to the accumulator")
     binary = is_vec & np.isin(func, list(BINARY))
+    has_z = is_mm | is_gather | binary
+    _fail((spaces >> 6 != 0) | (~has_z & (sz != 0)), "spaces", "the space bits of an operand the instruction "
+                                                             "does not have must be zero")
     _fail(is_vec & (~np.isin(sx, local) | ~np.isin(sy, local)), "x", "vector operands are SPAD or ACC")
     _fail(binary & ~np.isin(sz, local), "z", "vector operands are SPAD or ACC")
     _fail(is_vec & np.isin(func, list(REDUCTIONS)) & (code["x_strides"][:, 2] != 0), "x_strides",
@@ -203,6 +207,7 @@ def _check_addresses(p: Program, accs: list[Access]) -> None:
     """Alignment, bounds and fit of every operand; reports the earliest failing instruction."""
     capacity = {Space.DRAM: p.dram_bytes, Space.SPAD: p.hw.scratchpad_bytes, Space.ACC: p.hw.accumulator_bytes}
     consts = const_bytes(p)
+    reduction = (p.code["opcode"] == Opcode.VECTOR) & np.isin(p.code["func"], list(REDUCTIONS))
     failures = []   # (mask, field, message(i))
 
     for a in accs:
@@ -216,6 +221,11 @@ def _check_addresses(p: Program, accs: list[Access]) -> None:
             failures.append((rows & ((lo < 0) | (hi > cap)), a.operand, lambda i, lo=lo, hi=hi, s=space, c=cap, a=a:
                              f"{'writes' if a.write else 'reads'} {_NAMES[s]} bytes [{lo[i]:#x}, {hi[i]:#x}) "
                              f"outside [0, {c:#x})"))
+        if a.write:   # each element once, or the result depends on the order of the inner loop
+            dims = np.where(reduction[:, None] & (np.arange(3) == 2), 1, a.dims)   # but a reduction's reduced dim
+            failures.append((a.valid & overlapping_patterns(a.strides, dims), a.operand, lambda i, a=a:
+                             f"the written pattern (n={a.dims[i].tolist()}, strides={a.strides[i].tolist()}) "
+                             "visits some element more than once"))
         dram = a.valid & (a.space == Space.DRAM)
         failures.append((dram & (lo < consts) & (hi > consts), a.operand, lambda i, lo=lo, hi=hi:
                          f"DRAM pattern [{lo[i]:#x}, {hi[i]:#x}) straddles the end of the constant region at "
@@ -297,6 +307,17 @@ class _Memory:
         self.readers: set[int] = set()   # queues that ever read this memory
 
 
+def _dram_end(p: Program, accs: list[Access]) -> int:
+    """The end of the DRAM bytes the program touches: the walk and the simulators hold those, not all
+    of dram_bytes (which a file may declare as large as the hardware's DRAM)."""
+    ends = [len(p.constants), *(t.offset + t.nbytes for t in (*p.inputs, *p.outputs))]
+    for a in accs:
+        rows = a.valid & (a.space == Space.DRAM)
+        if rows.any():
+            ends.append(int(a.extent()[1][rows].max()))
+    return min(-(-max(ends) // 64) * 64, p.dram_bytes)   # whole 64-byte lines, as the compiler lays DRAM out
+
+
 def _granule_views(a: Access, granule: dict, base: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per instruction, the (shape, byte strides, byte offset) that view a per-granule int32 array
     as the granules access `a` touches: the pattern's dims and then the granules of one element.
@@ -304,8 +325,9 @@ def _granule_views(a: Access, granule: dict, base: dict) -> tuple[np.ndarray, np
     the bounds, at a tenth of as_strided's cost: the walk builds one such view per non-trivial access."""
     gran = np.array([granule[s] for s in Space])[a.space]
     per = a.itemsize // gran
-    shape = np.concatenate([a.dims, per[:, None]], 1)
     strides = np.concatenate([a.strides * per[:, None], np.ones((len(per), 1), np.int64)], 1) * 4
+    # a dim of stride 0 revisits the same granules: one step of it touches them all
+    shape = np.where(strides == 0, 1, np.concatenate([a.dims, per[:, None]], 1))
     offset = (a.base - np.array([base[s] for s in Space])[a.space]) // gran * 4
     return shape, strides, offset
 
@@ -325,7 +347,8 @@ class DataflowWalk:
             sizes = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
             self.granule[space] = int(sizes.min()) if sizes.size else 4
         inputs = [(t.offset, t.offset + t.nbytes) for t in p.inputs]
-        self.mems = {Space.DRAM: _Memory(p.dram_bytes, self.granule[Space.DRAM], consts, inputs),
+        self.dram_end = _dram_end(p, accs)
+        self.mems = {Space.DRAM: _Memory(self.dram_end, self.granule[Space.DRAM], consts, inputs),
                      Space.SPAD: _Memory(p.hw.scratchpad_bytes, self.granule[Space.SPAD], 0, []),
                      Space.ACC: _Memory(p.hw.accumulator_bytes, self.granule[Space.ACC], 0, [])}
         self.mem_of = [self.mems[s] for s in sorted(Space)]   # by the int in `entries`
@@ -412,7 +435,19 @@ class DataflowWalk:
         return np.ndarray(shape[i].tolist(), np.int32, arr, int(offset[i]), strides[i].tolist())
 
     def result(self) -> Dataflow:
-        return Dataflow(queue=self.queue, producer=self.producer, granule=self.granule, spans=self.spans)
+        return Dataflow(queue=self.queue, producer=self.producer, granule=self.granule, spans=self.spans,
+                        dram_end=self.dram_end)
+
+    def check_outputs_written(self, outputs) -> None:
+        """Every byte of every output is stored by the program (or is an input's): a simulator
+        would otherwise return whatever DRAM held."""
+        dram = self.mems[Space.DRAM]
+        for t in outputs:
+            g0, g1 = (t.offset - dram.base) // dram.granule, -(-(t.offset + t.nbytes - dram.base) // dram.granule)
+            unwritten = np.flatnonzero(dram.writer[g0:g1] == -1)
+            if unwritten.size:
+                byte = dram.base + (g0 + int(unwritten[0])) * dram.granule
+                raise VerificationError(f"output '{t.name}' byte {byte:#x} is never written by the program")
 
     @staticmethod
     def _unwritten(a: Access, i: int, mem: _Memory) -> int:
@@ -454,6 +489,7 @@ def _check_dataflow(p: Program, accs: list[Access]) -> Dataflow:
         for d in range(4):
             if push[i] >> d & 1:
                 fifo[(q, d)].append(i)
+    walk.check_outputs_written(p.outputs)
     for (_, d), left in fifo.items():
         if left:
             raise VerificationError(f"{len(left)} token(s) pushed to the {Queue(d).name} queue are never popped "

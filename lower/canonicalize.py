@@ -11,12 +11,16 @@ from __future__ import annotations
 import math
 from types import MappingProxyType
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.extend.core import ClosedJaxpr, Literal
 
 from stagec.errors import LoweringError
 from stagec.rule_tables import registrar
 
+from .evaluate import EVAL_RULES
 from .fold import fold
 from .graph_ir import Graph, Node, OpKind, Step, Value, expr_dtype, storage_dtype
 
@@ -28,6 +32,7 @@ class GraphBuilder:
         self._const_ids: dict[int, Value] = {}
         self._next = 0
         self._names: dict[str, int] = {}
+        self._producer: dict[int, Node] = {}
         self.scope = ""
 
     def value(self, shape, dtype="float32") -> Value:
@@ -59,7 +64,29 @@ class GraphBuilder:
         self._names[base] = k + 1
         self.nodes.append(Node(op, tuple(inputs), out, tuple(sorted(attrs.items())),
                                f"{base}_{k}" if k else base))
+        self._producer[out.id] = self.nodes[-1]
         return out
+
+    def constant_of(self, x) -> np.ndarray | None:
+        """x's value where it is computed from constants alone (a broadcast that folding kept as a view,
+        and what is built on it), else None."""
+        known = {}
+        stack = [x]
+        while stack:
+            v = stack[-1]
+            if not isinstance(v, Value) or v.id in self.constants:
+                known[id(v)] = np.asarray(v if not isinstance(v, Value) else self.constants[v.id])
+            elif v.id not in self._producer:
+                return None   # a graph input
+            else:
+                node = self._producer[v.id]
+                pending = [u for u in node.inputs if id(u) not in known]
+                if pending:
+                    stack.extend(pending)
+                    continue
+                known[id(v)] = np.asarray(EVAL_RULES[node.op](node, *[known[id(u)] for u in node.inputs]))
+            stack.pop()
+        return known[id(x)]
 
     def elementwise(self, inputs, expr, shape) -> Value:
         return self.emit(OpKind.ELEMENTWISE, inputs, shape, expr=tuple(expr))
@@ -282,25 +309,32 @@ def clamp(b, eqn, lo, x, hi):
 
 @rule("gather")
 def gather(b, eqn, table, indices):
-    """XLA gathers of whole slices by index (embedding lookups, take, advanced indexing): the
-    indexed dims of the table become one row dim, the index vectors one flat row number, and the
-    rest is a GATHER of rows."""
+    """XLA gathers of whole slices by index (embedding lookups, take, advanced indexing,
+    take_along_axis): the indexed dims of the table become one row dim, the index vectors one flat
+    row number, and the rest is a GATHER of rows. A batching dim (take_along_axis' other axes) is an
+    indexed dim whose index is the position along the indices' matching dim."""
     dn, sizes = eqn.params["dimension_numbers"], tuple(eqn.params["slice_sizes"])
     shape, ishape = np.shape(table), np.shape(indices)
-    indexed = tuple(dn.start_index_map)
+    batching = tuple(dn.operand_batching_dims)
+    indexed = tuple(dn.start_index_map) + batching
     rest = [d for d in range(len(shape)) if d not in indexed]
-    if (tuple(dn.operand_batching_dims) or sorted(dn.collapsed_slice_dims) != sorted(indexed)
+    if (sorted(dn.collapsed_slice_dims) != sorted(dn.start_index_map)
             or any(sizes[d] != 1 for d in indexed) or any(sizes[d] != shape[d] for d in rest)):
         raise LoweringError(f"gather of partial slices (equation `{eqn}`)")
     rows = math.prod(shape[d] for d in indexed)
     width = math.prod(shape[d] for d in rest)
     flat = reshape_value(b, transpose_value(b, table, list(indexed) + rest), (rows, width))
     batch = ishape[:-1]
-    parts = [reshape_value(b, _slice_last(b, indices, k), batch) for k in range(len(indexed))]
+    parts = [reshape_value(b, _slice_last(b, indices, k), batch) for k in range(len(dn.start_index_map))]
+    parts += [np.broadcast_to(np.arange(batch[d], dtype=np.int32).reshape([-1 if a == d else 1 for a in range(
+        len(batch))]), batch) for d in dn.start_indices_batching_dims]
     row = parts[0]
     for k in range(1, len(indexed)):   # row-major: row = ((i0 * d1) + i1) * d2 + i2 ...
-        row = b.elementwise([row, np.int32(shape[indexed[k]]), parts[k]], (Step("mul", (0, 1)), Step("add", (3, 2))),
-                            batch)
+        if isinstance(row, Value) or isinstance(parts[k], Value):
+            row = b.elementwise([row, np.int32(shape[indexed[k]]), parts[k]],
+                                (Step("mul", (0, 1)), Step("add", (3, 2))), batch)
+        else:
+            row = row * np.int32(shape[indexed[k]]) + parts[k]
     out = b.emit(OpKind.GATHER, [flat, row], (*batch, width))
     out = reshape_value(b, out, (*batch, *(shape[d] for d in rest)))
     # XLA puts the slice dims at offset_dims among the batch dims
@@ -320,6 +354,105 @@ def _slice_last(b, x, k):
     shape = x.shape
     return b.emit(OpKind.SLICE, [x], (*shape[:-1], 1), start=(0,) * (len(shape) - 1) + (k,),
                   limit=shape[:-1] + (k + 1,), step=(1,) * len(shape))
+
+
+# --- scatter -------------------------------------------------------------------------------------
+# A scatter with constant indices is a gather with a constant index map. The operand is cut into
+# rows (the widest trailing block the scatter moves whole), then:
+# - overwrite: each output row is one row of concat(operand rows, update rows): one GATHER;
+# - combine (add, mul, min, max): layer j holds, for each output row, its j-th incoming update row
+#   (or a row of the combiner's identity), gathered and combined with the operand elementwise: one
+#   GATHER and one vector pass per layer, as many layers as the most updates one row receives --
+#   one for index_add, index_put(accumulate=True) and scatter_add of distinct indices. (A matmul by a
+#   constant 0/1 matrix would cost operand rows x update rows MACs and a constant of that size.)
+
+_SCATTER_COMBINERS = {"scatter-add": ("add", 0), "scatter-mul": ("mul", 1), "scatter-min": ("min", np.inf),
+                      "scatter-max": ("max", -np.inf)}
+
+
+@rule("scatter", *_SCATTER_COMBINERS)
+def scatter(b, eqn, operand, indices, updates):
+    indices = b.constant_of(indices)
+    if indices is None:
+        raise LoweringError(f"{eqn.primitive.name} with indices computed from the model's inputs (equation `{eqn}`, "
+                            f"in {b.scope or 'the top level'}): stagec lowers scatters with constant indices only")
+    shape = tuple(eqn.invars[0].aval.shape)
+    targets = _scatter_targets(eqn, indices)
+    width = _row_width(shape, targets)
+    n_rows = math.prod(shape) // width
+    rows = reshape_value(b, operand, (n_rows, width))
+    update_rows = reshape_value(b, updates, (targets.size // width, width))
+    row_targets = targets[::width] // width   # a dropped row stays -1
+    if eqn.primitive.name == "scatter":
+        out = _overwrite(b, rows, update_rows, row_targets)
+    else:
+        out = _combine(b, *_SCATTER_COMBINERS[eqn.primitive.name], rows, update_rows, row_targets)
+    return reshape_value(b, out, shape)
+
+
+def _scatter_targets(eqn, indices) -> np.ndarray:
+    """The flat operand position each update element (row-major) lands on, -1 where the scatter drops
+    it: JAX's own transpose of the scatter (a gather) applied to the positions, counted from 1 in
+    float32 (exact below 2**24)."""
+    operand, _, updates = (v.aval for v in eqn.invars)
+    if operand.size >= 2**24:
+        raise LoweringError(f"{eqn.primitive.name} into {operand.size} elements (at most 2**24; equation `{eqn}`)")
+    p = eqn.params
+
+    def scatter_add(u):
+        return lax.scatter_add(jnp.zeros(operand.shape, jnp.float32), indices, u, p["dimension_numbers"],
+                               mode=p["mode"])
+    _, transpose = jax.vjp(scatter_add, jnp.zeros(updates.shape, jnp.float32))
+    (landed,) = transpose(np.arange(1, operand.size + 1, dtype=np.float32).reshape(operand.shape))
+    return np.asarray(landed).astype(np.int64).ravel() - 1
+
+
+def _row_width(shape, targets: np.ndarray) -> int:
+    """The widest trailing block of the operand that every run of update elements fills whole."""
+    for k in range(len(shape) + 1):
+        width = math.prod(shape[k:])
+        if targets.size % width:
+            continue
+        runs = targets.reshape(-1, width)
+        whole = (runs[:, :1] % width == 0) & (runs == runs[:, :1] + np.arange(width)).all(1, keepdims=True)
+        if (whole | (runs == -1).all(1, keepdims=True)).all():
+            return width
+    raise AssertionError("a width of 1 always fits")
+
+
+def _overwrite(b, rows, update_rows, row_targets):
+    n_rows = np.shape(rows)[0]
+    source = np.arange(n_rows)   # output row i is row source[i] of concat(operand rows, update rows)
+    landed = np.flatnonzero(row_targets >= 0)
+    source[row_targets[landed]] = n_rows + landed
+    if (source < n_rows).all():
+        return rows
+    if (source >= n_rows).all():   # every row overwritten: the operand is not read
+        table, source = update_rows, source - n_rows
+    else:
+        table = b.emit(OpKind.CONCAT, [rows, update_rows], (n_rows + np.shape(update_rows)[0], np.shape(rows)[1]),
+                       axis=0)
+    return b.emit(OpKind.GATHER, [table, source.astype(np.int32)], np.shape(rows))
+
+
+def _combine(b, func, identity, rows, update_rows, row_targets):
+    n_rows, width = np.shape(rows)
+    n_updates = np.shape(update_rows)[0]
+    landed = np.flatnonzero(row_targets >= 0)
+    order = landed[np.argsort(row_targets[landed], kind="stable")]
+    target = row_targets[order]
+    rank = np.arange(target.size) - np.searchsorted(target, target)   # among the updates to the same row
+    layers = np.full((rank.max(initial=-1) + 1, n_rows), n_updates, np.int32)   # n_updates: the identity row
+    layers[rank, target] = order
+    dtype = _dtype_of(update_rows)
+    if dtype == "int32" and np.isinf(identity):
+        identity = np.iinfo(np.int32).min if identity < 0 else np.iinfo(np.int32).max
+    table = b.emit(OpKind.CONCAT, [update_rows, np.full((1, width), identity, dtype)], (n_updates + 1, width), axis=0)
+    out = rows
+    for layer in layers:
+        out = b.elementwise([out, b.emit(OpKind.GATHER, [table, layer], (n_rows, width))], (Step(func, (0, 1)),),
+                            (n_rows, width))
+    return out
 
 
 # --- data movement -----------------------------------------------------------------------------
@@ -375,7 +508,7 @@ def slice_(b, eqn, x):
 
 @rule("pad")
 def pad(b, eqn, x, value):
-    config = eqn.params["padding_config"]
+    config = [tuple(int(n) for n in axis) for axis in eqn.params["padding_config"]]   # jnp.pad gives numpy ints
     if any(interior for _, _, interior in config):
         raise LoweringError(f"pad with interior padding (equation `{eqn}`)")
     shape = np.shape(x)
@@ -400,6 +533,27 @@ def concatenate(b, eqn, *xs):
 def reduce(b, eqn, x):
     return b.emit(OpKind.REDUCE, [x], _out_shape(eqn), func=eqn.primitive.name.split("_")[1],
                   axes=tuple(sorted(int(a) for a in eqn.params["axes"])))
+
+
+@rule("cumsum")
+def cumsum(b, eqn, x):
+    """A running sum along an axis of length n: a MATMUL by the constant n x n 0/1 triangle (n MACs an
+    element on the array), in float32 (integers, e.g. a mask's running count, are exact below 2**24)."""
+    ax, shape = eqn.params["axis"], _out_shape(eqn)
+    n = shape[ax]
+    triangle = np.triu(np.ones((n, n), np.float32))   # out[j] = sum of x[i] for i <= j
+    if eqn.params["reverse"]:
+        triangle = triangle.T
+    rest = [d for d in range(len(shape)) if d != ax]
+    rows = reshape_value(b, transpose_value(b, x, rest + [ax]), (math.prod(shape[d] for d in rest), n))
+    integer = _dtype_of(x) == "int32"
+    if integer:
+        rows = b.elementwise([rows], (Step("to_f32", (0,)),), np.shape(rows))
+    out = b.emit(OpKind.MATMUL, [rows, triangle], np.shape(rows))
+    if integer:
+        out = b.elementwise([out], (Step("to_i32", (0,)),), np.shape(rows))
+    out = reshape_value(b, out, tuple(shape[d] for d in rest) + (n,))
+    return transpose_value(b, out, tuple(int(i) for i in np.argsort(rest + [ax])))
 
 
 @rule("reduce_window_max", "reduce_window_sum")

@@ -28,6 +28,7 @@ from stagec.isa.instructions import (
     vector,
 )
 
+from .buffers import Buffer, local_bytes
 from .memory import ALIGN, LocalAllocator, align
 from .tensors import DTYPE_OF, DramRegion, DramTensor, coalesce
 
@@ -83,13 +84,24 @@ class Emitter:
         self.layer = -1
         self.consts = ConstPool()
         self.layer_name = ""
+        self.layer_label = ""   # the layer's name and op, as errors name it (schedule.layer_label)
+        self.local_peaks: dict[str, list[int]] = {}   # layer -> [scratchpad, accumulator] bytes it used
 
     # --- local memory -----------------------------------------------------------------------
-    def spad(self) -> LocalAllocator:
-        return LocalAllocator(self.hw.scratchpad_bytes, "scratchpad", self.layer_name)
-
-    def acc(self) -> LocalAllocator:
-        return LocalAllocator(self.hw.accumulator_bytes, "accumulator", self.layer_name)
+    def allocate(self, buffers: list[Buffer]) -> dict[str, list[int]]:
+        """Place one nest's buffers (lower.buffers: the list the mapper checked fits) in the
+        scratchpad and the accumulator, which the nest owns whole: {name: the base of each of its
+        buffers}.  Largest alignment first, so no gap opens; each layer's high-water marks are kept
+        in `local_peaks`."""
+        memories = {Space.SPAD: LocalAllocator(self.hw.scratchpad_bytes, "scratchpad", self.layer_name),
+                    Space.ACC: LocalAllocator(self.hw.accumulator_bytes, "accumulator", self.layer_name)}
+        bases = {b.name: [memories[b.space].alloc(int(b.nbytes), b.align) for _ in range(int(b.count))]
+                 for b in sorted(buffers, key=lambda b: -b.align)}
+        peaks = self.local_peaks.setdefault(self.layer_name, [0, 0])
+        for i, (space, need) in enumerate(zip((Space.SPAD, Space.ACC), local_bytes(buffers), strict=True)):
+            memories[space].expect(int(need))
+            peaks[i] = max(peaks[i], int(need))
+        return bases
 
     def _append(self, ins: Instruction, dram: DramRegion | None = None) -> None:
         self.instructions.append(ins)
@@ -123,8 +135,11 @@ class Emitter:
     def _box(self, t: DramTensor, start, axes, counts, space, base, op) -> None:
         counts = [int(c) for c in counts]
         local = [math.prod(counts[i + 1:]) for i in range(len(counts))]
-        # Merge dims contiguous on both sides; loop over what does not fit one 3-D DMA.
-        shape, (dram_s, local_s) = coalesce(counts, [t.strides[a] for a in axes], local)
+        # Merge dims contiguous on both sides, within the counts' 16-bit field (a weight box of
+        # 3x3x64x128 is one DMA of 576 x 128, not 73728 split at 65535 into two of different shapes,
+        # whose matmuls would read across them); loop over what does not fit one 3-D DMA.
+        shape, (dram_s, local_s) = _factor(*coalesce(counts, [t.strides[a] for a in axes], local,
+                                                     max_count=MAX_COUNT))
         lead = max(len(shape) - 3, 0)
         fill = (1,) * (3 - len(shape[lead:]))
         inner = fill + shape[lead:]
@@ -155,6 +170,19 @@ class Emitter:
 def _dram_operand(t: DramTensor, start, axes) -> Operand:
     strides = tuple(t.strides[a] if a is not None else 0 for a in axes)
     return Operand(Space.DRAM, t.address(start), strides)
+
+
+def _factor(shape, strides_list):
+    """(shape, strides_list) with each count above the 16-bit field split in two counts within it
+    where it factors so (a * b, stride s -> a with stride b * s, b with stride s)."""
+    out_shape, out_strides = [], [[] for _ in strides_list]
+    for i, d in enumerate(shape):
+        a = next((a for a in range(-(-d // MAX_COUNT), MAX_COUNT + 1) if d % a == 0), None) if d > MAX_COUNT else None
+        counts = (d,) if a is None else (a, d // a)
+        out_shape += counts
+        for out, strides in zip(out_strides, strides_list, strict=True):
+            out += [strides[i]] if a is None else [strides[i] * (d // a), strides[i]]
+    return tuple(out_shape), [tuple(s) for s in out_strides]
 
 
 def _split_counts(n):

@@ -5,7 +5,9 @@ reshapes, masks built from iota) run in numpy, one rule per primitive; any other
 primitive binds through JAX.  Binding compiles an XLA kernel per primitive and
 shape, which cost a model's first compile seconds; numpy costs nothing to start.
 Results take the equation's output dtype (numpy would widen float32 by a float64
-literal, JAX keeps float32).
+literal, JAX keeps float32).  Arithmetic flushes float32 subnormals to zero, in its
+inputs and its results, as XLA's CPU arithmetic does (what the simulator and a traced
+model's evaluation compute); data movement, neg and abs keep them, as XLA's do.
 """
 
 from __future__ import annotations
@@ -26,12 +28,30 @@ _ELEMENTWISE = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np
                 "ne": np.not_equal, "and": np.bitwise_and, "or": np.bitwise_or, "not": np.invert}
 
 
+_SIGN_ONLY = frozenset({"neg", "abs"})   # sign-bit operations: subnormals pass through
+
+
+def flush_subnormals(x):
+    """float32 subnormals as zeros of their sign (XLA's CPU arithmetic: denormals-are-zero, flush-to-zero)."""
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        return x
+    return np.where(np.abs(x) < np.finfo(np.float32).tiny, np.copysign(np.float32(0), x), x)
+
+
+def _arithmetic(fn):
+    """fn on flushed inputs, with its result flushed."""
+    return lambda eqn, *xs: flush_subnormals(fn(eqn, *map(flush_subnormals, xs)))
+
+
 @fold_rule(*_ELEMENTWISE)
 def fold_elementwise(eqn, *xs):
-    return _ELEMENTWISE[eqn.primitive.name](*xs)
+    fn = _ELEMENTWISE[eqn.primitive.name]
+    return fn(*xs) if eqn.primitive.name in _SIGN_ONLY else _arithmetic(lambda _, *a: fn(*a))(eqn, *xs)
 
 
 @fold_rule("div")
+@_arithmetic
 def fold_div(eqn, x, y):
     if np.issubdtype(eqn.outvars[0].aval.dtype, np.integer):
         raise NotImplementedError   # lax.div truncates toward zero, numpy floors: let JAX do it
@@ -39,8 +59,9 @@ def fold_div(eqn, x, y):
 
 
 @fold_rule("rsqrt")
+@_arithmetic
 def fold_rsqrt(eqn, x):
-    return 1.0 / np.sqrt(x)
+    return 1.0 / np.sqrt(np.asarray(x, np.float64))   # rounded once: within XLA's last place
 
 
 @fold_rule("reshape")
@@ -71,7 +92,7 @@ def fold_broadcast_in_dim(eqn, x):
 def fold_convert(eqn, x):
     if np.issubdtype(np.asarray(x).dtype, np.floating) and np.issubdtype(eqn.params["new_dtype"], np.integer):
         raise NotImplementedError   # float -> int saturation rules are XLA's: let JAX do it
-    return x
+    return flush_subnormals(x) if eqn.params["new_dtype"] == np.bool_ else x   # x != 0, as XLA compares
 
 
 @fold_rule("iota")
@@ -103,7 +124,8 @@ def fold(eqn, ins) -> list[np.ndarray]:
     rule = FOLDS.get(eqn.primitive.name)
     if rule is not None and not eqn.primitive.multiple_results:
         try:
-            out = rule(eqn, *ins)
+            with np.errstate(all="ignore"):   # inf and nan fold as XLA computes them, without warnings
+                out = rule(eqn, *ins)
         except NotImplementedError:
             pass
         else:

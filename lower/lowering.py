@@ -20,12 +20,13 @@ from stagec.isa.instructions import DType, Operand, encode
 from stagec.isa.program import Layer, Program, Region, RegionKind, TensorRef
 from stagec.rule_tables import registrar
 
+from .buffers import epilogue_layout
 from .emitter import Emitter
 from .graph_ir import RECORD_WORDS, Graph, Node, OpKind, Value, record_inputs
 from .layout import ALWAYS_VIEWS, Layout, view_of
 from .matrix import as_conv, emit_conv
 from .memory import Interval, align, allocate_by_liveness
-from .schedule import Schedule, node_problem
+from .schedule import Schedule, layer_label, node_problem
 from .tensors import DTYPE_OF, DramRegion, DramTensor
 from .tokens import insert_tokens
 from .vector import COPY, emit_elementwise, emit_gather, emit_reduce
@@ -77,10 +78,10 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
     m = ctx.schedule[node.name]
     x, out = ctx.tensor(node.inputs[0]), ctx.tensor(node.output)
     extras = _extras(ctx, node, 2, node.output.shape)
-    expr = node.attr("epilogue")
+    epilogue = epilogue_layout(node)
     if kind == "depthwise":
         w = ctx.weights(node.inputs[1], (1, 2, 3, 0))     # [KH, KW, C]: a tap's channels contiguous
-        emit_window(ctx.em, "depthwise", p, m, x, out, w, expr, extras, ctx.fill)
+        emit_window(ctx.em, "depthwise", p, m, x, out, w, epilogue, extras, ctx.fill)
         return
     # [KH, KW, C, O]: taps, then k x n tiles; stacked, [KW, KH, C, O] (its k order)
     w = ctx.weights(node.inputs[1], (3, 2, 1, 0) if m.stacked else (2, 3, 1, 0))
@@ -91,7 +92,7 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
             limit = list(t.shape)
             start[dim], limit[dim] = gi * size, (gi + 1) * size
             return t.slice(start, limit, (1,) * t.rank)
-        emit_conv(ctx.em, p, m, part(x, 1, p.c), part(w, 0, p.o), part(out, 1, p.o), expr,
+        emit_conv(ctx.em, p, m, part(x, 1, p.c), part(w, 0, p.o), part(out, 1, p.o), epilogue,
                   [part(e, 1, p.o) for e in extras], ctx.fill)
 
 
@@ -101,6 +102,7 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
     m = ctx.schedule[node.name]
     a, b, out = ctx.tensor(node.inputs[0]), ctx.weights(node.inputs[1], None), ctx.tensor(node.output)
     extras = _extras(ctx, node, 2, node.output.shape)
+    epilogue = epilogue_layout(node)
     batch = out.shape[:-2]
     for idx in np.ndindex(*batch):
         def pick(t, idx=idx):
@@ -108,7 +110,7 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
                 t = t.select(0, i)
             return t
         emit_conv(ctx.em, p, m, as_conv(pick(a), "x"), as_conv(pick(b), "w"), as_conv(pick(out), "x"),
-                  node.attr("epilogue"), [as_conv(pick(e), "x") for e in extras], ctx.fill)
+                  epilogue, [as_conv(pick(e), "x") for e in extras], ctx.fill)
 
 
 @register(OpKind.POOL)
@@ -209,7 +211,7 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
     for node in graph.nodes:
         if not _emits(node, layout):
             continue
-        em.layer, em.layer_name = len(layers), node.name
+        em.layer, em.layer_name, em.layer_label = len(layers), node.name, layer_label(node)
         if node.op not in LOWERINGS:
             raise LoweringError(f"no lowering rule for graph op {node.op.value} ({node.name})")
         LOWERINGS[node.op](ctx, node)
@@ -235,7 +237,8 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
             refs.append(ref)
             regions.append(Region(ref.name, kind, ref.offset, ref.nbytes))
     regions.append(Region("activations", RegionKind.INTERMEDIATE, data_base + arena, peak))
-    meta = {"peak_activation_bytes": peak, "activation_bytes": total, **(metadata or {})}
+    meta = {"peak_activation_bytes": peak, "activation_bytes": total, "local_peak_bytes": em.local_peaks,
+            **(metadata or {})}
     program = Program(code=code, layer_ids=np.array(em.layer_ids, np.int32), layers=tuple(layers),
                       inputs=tuple(inputs), outputs=tuple(outputs), regions=tuple(regions), constants=blob,
                       dram_bytes=max(dram, data_base + 64), hw=hw, metadata=meta)

@@ -22,9 +22,18 @@ from stagec.errors import LoweringError
 from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space, VectorFunc
 
 from . import tile_expr
+from .buffers import (
+    EPILOGUE_TILES,
+    EPILOGUE_VECTORS,
+    NO_EXTRAS,
+    EpilogueLayout,
+    conv_buffers,
+    one_spatial_tile,
+    tile_line,
+)
 from .emitter import ACC_DTYPE
-from .graph_ir import RECORD_WORDS, Expr, record_inputs
-from .schedule import FP32, ConvProblem, TileMapping, halo_buffers, one_spatial_tile, row_tiles, tile_line, tiles
+from .graph_ir import RECORD_WORDS
+from .schedule import ConvProblem, TileMapping, row_tiles, tiles
 from .tensors import DramTensor
 
 # Tile axes of an NCHW output: rows (H), cols (W), channels (O).
@@ -32,50 +41,37 @@ OUT_AXES = (2, 3, 1)
 
 
 class Epilogue:
-    """An epilogue expr and its extra inputs (views broadcast to the output's NCHW shape; requant
-    records [N, C, H, W, 4]).
+    """A fused epilogue (lower.buffers.EpilogueLayout) over its extra inputs (views broadcast to the
+    output's NCHW shape; requant records [N, C, H, W, 4]), in the nest's buffers (`bases`, from
+    Emitter.allocate).
 
-    Per-channel inputs (a bias, requant records: stride 0 over batch, rows and columns) are loaded
-    once for the whole op; the others get a tile buffer each (x `bufs`), loaded per output tile.
+    Channel vectors and scalars are loaded once for the whole nest, or, `channels_per_tile` (a
+    nest of one spatial tile, lower.buffers.one_spatial_tile), a channel tile (`tile_o` channels)
+    per output tile into one of `bufs` copies; tile inputs are loaded per output tile into a tile
+    buffer each (x `bufs`).
     """
 
-    def __init__(self, em, spad, expr: Expr | None, extras: list[DramTensor], tile: tuple[int, int, int], bufs: int,
-                 channels_per_tile: bool = False):
-        self.expr, self.extras = expr, extras
-        n = len(extras) + 1
-        records = record_inputs(expr)
-        self.plan = tile_expr.plan(expr, n, frozenset({0} | {k + 1 for k, e in enumerate(extras)
-                                                           if all(e.strides[a] for a in OUT_AXES)})) if expr else None
-        size = tile[0] * tile[1] * tile[2] * FP32
-        self.resident, self.channel_bytes = {}, {}   # extra -> scratchpad base, bytes per channel (0: broadcast)
-        self.channel_buf = {}   # extra -> (its per-tile buffers, requant records?) (schedule.one_spatial_tile)
-        for k, e in enumerate(extras if expr else ()):
-            if all(e.strides[a] == 0 or e.shape[a] == 1 for a in (0, 2, 3)):   # as schedule.node_problem counts
-                if channels_per_tile and e.strides[1] != 0 and e.shape[1] > 1:
-                    record = k + 1 in records
-                    per = RECORD_WORDS * DType.I32.itemsize if record else e.dtype.itemsize
-                    self.channel_buf[k] = ([spad.alloc(tile[2] * per, REQUANT_RECORD_BYTES if record else 4)
-                                            for _ in range(bufs)], record)
-                    self.channel_bytes[k] = per
-                    continue
-                if k + 1 in records:
-                    self.resident[k], self.channel_bytes[k] = _load_records(em, spad, e)
-                    continue
-                base = spad.alloc(e.shape[1] * e.dtype.itemsize)
-                _load_channels(em, e, False, 0, e.shape[1], base)
-                self.resident[k], self.channel_bytes[k] = base, e.dtype.itemsize
-            elif k + 1 in records:
-                raise ValueError(f"{em.layer_name}: requant records vary over rows or columns; they are per "
-                                 f"channel or per tensor")
-        self.extra_buf = [[spad.alloc(size) if k not in self.resident and k not in self.channel_buf else None
-                           for k in range(len(extras))] for _ in range(bufs)]
-        self.temp_buf = [[spad.alloc(size) for _ in range(self.plan.temps if expr else 0)] for _ in range(bufs)]
+    def __init__(self, em, layout: EpilogueLayout | None, extras: list[DramTensor], bases: dict[str, list[int]],
+                 tile_o: int, channels: int, bufs: int, channels_per_tile: bool = False):
+        self.layout, self.extras = layout, extras
+        channels, copies = (tile_o, bufs) if channels_per_tile else (channels, 1)
+        vectors = bases[EPILOGUE_VECTORS][0]
+        self.vectors = {k: [vectors + at for at in offsets]   # input -> base of each copy
+                        for k, offsets in (layout.vector_offsets(channels, copies) if layout else {}).items()}
+        self.per_tile = channels_per_tile
+        inputs = layout.inputs if layout else ()
+        for k, i in enumerate(inputs):
+            if i.kind == "scalar" or not channels_per_tile and i.kind == "channel":
+                _load_channels(em, extras[k], i.record, 0, channels if i.kind == "channel" else 1, self.vectors[k][0])
+        tiles = iter(bases[EPILOGUE_TILES])
+        self.tile_buf = [{k: next(tiles) for k, i in enumerate(inputs) if i.kind == "tile"} for _ in range(bufs)]
+        self.temp_buf = [[next(tiles) for _ in range(layout.plan.temps if layout else 0)] for _ in range(bufs)]
 
     def emit(self, em, acc_tile: tile_expr.LocalTile, n: int, o0: int, h0: int, w0: int, counts, buf: int,
              final: tile_expr.LocalTile | None = None):
         """Run the epilogue on `acc_tile` (holding output box counts at (n, o0, h0, w0)); return the result
         tile: `final` (a scratchpad tile) when given, which frees the accumulator tile before the store."""
-        if not self.expr:
+        if not self.layout:
             if final is None:
                 return acc_tile
             out = tile_expr.LocalTile(final.space, final.base, tuple(counts), acc_tile.dtype)
@@ -83,36 +79,28 @@ class Epilogue:
                       dtype=acc_tile.dtype)
             return out
         args = [acc_tile]
-        for k, e in enumerate(self.extras):
-            if k in self.channel_buf:
-                bases, record = self.channel_buf[k]
-                base = bases[buf]
-                _load_channels(em, e, record, o0, counts[2], base)
-                args.append(tile_expr.LocalTile(Space.SPAD, base, (1, 1, counts[2]), e.dtype))
-                continue
-            if k in self.resident:
-                per = self.channel_bytes[k]
-                args.append(tile_expr.LocalTile(Space.SPAD, self.resident[k] + o0 * per,
-                                                (1, 1, counts[2] if per else 1), e.dtype))
-                continue
-            extent = tuple(c if e.strides[a] else 1 for c, a in zip(counts, OUT_AXES, strict=True))
-            tile = tile_expr.LocalTile(Space.SPAD, self.extra_buf[buf][k], extent, e.dtype)
-            em.load(e, (n, o0, h0, w0), OUT_AXES, extent, tile.operand(extent))
+        for k, (e, i) in enumerate(zip(self.extras, self.layout.inputs, strict=True)):
+            if i.kind == "tile":
+                extent = i.extent(counts)
+                tile = tile_expr.LocalTile(Space.SPAD, self.tile_buf[buf][k], extent, e.dtype)
+                em.load(e, (n, o0, h0, w0), OUT_AXES, extent, tile.operand(extent))
+            elif i.kind == "scalar":
+                tile = tile_expr.LocalTile(Space.SPAD, self.vectors[k][0], (1, 1, 1), e.dtype)
+            elif self.per_tile:
+                base = self.vectors[k][buf]
+                _load_channels(em, e, i.record, o0, counts[2], base)
+                tile = tile_expr.LocalTile(Space.SPAD, base, (1, 1, counts[2]), e.dtype)
+            else:
+                per = REQUANT_RECORD_BYTES if i.record else e.dtype.itemsize
+                tile = tile_expr.LocalTile(Space.SPAD, self.vectors[k][0] + o0 * per, (1, 1, counts[2]), e.dtype)
             args.append(tile)
         temps = [tile_expr.LocalTile(Space.SPAD, b, tuple(counts)) for b in self.temp_buf[buf]]
-        return tile_expr.emit(em, self.expr, self.plan, args, temps, counts, final)
-
-
-def _load_records(em, spad, e: DramTensor) -> tuple[int, int]:
-    """LOAD requant records (one per channel, or one for all) once; (scratchpad base, bytes per channel)."""
-    per_channel = e.strides[1] != 0 and e.shape[1] > 1
-    base = spad.alloc((e.shape[1] if per_channel else 1) * RECORD_WORDS * DType.I32.itemsize, REQUANT_RECORD_BYTES)
-    _load_channels(em, e, True, 0, e.shape[1] if per_channel else 1, base)
-    return base, RECORD_WORDS * DType.I32.itemsize if per_channel else 0
+        return tile_expr.emit(em, self.layout.expr, self.layout.plan, args, temps, counts, final)
 
 
 def _load_channels(em, e: DramTensor, record: bool, o0: int, count: int, base: int) -> None:
-    """LOAD channels o0 .. o0 + count of a per-channel epilogue input (a vector, or requant records)."""
+    """LOAD channels o0 .. o0 + count of a per-channel epilogue input (a vector, or requant records;
+    one of them for a scalar)."""
     if not record:
         em.load(e, (0, o0, 0, 0), OUT_AXES, (1, 1, count), Operand(Space.SPAD, base, (0, 0, 1)))
         return
@@ -124,43 +112,46 @@ def _load_channels(em, e: DramTensor, record: bool, o0: int, count: int, base: i
 
 
 def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, out: DramTensor,
-              expr: Expr | None = None, extras: list[DramTensor] = (), fill: Callable | None = None) -> None:
+              epilogue: EpilogueLayout | None = None, extras: list[DramTensor] = (),
+              fill: Callable | None = None) -> None:
     """Emit a whole convolution; x [N,C,H,W], w [O,C,KH,KW], out [N,O,OH,OW] are DRAM views.  Float32
     operands accumulate in float32, int8 ones in int32 (the epilogue then sees an int32 tile)."""
     if x.dtype != w.dtype or x.dtype not in ACC_DTYPE:
         raise TypeError(f"{em.layer_name}: the array multiplies float32 or int8 operands, not {x.dtype.name} "
                         f"by {w.dtype.name}")
+    if x.dtype.itemsize != p.itemsize:
+        raise AssertionError(f"{em.layer_name}: internal error: {x.dtype.name} operands of a problem of "
+                             f"{p.itemsize}-byte elements")
     acc_type = ACC_DTYPE[x.dtype]
-    xb, wb, ab = x.dtype.itemsize, w.dtype.itemsize, acc_type.itemsize
-    spad, acc = em.spad(), em.acc()
+    xb, wb = x.dtype.itemsize, w.dtype.itemsize
     bufs = 2 if m.double_buffer else 1
     (pt, _), (pl, _) = p.padding
     sh, sw = p.stride
     dh, dw = p.dilation
-    ih_max, iw_max = p.halo(m.tile_oh, m.tile_ow)
     one = bool(one_spatial_tile(p, m.tile_oh, m.tile_ow, m.stacked))
-    halo_rows = m.tile_oh * p.kh if m.stacked else ih_max
-    halo_buf = [spad.alloc(halo_rows * iw_max * m.tile_c * xb)
-                for _ in range(int(halo_buffers(p, m.tile_oh, m.tile_ow, m.tile_c, m.stacked, bufs)))]
+    bases = em.allocate(conv_buffers(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, int(m.double_buffer),
+                                     m.weights_resident, epilogue.extras if epilogue else NO_EXTRAS,
+                                     int(m.single_acc), int(m.transposed), int(m.stacked)))
+    halo_buf = bases["halo"]
     taps = p.kh * p.kw
-    # the weights' k order: (kernel row, kernel column, channel), stacked (kernel column, kernel row, channel)
+    # the weights' k order: (kernel row, kernel column, channel), stacked (kernel column, kernel row, channel).
+    # Resident, they are held a channel tile after another, each [taps][channels of the tile][O], so
+    # that a MATMUL's k (a kernel row's or the whole kernel's taps over the tile's channels) is one run
     w_axes = (3, 2, 1, 0) if m.stacked else (2, 3, 1, 0)
     w_counts = (p.kw, p.kh) if m.stacked else (p.kh, p.kw)
+    c_tiles = tiles(p.c, m.tile_c)
     if m.weights_resident:
-        wres = spad.alloc(taps * p.c * p.o * wb)
-        em.load_box(w, (0, 0, 0, 0), w_axes, (*w_counts, p.c, p.o), Space.SPAD, wres)
+        wres = bases["weights"][0]
+        for c0, tc in c_tiles:
+            em.load_box(w, (0, c0, 0, 0), w_axes, (*w_counts, tc, p.o), Space.SPAD, wres + c0 * taps * p.o * wb)
     else:
-        w_buf = [spad.alloc(taps * m.tile_c * m.tile_o * wb) for _ in range(bufs)]
-    epi = Epilogue(em, spad, expr, list(extras), (m.tile_oh, m.tile_ow, m.tile_o), bufs, one)
-    acc_pixels = tile_line(p, m.tile_oh, m.tile_ow)[0] if m.transposed else m.tile_oh * m.tile_ow
-    acc_buf = [acc.alloc(acc_pixels * m.tile_o * ab) for _ in range(m.acc_buffers)]
-    out_tile = m.tile_oh * m.tile_ow * m.tile_o * FP32
+        w_buf = bases["weights"]
+    epi = Epilogue(em, epilogue, list(extras), bases, m.tile_o, p.o, bufs, one)
+    acc_buf = bases["accumulator"]
     # one accumulator tile: the epilogue writes its result to the scratchpad, so the next tile's
     # MATMULs wait for the epilogue only, not the store; a transposed nest's COPY does that already
-    final = tile_expr.LocalTile(Space.SPAD, spad.alloc(out_tile), (1, 1, 1)) \
-        if m.single_acc and not m.transposed else None
-    turned = [spad.alloc(out_tile) for _ in range(m.acc_buffers)] if m.transposed else None
-    c_tiles = tiles(p.c, m.tile_c)
+    final = tile_expr.LocalTile(Space.SPAD, bases["result"][0], (1, 1, 1)) if bases["result"] else None
+    turned = bases["turned"]
     n_halo = n_w = n_out = 0
 
     def load_halo(n, oh0, th, ow0, tw, c0, tc):
@@ -206,8 +197,7 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
                             continue
                         h_base, iw = halo
                         if m.weights_resident:
-                            w_base, k_stride = wres + (c0 * p.o + o0) * wb, p.o
-                            tap_stride = p.c * p.o
+                            w_base, k_stride, tap_stride = wres + (c0 * taps * p.o + o0) * wb, p.o, tc * p.o
                         else:
                             w_base, k_stride, tap_stride = w_buf[n_w % bufs], to, tc * to
                             n_w += 1

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stagec.errors import TilingError
-
 ALIGN = 64
 
 
@@ -47,7 +45,11 @@ def allocate_by_liveness(intervals: list[Interval]) -> tuple[dict[str, int], int
 
 
 class LocalAllocator:
-    """Bump allocation of a scratchpad or accumulator for one op (the op owns the whole memory)."""
+    """Bump allocation of a scratchpad or accumulator for one nest (the nest owns the whole memory).
+
+    The mapper has already checked that the nest's buffers fit (lower.buffers, one description for
+    both), so running out here, or a gap between buffers the footprint does not count, is a bug in
+    the compiler, not a tiling the user can change: an internal error that names the layer."""
 
     def __init__(self, capacity: int, what: str, layer: str):
         self.capacity, self.what, self.layer = capacity, what, layer
@@ -56,6 +58,13 @@ class LocalAllocator:
     def alloc(self, nbytes: int, align_to: int = 4) -> int:
         base = align(self.top, align_to)
         if base + nbytes > self.capacity:
-            raise TilingError(f"{self.layer}: {self.what} overflow: needs {base + nbytes} bytes, has {self.capacity}")
+            raise AssertionError(f"{self.layer}: internal error: {self.what} overflow: needs {base + nbytes} bytes, "
+                                 f"has {self.capacity}, in a tiling the mapper accepted")
         self.top = base + nbytes
         return base
+
+    def expect(self, nbytes: int) -> None:
+        """Check the buffers took exactly the footprint the mapper computed for them."""
+        if self.top != nbytes:
+            raise AssertionError(f"{self.layer}: internal error: the {self.what} buffers take {self.top} bytes, "
+                                 f"their footprint says {nbytes}")

@@ -11,28 +11,41 @@ share.  Only fp32 layers pack: int8 depthwise keeps lower.window's integer sums.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from types import MappingProxyType
 
 import numpy as np
 
+from stagec.errors import TilingError
 from stagec.isa.config import HardwareConfig
 
 from .graph_ir import Graph, Node, OpKind, Value
 from .passes import dce
-from .schedule import ConvProblem, map_conv, map_window, node_problem
+from .schedule import ConvProblem, layer_label, map_conv, map_window, node_problem
 
 
 def packing(p: ConvProblem, extras, hw: HardwareConfig, layer: str) -> int:
-    """The channels per group G to pack the depthwise conv `p` by, or 0 for the vector unit."""
-    _, best = map_window(p, hw, extras, True, layer, with_cost=True)
+    """The channels per group G to pack the depthwise conv `p` by, or 0 for the vector unit: the
+    cheapest that fits (where the vector unit's smallest tiling does not fit, a packing that does
+    is the way to run the layer); if none fits, the vector unit's TilingError."""
+    try:
+        _, best = map_window(p, hw, extras, True, layer, with_cost=True)
+        error = None
+    except TilingError as e:
+        best, error = math.inf, e
     choice = 0
     for g in range(2, min(p.c, hw.array_cols) + 1):
         if p.c % g:
             continue
-        _, cost = map_conv(replace(p, c=g, o=g), hw, extras, layer, with_cost=True)
+        try:
+            _, cost = map_conv(replace(p, c=g, o=g), hw, extras, layer, with_cost=True)
+        except TilingError:
+            continue
         if p.c // g * cost < best:
             best, choice = p.c // g * cost, g
+    if error and not choice:
+        raise error
     return choice
 
 
@@ -57,7 +70,7 @@ def pack_depthwise(graph: Graph, hw: HardwareConfig, keep=frozenset()) -> Graph:
         g = 0
         if (found and found[0] == "depthwise" and node.inputs[1].id in consts and node.inputs[0].dtype == "float32"
                 and node.name not in keep):
-            g = packing(found[1], found[2], hw, node.name)
+            g = packing(found[1], found[2], hw, layer_label(node))
         if not g:
             nodes.append(node)
             continue

@@ -108,18 +108,22 @@ def _deferred_row_scale(node: Node, single, ids) -> list[Node] | None:
 
 
 def compose(outer_inputs, outer_expr: Expr, k: int, inner_inputs, inner_expr: Expr):
-    """Substitute `inner` (an expr over inner_inputs) for input k of `outer`.
+    """Substitute `inner` (an expr over inner_inputs) for input k of `outer`, and for every other
+    input of `outer` that is the same value (`y * y` reads y twice and absorbs its producer once).
 
-    Returns (inputs, expr) over inner_inputs + outer_inputs-without-k, with repeated
-    inputs merged.  An empty inner expr is the identity on its input 0.
+    Returns (inputs, expr) over inner_inputs + the other outer inputs, with repeated inputs merged.
+    An empty inner expr is the identity on its input 0.
     """
     m, n = len(inner_inputs), len(outer_inputs)
-    base = m + n - 1
+    replaced = outer_inputs[k].id
+    rest = [i for i in range(n) if outer_inputs[i].id != replaced]
+    position = {i: m + j for j, i in enumerate(rest)}
+    base = m + len(rest)
     inner_result = (base + len(inner_expr) - 1) if inner_expr else 0
 
     def outer_ref(a):
         if a < n:
-            return inner_result if a == k else m + a - (a > k)
+            return position.get(a, inner_result)
         return base + len(inner_expr) + (a - n)
 
     def inner_ref(a):
@@ -127,7 +131,7 @@ def compose(outer_inputs, outer_expr: Expr, k: int, inner_inputs, inner_expr: Ex
 
     steps = [Step(s.func, tuple(inner_ref(a) for a in s.args)) for s in inner_expr]
     steps += [Step(s.func, tuple(outer_ref(a) for a in s.args)) for s in outer_expr]
-    inputs = list(inner_inputs) + [v for i, v in enumerate(outer_inputs) if i != k]
+    inputs = list(inner_inputs) + [outer_inputs[i] for i in rest]
     return dedupe(inputs, tuple(steps))
 
 

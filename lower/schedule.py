@@ -3,8 +3,9 @@
 The default mapper is a fast heuristic: a small grid of candidate tile sizes
 per dim (powers of two, the whole dim, balanced splits), filtered by what fits
 the scratchpad and accumulator (double-buffered or not), ranked by an
-analytic estimate of the busiest unit.  When nothing fits, the error names the
-layer and the bytes the smallest tile needs.
+analytic estimate of the busiest unit.  What fits is what lower.buffers lists for the
+nest, the buffers the emitter then allocates.  When nothing fits, the TilingError names the
+layer, the memory, the bytes the smallest tiling needs there and the memory's capacity.
 """
 
 from __future__ import annotations
@@ -17,7 +18,17 @@ import numpy as np
 from stagec.errors import InputError, TilingError
 from stagec.isa.config import HardwareConfig
 
-FP32 = 4
+from .buffers import (
+    FP32,
+    NO_EXTRAS,
+    Extras,
+    conv_buffers,
+    epilogue_extras,
+    local_bytes,
+    tile_line,
+    window_buffers,
+)
+
 MAX_HALO = 65535
 
 
@@ -38,6 +49,7 @@ class ConvProblem:
     stride: tuple[int, int] = (1, 1)
     padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
     dilation: tuple[int, int] = (1, 1)
+    itemsize: int = FP32    # bytes of an input or weight element (1: int8)
     widened: bool = False   # int8 halos and weights also held as int32 (lower.window's int8 sums)
 
     @property
@@ -72,14 +84,6 @@ def strides_turn(stride):
     halo: row r, column q at halo pixel r * sh * iw + q * sw, i.e. line position r * pitch + q, which
     needs sh a multiple of sw.  Works on arrays (the cost model's LayerShape fields)."""
     return stride[0] % stride[1] == 0
-
-
-def tile_line(p, th, tw):
-    """(B's columns, row pitch) of a transposed tile of `p` (a ConvProblem or what has its stride,
-    dilation and kw): the line from the tile's first pixel to its last, the columns between its rows
-    (halo columns no output reads) computed and dropped.  Works on arrays of candidates."""
-    pitch = p.stride[0] // p.stride[1] * ((tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1)
-    return (th - 1) * pitch + tw, pitch
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,7 @@ class TileMapping:
         flags = [f for f, on in (("db", self.double_buffer), ("w-resident", self.weights_resident),
                                  ("1-acc", self.single_acc), ("transposed", self.transposed),
                                  ("stacked", self.stacked)) if on]
-        return f"tile(oh={self.tile_oh}, ow={self.tile_ow}, o={self.tile_o}, c={self.tile_c}) {' '.join(flags)}"
+        return " ".join([f"tile(oh={self.tile_oh}, ow={self.tile_ow}, o={self.tile_o}, c={self.tile_c})", *flags])
 
 
 def _sizes(dim: int, cap: int = MAX_HALO) -> np.ndarray:
@@ -141,55 +145,6 @@ def _grid(**axes) -> dict[str, np.ndarray]:
     return {k: v.reshape(-1) for k, v in zip(axes, mesh, strict=True)}
 
 
-def one_spatial_tile(p: ConvProblem, th, tw, stacked=0, xp=np):
-    """Whether a matrix-unit nest has one spatial tile: it then loads its input halo once (one
-    buffer, when the channels are not tiled either) and visits each output-channel tile once, so
-    its per-channel epilogue vectors are loaded a tile at a time, double-buffered like the weights,
-    instead of whole.  Works on arrays of candidates."""
-    return (p.n == 1) & (th >= p.oh) & (tw >= p.ow) & (xp.asarray(stacked) == 0)
-
-
-def halo_buffers(p: ConvProblem, th, tw, tc, stacked, bufs, xp=np):
-    """Input-halo buffers of a matrix-unit nest: one where the halo is loaded once (one spatial
-    tile, the channels whole), else `bufs`.  Works on arrays of candidates."""
-    return xp.where(one_spatial_tile(p, th, tw, stacked, xp) & (tc >= p.c), 1, bufs)
-
-
-def conv_footprint(p: ConvProblem, th, tw, to, tc, double_buffer, resident, extras=(0, 0), xp=np, single_acc=0,
-                   transposed=0, stacked=0):
-    """(scratchpad bytes, accumulator bytes) a matrix-unit mapping occupies, as lower.matrix
-    allocates them: input halos, weights (tiles or all of them), epilogue operand tiles and
-    per-channel epilogue vectors, the result tile of `single_acc` or the turned tiles of
-    `transposed`; accumulator tiles (one with `single_acc`).  Works on arrays of candidates."""
-    tile_extras, channel_extras = extras
-    bufs = 1 + double_buffer
-    ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
-    iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
-    weights = xp.where(resident, p.kh * p.kw * p.c * p.o, bufs * p.kh * p.kw * tc * to) * FP32
-    out_tile = th * tw * to * FP32
-    halo = (stacked * th * p.kh + (1 - stacked) * ih) * iw * tc
-    acc_bufs = bufs - double_buffer * single_acc
-    one = one_spatial_tile(p, th, tw, stacked, xp)
-    # a transposed nest turns each accumulator tile into one of as many scratchpad tiles
-    spad = (halo_buffers(p, th, tw, tc, stacked, bufs, xp) * halo * FP32 + weights
-            + (bufs * tile_extras + transposed * acc_bufs + single_acc * (1 - transposed)) * out_tile
-            + channel_extras * xp.where(one, bufs * to, p.o) * FP32)
-    acc_tile = (transposed * tile_line(p, th, tw)[0] + (1 - transposed) * th * tw) * to * FP32
-    return spad, acc_bufs * acc_tile
-
-
-def window_footprint(p: ConvProblem, th, tw, to, double_buffer, extras=(0, 0), weighted=True, xp=np):
-    """(scratchpad, accumulator) bytes of a depthwise/pooling mapping (lower.window's buffers)."""
-    tile_extras, channel_extras = extras
-    bufs = 1 + double_buffer
-    ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
-    iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
-    out_tile = th * tw * to * FP32
-    item = FP32 + 1 if p.widened else FP32   # an int8 element and its int32 copy, else one fp32 element
-    spad = bufs * (ih * iw * to * item + (p.kh * p.kw * to * item if weighted else 0) + tile_extras * out_tile)
-    return spad + channel_extras * p.o * FP32, bufs * out_tile
-
-
 def fits(p: ConvProblem, spad, acc, th, tw, hw: HardwareConfig):
     """Which candidates fit the memories (and the DMA's halo limit)."""
     ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
@@ -197,51 +152,72 @@ def fits(p: ConvProblem, spad, acc, th, tw, hw: HardwareConfig):
     return (spad <= hw.scratchpad_bytes) & (acc <= hw.accumulator_bytes) & (np.maximum(ih, iw) <= MAX_HALO)
 
 
-def footprint(kind: str, p: ConvProblem, m: TileMapping, extras=(0, 0)) -> tuple[int, int]:
+def footprint(kind: str, p: ConvProblem, m: TileMapping, extras=NO_EXTRAS) -> tuple[int, int]:
     """(scratchpad, accumulator) bytes of one mapping of a node of `kind` (see node_problem)."""
     if kind == "matrix":
-        spad, acc = conv_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, int(m.double_buffer),
-                                   m.weights_resident, extras, single_acc=int(m.single_acc),
-                                   transposed=int(m.transposed), stacked=int(m.stacked))
+        buffers = conv_buffers(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, int(m.double_buffer), m.weights_resident,
+                               Extras(*extras), int(m.single_acc), int(m.transposed), int(m.stacked))
     else:
-        spad, acc = window_footprint(p, m.tile_oh, m.tile_ow, m.tile_o, int(m.double_buffer), extras,
-                                     kind == "depthwise")
+        buffers = window_buffers(p, m.tile_oh, m.tile_ow, m.tile_o, int(m.double_buffer), Extras(*extras),
+                                 kind == "depthwise")
+    spad, acc = local_bytes(buffers)
     return int(spad), int(acc)
+
+
+def _candidate(g: dict, k: int) -> TileMapping:
+    """Candidate k of a grid; its switches beyond double buffering (res, sa, tr, st) are off where
+    the grid has none."""
+    return TileMapping(*(int(g[d][k]) for d in ("th", "tw", "to", "tc")),
+                       *(bool(g[f][k]) if f in g else False for f in ("db", "res", "sa", "tr", "st")))
 
 
 def _pick(p: ConvProblem, g: dict, spad: np.ndarray, acc: np.ndarray, cost: np.ndarray, hw: HardwareConfig,
           layer: str | None, with_cost: bool = False):
-    """The cheapest candidate that fits, as a TileMapping (and its estimated cost, `with_cost`); the
-    grid's switches beyond double buffering (res, sa, tr, st) are off where it has none."""
+    """The cheapest candidate that fits, as a TileMapping (and its estimated cost, `with_cost`)."""
     ok = fits(p, spad, acc, g["th"], g["tw"], hw)
     if not ok.any():
-        k = int(np.argmin(spad + acc))
-        where = f"{layer}: " if layer else ""
-        raise TilingError(f"{where}no tiling fits: the smallest tile needs {int(spad[k])} bytes of scratchpad "
-                          f"(have {hw.scratchpad_bytes}) and {int(acc[k])} bytes of accumulator "
-                          f"(have {hw.accumulator_bytes})")
+        raise _nothing_fits(p, g, spad, acc, hw, layer)
     k = int(np.flatnonzero(ok)[np.argmin(cost[ok])])
-    m = TileMapping(*(int(g[d][k]) for d in ("th", "tw", "to", "tc")),
-                    *(bool(g[f][k]) if f in g else False for f in ("db", "res", "sa", "tr", "st")))
-    return (m, float(cost[k])) if with_cost else m
+    return (_candidate(g, k), float(cost[k])) if with_cost else _candidate(g, k)
+
+
+def _nothing_fits(p: ConvProblem, g: dict, spad: np.ndarray, acc: np.ndarray, hw: HardwareConfig,
+                  layer: str | None) -> TilingError:
+    """The error when no candidate fits: the memory no tiling fits, the bytes the smallest tiling
+    needs there (of those that fit the other memory, when there are any) and its capacity."""
+    where = f"{layer}: " if layer else ""
+    halo_ok = fits(p, 0, 0, g["th"], g["tw"], hw)
+    if not halo_ok.any():
+        return TilingError(f"{where}no tiling fits the DMA: every tile's input halo spans over {MAX_HALO} rows or "
+                           f"columns")
+    memories = (("scratchpad", spad, hw.scratchpad_bytes), ("accumulator", acc, hw.accumulator_bytes))
+    for (memory, need, capacity), (other, other_need, other_capacity) in (memories, memories[::-1]):
+        other_ok = halo_ok & (other_need <= other_capacity)
+        if other_ok.any():   # else the other memory is the one no tiling fits
+            k = int(np.argmin(np.where(other_ok, need, np.iinfo(np.int64).max)))
+            among = f" (of those that fit the {other}'s {other_capacity} bytes)" if need[k] > need[halo_ok].min() \
+                else ""
+            return TilingError(f"{where}no tiling fits the {memory}: the smallest tiling{among}, {_candidate(g, k)}, "
+                               f"needs {int(need[k])} bytes of {memory}, which has {capacity}")
+    raise AssertionError("unreachable: some candidate fits one memory or neither fits")
 
 
 def _dma_cycles(hw: HardwareConfig, count, nbytes):
     return count * hw.dma_latency_cycles + nbytes / hw.dma_bandwidth_bytes_per_cycle
 
 
-def map_conv(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), layer: str = "conv", with_cost: bool = False):
+def map_conv(p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS, layer: str = "conv", with_cost: bool = False):
     """Default mapping on the matrix unit: the candidate tiling (sizes from a small grid per dim)
     that fits and minimizes an analytic estimate in cycles: the busiest of array, DMA and vector
     unit, plus a small charge per instruction (`with_cost`: (mapping, that estimate))."""
-    found = _map_conv(p, hw, tuple(extras))
+    found = _map_conv(p, hw, Extras(*extras))
     if isinstance(found, TilingError):
         raise TilingError(f"{layer}: {found}")
     return found if with_cost else found[0]
 
 
 @functools.lru_cache(maxsize=4096)
-def _map_conv(p: ConvProblem, hw: HardwareConfig, extras: tuple[int, int]):
+def _map_conv(p: ConvProblem, hw: HardwareConfig, extras: Extras):
     """map_conv's search, once per problem, config and epilogue (networks repeat their layer shapes):
     (mapping, estimate), or the TilingError, its message without the layer's name."""
     fold = p.kw if p.dilation[1] == 1 else 1   # MATMUL's k covers a kernel row: kw * tc <= the count limit
@@ -253,7 +229,7 @@ def _map_conv(p: ConvProblem, hw: HardwareConfig, extras: tuple[int, int]):
     g["sa"] = g["sa"] * g["db"]                       # a single accumulator tile is a double-buffered nest's choice
     g["st"] = np.where((g["tr"] == 1) | (p.kh * p.kw * g["tc"] > MAX_HALO), 0, g["st"])   # k is 16-bit
     th, tw, to, tc, db, res, sa, tr, st = (g[k] for k in ("th", "tw", "to", "tc", "db", "res", "sa", "tr", "st"))
-    spad, acc = conv_footprint(p, th, tw, to, tc, db, res == 1, extras, single_acc=sa, transposed=tr, stacked=st)
+    spad, acc = local_bytes(conv_buffers(p, th, tw, to, tc, db, res == 1, extras, sa, tr, st))
     ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
     iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
     m = th * tw
@@ -274,14 +250,14 @@ def _map_conv(p: ConvProblem, hw: HardwareConfig, extras: tuple[int, int]):
     w_loads = np.where(res == 1, 1, n_sp * n_o * n_c)
     tiles_out = n_sp * n_o
     halo_dmas, halo_rows = np.where(st == 1, th, 1), np.where(st == 1, th * p.kh, ih)   # a stacked halo: a LOAD a row
-    dma = _dma_cycles(hw, halo_loads * halo_dmas + w_loads + tiles_out * (1 + extras[0]),
+    dma = _dma_cycles(hw, halo_loads * halo_dmas + w_loads + tiles_out * (1 + extras.tiles),
                       halo_loads * halo_rows * iw * tc * FP32 + np.where(res == 1, w_all, w_loads * w_tile)
-                      + tiles_out * (1 + extras[0]) * m * to * FP32)
-    instructions = n_mm + halo_loads * halo_dmas + w_loads + tiles_out * (1 + 2 * extras[0] + np.maximum(sa, tr))
+                      + tiles_out * (1 + extras.tiles) * m * to * FP32)
+    instructions = n_mm + halo_loads * halo_dmas + w_loads + tiles_out * (1 + 2 * extras.tiles + np.maximum(sa, tr))
     # one accumulator tile: the array waits for each tile's epilogue, about a pass over the tile per
     # operand (a bias, a residual...) and one to apply it or move the result out; a transposed
     # tile is free once its COPY has turned it
-    passes = np.where(tr == 1, 1, 1 + extras[0] + (extras[1] > 0))
+    passes = np.where(tr == 1, 1, 1 + extras.tiles + (extras.channel_words > 0))
     epilogue_wait = sa * tiles_out * passes * np.ceil(m * to / hw.vector_lanes)
     # double buffering overlaps the DMA with the array; single buffering serializes them.  The
     # first halo is loaded before any MATMUL (the pipeline's fill; all the load of a nest of one
@@ -294,37 +270,38 @@ def _map_conv(p: ConvProblem, hw: HardwareConfig, extras: tuple[int, int]):
         return e
 
 
-def map_window(p: ConvProblem, hw: HardwareConfig, extras=(0, 0), weighted: bool = True,
+def map_window(p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS, weighted: bool = True,
                layer: str = "window", with_cost: bool = False):
     """Default mapping of depthwise conv / pooling on the vector unit (channels as lanes), ranked
     as map_conv ranks its candidates."""
+    extras = Extras(*extras)
     g = _grid(th=_sizes(p.oh), tw=_sizes(p.ow), to=_sizes(p.o), tc=np.array([1]), db=np.array([1, 0]))
     th, tw, to, db = g["th"], g["tw"], g["to"], g["db"]
-    spad, acc = window_footprint(p, th, tw, to, db, extras, weighted)
+    spad, acc = local_bytes(window_buffers(p, th, tw, to, db, extras, weighted))
     ih = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
     iw = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
     out_tile = th * tw * to * FP32
     tiles_out = p.n * -(-p.oh // th) * -(-p.ow // tw) * -(-p.o // to)
     vec = tiles_out * p.kh * p.kw * -(-(th * tw * to) // hw.vector_lanes)
-    dma = _dma_cycles(hw, tiles_out * (2 + extras[0]), tiles_out * (ih * iw * to * FP32 + (1 + extras[0]) * out_tile))
+    dma = _dma_cycles(hw, tiles_out * (2 + extras.tiles),
+                      tiles_out * (ih * iw * to * FP32 + (1 + extras.tiles) * out_tile))
     fill = _dma_cycles(hw, 1, ih * iw * to * FP32)   # the first tile's input, as map_conv's
     cost = np.where(db == 1, np.maximum(vec, dma), vec + dma) + fill + 8.0 * tiles_out * (2 + p.kh * p.kw)
     return _pick(p, g, spad, acc, cost, hw, layer, with_cost)
 
 
-def map_vector(shape: tuple[int, ...], operands: int, hw: HardwareConfig, layer: str = "vector",
-               resident_bytes: int = 0, loads: int = 1, passes: float = 1.0) -> TileMapping:
-    """Elementwise/reduce/copy tiles over a (<= 3-D) iteration space [d0, d1, d2]:
-    `operands` dense tiles (inputs, temporaries, result) per buffer beside `resident_bytes` loaded
-    once (requant records, broadcast scalars); per tile, `loads` LOADs of a whole tile, `passes`
-    vector cycles per lane group and one STORE.  Ranked by a pipeline estimate: the busiest of load
+def map_vector(shape: tuple[int, ...], buffers, hw: HardwareConfig, layer: str = "vector", loads: int = 1,
+               passes: float = 1.0) -> TileMapping:
+    """Elementwise/reduce/copy tiles over a (<= 3-D) iteration space [d0, d1, d2], whose nest holds
+    `buffers(t0, t1, t2, buffer sets)` (lower.buffers); per tile, `loads` LOADs of a whole tile,
+    `passes` vector cycles per lane group and one STORE.  Ranked by a pipeline estimate: the busiest of load
     queue, store queue, DRAM channel and vector unit, plus one tile's load, passes and store (the
     pipeline's fill and drain), so a tensor is cut into enough tiles to overlap, plus a charge per
     instruction (compile time, and issue); long innermost runs break ties (DMA bursts)."""
     d0, d1, d2 = (1,) * (3 - len(shape)) + tuple(shape)[-3:]
     g = _grid(th=_sizes(d0), tw=_sizes(d1), to=_sizes(d2), tc=np.array([1]), db=np.array([1, 0]))
     tile = g["th"] * g["tw"] * g["to"]
-    spad = (1 + g["db"]) * tile * FP32 * operands + resident_bytes
+    spad, acc = local_bytes(buffers(g["th"], g["tw"], g["to"], 1 + g["db"]))
     tiles = -(-d0 // g["th"]) * -(-d1 // g["tw"]) * -(-d2 // g["to"])
     load = loads * _dma_cycles(hw, 1, tile * FP32)
     store = _dma_cycles(hw, 1, tile * FP32)
@@ -333,7 +310,7 @@ def map_vector(shape: tuple[int, ...], operands: int, hw: HardwareConfig, layer:
     busiest = np.maximum(np.maximum(load, store), np.maximum(vec, channel))
     cost = (np.where(g["db"] == 1, tiles * busiest + load + vec + store, tiles * (load + vec + store))
             + 8.0 * tiles * (loads + 1 + np.ceil(passes)) - 1e-6 * g["to"])
-    return _pick(ConvProblem(1, 1, 1, 1, 1), g, spad, np.zeros_like(spad), cost, hw, layer)
+    return _pick(ConvProblem(1, 1, 1, 1, 1), g, spad + 0 * tile, acc + 0 * tile, cost, hw, layer)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -361,52 +338,41 @@ def row_tiles(p: ConvProblem, m: TileMapping):
 
 # --- the schedule stage -----------------------------------------------------------------------
 
-def node_problem(node) -> tuple[str, ConvProblem, tuple[int, int]] | None:
-    """(kind, problem, epilogue operands) of a node that runs as a convolution, else None.
+def node_problem(node) -> tuple[str, ConvProblem, Extras] | None:
+    """(kind, problem, epilogue buffers) of a node that runs as a convolution, else None.
 
     kind is 'matrix' (conv/matmul on the array), 'depthwise' or 'pool' (vector unit, per channel);
-    the epilogue operands are (full tiles: operands and temporaries, per-channel 4-byte vectors; a
-    requant record is 4 of them).
+    the epilogue's buffers are lower.buffers.Extras.
     """
-    from .graph_ir import RECORD_WORDS, OpKind, record_inputs
-    from .tile_expr import plan
+    from .graph_ir import OpKind
 
-    def epilogue(channel_axis: int) -> tuple[int, int]:
-        expr = node.attr("epilogue")
-        extras = node.inputs[2:]
-        out = node.output.shape
-        axis = channel_axis % len(out)
-        records = record_inputs(expr)
-        tile_extras = per_channel = 0
-        for k, v in enumerate(extras):
-            shape = v.shape[:-1] if k + 1 in records else v.shape
-            if all(d == 1 for i, d in enumerate((1,) * (len(out) - len(shape)) + shape) if i != axis):
-                per_channel += RECORD_WORDS if k + 1 in records else 1
-            else:
-                tile_extras += 1
-        temps = plan(expr, len(extras) + 1, frozenset(range(len(extras) + 1))).temps if expr else 0
-        return tile_extras + temps, per_channel
-
+    x = node.inputs[0]
+    itemsize = 1 if x.dtype == "int8" else FP32
     if node.op == OpKind.CONV:
-        (n, c, h, w), (o, cg, kh, kw) = node.inputs[0].shape, node.inputs[1].shape
+        (n, c, h, w), (o, cg, kh, kw) = x.shape, node.inputs[1].shape
         g = node.attr("groups")
         kind = "depthwise" if cg == 1 and o == g else "matrix"
         return kind, ConvProblem(n, c if kind == "depthwise" else cg, h, w, o if kind == "depthwise" else o // g,
-                                 kh, kw, node.attr("stride"), node.attr("padding"), node.attr("dilation"),
-                                 kind == "depthwise" and node.inputs[0].dtype == "int8"), epilogue(1)
+                                 kh, kw, node.attr("stride"), node.attr("padding"), node.attr("dilation"), itemsize,
+                                 kind == "depthwise" and itemsize == 1), epilogue_extras(node)
     if node.op == OpKind.MATMUL:
-        (m, k), nn = node.inputs[0].shape[-2:], node.inputs[1].shape[-1]
-        return "matrix", ConvProblem(1, k, 1, m, nn), epilogue(-1)
+        (m, k), nn = x.shape[-2:], node.inputs[1].shape[-1]
+        return "matrix", ConvProblem(1, k, 1, m, nn, itemsize=itemsize), epilogue_extras(node)
     if node.op == OpKind.POOL:
-        *_, c, h, w = node.inputs[0].shape
+        *_, c, h, w = x.shape
         (kh, kw), stride = node.attr("window"), node.attr("strides")
-        widened = node.inputs[0].dtype == "int8" and node.attr("func") != "max"
         return "pool", ConvProblem(1, c, h, w, c, kh, kw, stride, node.attr("padding"), node.attr("dilation"),
-                                   widened), (0, 0)
+                                   itemsize, itemsize == 1 and node.attr("func") != "max"), NO_EXTRAS
     return None
 
 
-def default_mapping(kind: str, p: ConvProblem, hw: HardwareConfig, extras=(0, 0), layer: str = "conv") -> TileMapping:
+def layer_label(node) -> str:
+    """How errors name a layer: its name in the schedule dump and its op."""
+    return f"{node.name} ({node.op.value})"
+
+
+def default_mapping(kind: str, p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS,
+                    layer: str = "conv") -> TileMapping:
     """The grid search's mapping of a node of `kind` (see node_problem)."""
     if kind == "matrix":
         return map_conv(p, hw, extras, layer)
@@ -436,21 +402,22 @@ def make_schedule(graph, hw: HardwareConfig, mappings: dict | None = None) -> Sc
         if found is None:
             continue
         kind, p, extras = found
+        label = layer_label(node)
         if node.name in mappings:
             m = mappings.pop(node.name)
             spad, acc = footprint(kind, p, m, extras)
             if m.stacked and not (kind == "matrix" and p.stacks and not m.transposed):
-                raise TilingError(f"{node.name}: mapping {m} is stacked, which needs an undilated matrix-unit "
+                raise TilingError(f"{label}: mapping {m} is stacked, which needs an undilated matrix-unit "
                                   f"kernel of several rows, not transposed (have {kind}, {p.kh}x{p.kw}, "
                                   f"dilation {p.dilation})")
             if m.transposed and not (kind == "matrix" and p.turns):
-                raise TilingError(f"{node.name}: mapping {m} is transposed, which needs a matrix-unit op whose "
+                raise TilingError(f"{label}: mapping {m} is transposed, which needs a matrix-unit op whose "
                                   f"row stride is a multiple of its column stride (have {kind}, {p.stride})")
             if not fits(p, spad, acc, m.tile_oh, m.tile_ow, hw):
-                raise TilingError(f"{node.name}: mapping {m} needs {spad} bytes of scratchpad (have "
-                                  f"{hw.scratchpad_bytes}) and {acc} of accumulator (have {hw.accumulator_bytes})")
+                raise TilingError(f"{label}: mapping {m} needs {spad} bytes of scratchpad (has "
+                                  f"{hw.scratchpad_bytes}) and {acc} bytes of accumulator (has {hw.accumulator_bytes})")
         else:
-            m = default_mapping(kind, p, hw, extras, node.name)
+            m = default_mapping(kind, p, hw, extras, label)
         out.append((node.name, m))
     if mappings:
         raise InputError(f"mappings for layers the graph does not have: {sorted(mappings)}")

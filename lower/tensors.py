@@ -107,8 +107,9 @@ class DramTensor:
         return DramTensor(self.region, self.offset, shape, tuple(strides), self.dtype)
 
 
-def coalesce(shape, *strides_list):
-    """Merge adjacent dims that every operand traverses contiguously; drop size-1 dims.
+def coalesce(shape, *strides_list, max_count: int | None = None):
+    """Merge adjacent dims that every operand traverses contiguously (into no count above
+    `max_count`, where given); drop size-1 dims.
 
     Returns (shape, [strides per operand]) of the smallest rank describing the same iteration.
     """
@@ -117,7 +118,7 @@ def coalesce(shape, *strides_list):
     for d, ss in dims:
         if merged:
             pd, pss = merged[-1]
-            if all(ps == s * d for ps, s in zip(pss, ss, strict=True)):
+            if all(ps == s * d for ps, s in zip(pss, ss, strict=True)) and (max_count is None or pd * d <= max_count):
                 merged[-1] = (pd * d, ss)
                 continue
         merged.append((d, ss))

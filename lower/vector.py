@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from stagec.isa.instructions import REQUANT_RECORD_BYTES, TRANSCENDENTAL, AccMode, DType, Operand, Space, VectorFunc
+from stagec.errors import LoweringError
+from stagec.isa.instructions import TRANSCENDENTAL, AccMode, DType, Operand, Space, VectorFunc
 
 from . import tile_expr
+from .buffers import elementwise_buffers, gather_buffers, reduce_buffers
 from .emitter import MAX_COUNT
 from .graph_ir import RECORD_WORDS, Expr, Step, record_inputs
-from .schedule import FP32, map_vector, tiles
+from .schedule import map_vector, tiles
 from .tensors import DramTensor, coalesce
 
 COPY: Expr = (Step("copy", (0,)),)
@@ -49,16 +51,18 @@ def emit_elementwise(em, expr: Expr, inputs: list[DramTensor], out: DramTensor) 
     # a broadcast scalar (a constant of the expression) is loaded once, not per tile
     scalars = {k for i, k in enumerate(data) if not any(inner_s[i + 1]) and not any(lead_s[i + 1])}
     p = tile_expr.plan(expr, n_in, writable)
-    m = map_vector(inner, len(data) - len(scalars) + p.temps, em.hw, em.layer_name,
-                   len(records) * REQUANT_RECORD_BYTES + len(scalars) * FP32,
-                   loads=len(data) - len(scalars), passes=_passes(expr, em.hw))
+    loaded = [i for i, k in enumerate(data) if k not in scalars]
+    buffers = elementwise_buffers(len(loaded), p.temps, len(records), len(scalars))
+    m = map_vector(inner, buffers, em.hw, em.layer_label, loads=len(loaded), passes=_passes(expr, em.hw))
     bufs = 2 if m.double_buffer else 1
-    spad = em.spad()
-    record_tiles = {k: _load_record(em, spad, inputs[k]) for k in records}
-    record_tiles |= {k: _load_scalar(em, spad, views[data.index(k)]) for k in scalars}
-    size = m.tile_oh * m.tile_ow * m.tile_o * FP32
-    in_buf = [{i: spad.alloc(size) for i, k in enumerate(data) if k not in scalars} for _ in range(bufs)]
-    tmp_buf = [[spad.alloc(size) for _ in range(p.temps)] for _ in range(bufs)]
+    bases = em.allocate(buffers(m.tile_oh, m.tile_ow, m.tile_o, bufs))
+    record_tiles = {k: _load_record(em, base, inputs[k])
+                    for k, base in zip(sorted(records), bases["records"], strict=True)}
+    record_tiles |= {k: _load_scalar(em, base, views[data.index(k)])
+                     for k, base in zip(sorted(scalars), bases["scalars"], strict=True)}
+    tiles_at = iter(bases["tiles"])
+    in_buf = [{i: next(tiles_at) for i in loaded} for _ in range(bufs)]
+    tmp_buf = [[next(tiles_at) for _ in range(p.temps)] for _ in range(bufs)]
     k = 0
     for idx in np.ndindex(*lead):
         dst = _at(out, idx, lead_s[0], inner_s[0])
@@ -88,20 +92,18 @@ def _passes(expr: Expr, hw) -> float:
                for s in expr)
 
 
-def _load_scalar(em, spad, t: DramTensor) -> tile_expr.LocalTile:
+def _load_scalar(em, base: int, t: DramTensor) -> tile_expr.LocalTile:
     """LOAD a broadcast scalar operand (one element) into the scratchpad once."""
-    base = spad.alloc(t.dtype.itemsize)
     tile = tile_expr.LocalTile(Space.SPAD, base, (1, 1, 1), t.dtype)
     em.load(_at(t, (), (), (0, 0, 0)), (0, 0, 0), (0, 1, 2), (1, 1, 1), tile.operand((1, 1, 1)))
     return tile
 
 
-def _load_record(em, spad, t: DramTensor) -> tile_expr.LocalTile:
+def _load_record(em, base: int, t: DramTensor) -> tile_expr.LocalTile:
     """LOAD the one requant record of an elementwise node (its words) into the scratchpad."""
     if t.size != RECORD_WORDS:
         raise ValueError(f"{em.layer_name}: an elementwise requant takes one record for the whole tensor, "
                          f"not {t.size // RECORD_WORDS}")
-    base = spad.alloc(RECORD_WORDS * t.dtype.itemsize, REQUANT_RECORD_BYTES)
     em.load(t.reshape((RECORD_WORDS,)), (0,), (None, None, 0), (1, 1, RECORD_WORDS),
             Operand(Space.SPAD, base, (0, 0, 1)))
     return tile_expr.LocalTile(Space.SPAD, base, (1, 1, 1), t.dtype)
@@ -123,12 +125,12 @@ def emit_reduce(em, func: str, x: DramTensor, axes: tuple[int, ...], out: DramTe
     kin = (1,) * (2 - len(kshape[klead:])) + tuple(kshape[klead:])
     kin_x = (0,) * (2 - len(kx[klead:])) + tuple(kx[klead:])
     kin_o = (0,) * (2 - len(ko[klead:])) + tuple(ko[klead:])
-    m = map_vector(kin + (rshape[-1],), 2, em.hw, em.layer_name, passes=1 + widen)
+    buffers = reduce_buffers(widen)
+    m = map_vector(kin + (rshape[-1],), buffers, em.hw, em.layer_label, passes=1 + widen)
     bufs = 2 if m.double_buffer else 1
-    spad = em.spad()
-    in_buf = [spad.alloc(m.tile_oh * m.tile_ow * m.tile_o * FP32) for _ in range(bufs)]
-    wide_buf = [spad.alloc(m.tile_oh * m.tile_ow * m.tile_o * FP32) for _ in range(bufs)] if widen else in_buf
-    out_buf = [spad.alloc(m.tile_oh * m.tile_ow * FP32) for _ in range(bufs)]
+    bases = em.allocate(buffers(m.tile_oh, m.tile_ow, m.tile_o, bufs))
+    in_buf, out_buf = bases["input"], bases["sums"]
+    wide_buf = bases["widened"] if widen else in_buf
     k = chunk = 0
     for kidx in np.ndindex(*kshape[:klead]):
         x_off = x.offset + x.dtype.itemsize * sum(i * s for i, s in zip(kidx, kx[:klead], strict=True))
@@ -163,18 +165,18 @@ def emit_gather(em, table: DramTensor, indices: DramTensor, out: DramTensor) -> 
     the rows (the table's rows bound the indices, checked when they run)."""
     rows = table.shape[0]
     if rows > MAX_COUNT:
-        raise ValueError(f"{em.layer_name}: a table of {rows} rows exceeds GATHER's {MAX_COUNT}")
+        raise LoweringError(f"{em.layer_name}: a gather from a table of {rows} rows: GATHER indexes at most "
+                            f"{MAX_COUNT} rows (its 16-bit row count)")
     row = table.reshape((rows, table.size // rows))
     idx = indices.reshape((indices.size,))
     dst = out.reshape((indices.size, table.size // rows))
     if row is None or idx is None or dst is None:
         raise ValueError(f"{em.layer_name}: gather operands must be row-contiguous views")
     width = row.shape[1]
-    m = map_vector((indices.size, 1, width), 2, em.hw, em.layer_name, passes=0)
+    m = map_vector((indices.size, 1, width), gather_buffers, em.hw, em.layer_label, passes=0)
     bufs = 2 if m.double_buffer else 1
-    spad = em.spad()
-    idx_buf = [spad.alloc(m.tile_oh * FP32) for _ in range(bufs)]
-    row_buf = [spad.alloc(m.tile_oh * m.tile_o * FP32) for _ in range(bufs)]
+    bases = em.allocate(gather_buffers(m.tile_oh, m.tile_ow, m.tile_o, bufs))
+    idx_buf, row_buf = bases["indices"], bases["rows"]
     k = 0
     for a0, t0 in tiles(indices.size, m.tile_oh):
         ib = idx_buf[k % bufs]

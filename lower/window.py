@@ -15,6 +15,7 @@ from stagec.errors import LoweringError
 from stagec.isa.instructions import AccMode, DType, Operand, PadValue, Space, VectorFunc
 
 from . import tile_expr
+from .buffers import NO_EXTRAS, EpilogueLayout, window_buffers
 from .emitter import dense_strides
 from .matrix import Epilogue
 from .schedule import ConvProblem, TileMapping, tiles
@@ -26,33 +27,35 @@ _REDUCE = {"sum": (VectorFunc.COPY, AccMode.ADD, PadValue.ZERO),
 
 
 def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, out: DramTensor,
-                w: DramTensor | None = None, expr=None, extras=(), fill=None) -> None:
+                w: DramTensor | None = None, epilogue: EpilogueLayout | None = None, extras=(), fill=None) -> None:
     """x [N,C,H,W] -> out [N,C,OH,OW] (p.c == p.o); w [C,1,KH,KW] for depthwise.  An int8 max pool
     stays int8; int8 sums and products run in int32 on halos (and weights) widened by a COPY."""
     func, acc_mode, pad_value = _REDUCE[kind]
     widen = x.dtype == DType.I8 and kind != "max"
+    if (x.dtype.itemsize, widen) != (p.itemsize, p.widened) or w is not None and w.dtype != x.dtype:
+        raise AssertionError(f"{em.layer_name}: internal error: {x.dtype.name} operands of a problem of "
+                             f"{p.itemsize}-byte elements (widened: {p.widened})")
     acc_type = DType.I32 if widen else x.dtype
-    xb, cb = x.dtype.itemsize, acc_type.itemsize
-    spad, acc = em.spad(), em.acc()
+    cb = acc_type.itemsize
     bufs = 2 if m.double_buffer else 1
     (pt, _), (pl, _) = p.padding
     sh, sw = p.stride
     dh, dw = p.dilation
-    ih_max, iw_max = p.halo(m.tile_oh, m.tile_ow)
-    taps = p.kh * p.kw
-    halo_buf = [spad.alloc(ih_max * iw_max * m.tile_o * xb) for _ in range(bufs)]
-    wide_buf = [spad.alloc(ih_max * iw_max * m.tile_o * cb) for _ in range(bufs)] if widen else halo_buf
-    w_buf = [spad.alloc(taps * m.tile_o * w.dtype.itemsize) for _ in range(bufs)] if w is not None else None
-    w_wide = [spad.alloc(taps * m.tile_o * cb) for _ in range(bufs)] if w is not None and widen else w_buf
-    epi = Epilogue(em, spad, expr, list(extras), (m.tile_oh, m.tile_ow, m.tile_o), bufs)
-    acc_buf = [acc.alloc(m.tile_oh * m.tile_ow * m.tile_o * cb) for _ in range(bufs)]
+    bases = em.allocate(window_buffers(p, m.tile_oh, m.tile_ow, m.tile_o, int(m.double_buffer),
+                                       epilogue.extras if epilogue else NO_EXTRAS, w is not None))
+    halo_buf = bases["halo"]
+    wide_buf = bases["widened halo"] if widen else halo_buf
+    w_buf = bases["weights"]
+    w_wide = bases["widened weights"] if widen else w_buf
+    epi = Epilogue(em, epilogue, list(extras), bases, m.tile_o, p.o, bufs)
+    acc_buf = bases["accumulator"]
     k = 0
     for c0, tc in tiles(p.o, m.tile_o):
         if w is not None:   # the channel tile's weights, [taps, tc], reused by every spatial tile
             w_base = w_buf[(c0 // m.tile_o) % bufs]
             em.load_box(w, (c0, 0, 0, 0), (2, 3, 0), (p.kh, p.kw, tc), Space.SPAD, w_base)
             if widen:
-                _widen(em, w_wide[(c0 // m.tile_o) % bufs], w_base, (taps, 1, tc), w.dtype, acc_type)
+                _widen(em, w_wide[(c0 // m.tile_o) % bufs], w_base, (p.kh * p.kw, 1, tc), w.dtype, acc_type)
             w_base = w_wide[(c0 // m.tile_o) % bufs]
         for n in range(p.n):
             for oh0, th in tiles(p.oh, m.tile_oh):

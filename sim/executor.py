@@ -3,7 +3,8 @@
 A load from the data region that one group reads whole runs inside that group's
 function (when no store between overwrites its bytes), so XLA reads the DRAM box
 straight into the layout the compute wants; so does a vector op that one compute
-group reads whole (one pass instead of two).  Compiled functions are cached by
+group reads whole (one pass instead of two).  A join lays out the values a read
+spans (plan.py) as local memory holds them.  Compiled functions are cached by
 the group's static signature, so a shape met once (in this program or an earlier
 one) is never compiled again; the dynamic parts (which rows, at which offsets,
 which DRAM addresses) are arguments.
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from stagec.errors import ReferenceFallbackWarning
 from stagec.isa.instructions import BINARY, REDUCTIONS, AccMode, DType, PadValue, VectorFunc
 from stagec.isa.program import Program
 from stagec.isa.semantics import pad_value
@@ -311,6 +313,23 @@ def _vector_fn(sig, hows):
     return jax.jit(run)
 
 
+@functools.cache
+def _join_fn(sig, hows):
+    """Each member's value laid out from its pieces ((start, rows, row length): consecutive rows of a
+    producer group), pasted in program order (a later writer's elements over an earlier one's, as
+    local memory holds them)."""
+    dtype, length, layout = sig
+    rels = [np.arange(n, dtype=np.int32) for _, _, n in layout]
+
+    def run(*args):
+        out = jnp.zeros((args[1].shape[0], length), dtype.numpy)
+        for j, ((start, rows, n), how) in enumerate(zip(layout, hows, strict=True)):
+            piece = _read(*args[3 * j:3 * j + 3], rels[j], how).reshape(-1, rows * n)
+            out = out.at[:, start:start + rows * n].set(piece)
+        return out
+    return jax.jit(run)
+
+
 def _blocks(g: Group):
     """(A reads (B*S,), B reads (B*O,), sel, (S, O)): the members' (A read, B read) pairs as B blocks,
     each a full S x O grid, with sel each member's place in the blocks' products.  Members with no
@@ -365,11 +384,18 @@ def _group_fn(g: Group, hows: tuple, grid: tuple, permuted: bool):
         return _store_fn(g.sig, hows[0], _grid(g.dram))
     if g.kind == "matmul":
         return _matmul_fn(g.sig, hows, grid, permuted)
+    if g.kind == "join":
+        return _join_fn(g.sig, hows)
     return _vector_fn(g.sig, hows)
 
 
 SLOTS = {"load": (), "gather": ("idx",), "store": ("src",), "matmul": ("a", "b", "init"),
          "vector": ("src1", "src2", "init")}
+
+
+def _slots(g: Group) -> tuple[str, ...]:
+    """The read slots of a group's function, in argument order (a join's: one per piece)."""
+    return tuple(g.reads) if g.kind == "join" else SLOTS[g.kind]
 
 
 def _extent(g: Group) -> tuple[int, int]:
@@ -465,7 +491,7 @@ class Executor:
                                    for ref in program.inputs))
         prepared = []
         for g in self.plan.groups:
-            reads = {s: (g.reads[s].rows, g.reads[s].offs) for s in SLOTS[g.kind] if s in g.reads}
+            reads = {s: (g.reads[s].rows, g.reads[s].offs) for s in _slots(g) if s in g.reads}
             extra, grid, permuted = (), None, False
             if g.kind == "matmul":
                 ia, ib, sel, grid = _blocks(g)
@@ -473,12 +499,12 @@ class Executor:
                 reads["b"] = tuple(x[ib] for x in reads["b"])
                 permuted = bool((sel != np.arange(len(sel))).any())
                 extra = (jnp.asarray(sel, jnp.int32),)
-            hows = tuple(_how(g, s, self.plan, *reads[s]) if s in reads else None for s in SLOTS[g.kind])
+            hows = tuple(_how(g, s, self.plan, *reads[s]) if s in reads else None for s in _slots(g))
             prepared.append((g, reads, extra, grid, permuted, hows))
         # Only values read whole run inside their reader: XLA would recompute a fused producer for
         # every element a gather picks (a conv's taps).
         partial = {g.reads[s].src for g, reads, *_, hows in prepared
-                   for s, how in zip(SLOTS[g.kind], hows, strict=True) if s in reads and how != "whole"}
+                   for s, how in zip(_slots(g), hows, strict=True) if s in reads and how != "whole"}
         fusable = _fusable(self.plan, partial)
         inlined = _inlined_loads(self.plan, fusable)
         self.inlined = {src: (self.plan.groups[src].sig[-1], jnp.asarray(self.plan.groups[src].dram, jnp.int32))
@@ -585,7 +611,7 @@ def execute(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
             program.cache["executor"] = Executor(program)
         except PlanError as e:
             warnings.warn(f"batched executor cannot run this program ({e}); using the reference interpreter",
-                          stacklevel=2)
+                          ReferenceFallbackWarning, stacklevel=2)
             program.cache["executor"] = None
     ex = program.cache["executor"]
     return reference.execute(program, inputs) if ex is None else ex.run(inputs)

@@ -16,6 +16,7 @@ from stagec.errors import (
     PlanError,
     ProgramFormatError,
     QuantizationError,
+    ReferenceFallbackWarning,
     SimulationError,
     StagecError,
     TilingError,
@@ -31,7 +32,8 @@ from .report import Report
 from .tuning import TuneSettings, Tuning, tune
 
 __all__ = ["AssemblyError", "Codesign", "ConfigError", "ExportError", "HardwareConfig", "InputError",
-           "LoweringError", "PlanError", "Program", "ProgramFormatError", "QuantizationError", "Report",
-           "SimulationError", "StagecError", "TilingError", "TimingError", "TuneSettings", "Tuning",
-           "UnsupportedOpError", "VerificationError", "codesign", "compile", "load", "simulate", "tune"]
+           "LoweringError", "PlanError", "Program", "ProgramFormatError", "QuantizationError",
+           "ReferenceFallbackWarning", "Report", "SimulationError", "StagecError", "TilingError", "TimingError",
+           "TuneSettings", "Tuning", "UnsupportedOpError", "VerificationError", "codesign", "compile", "load",
+           "simulate", "tune"]
 __version__ = "0.1.0"

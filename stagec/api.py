@@ -4,27 +4,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 
 from stagec.errors import InputError
 from stagec.frontend import flatten_inputs, unflatten_outputs
-from stagec.isa import Program, verify
+from stagec.frontend.trace import check_io_metadata, read_out_tree
+from stagec.isa import DType, Program, verify
 from stagec.sim.executor import execute
 
 from .compiler import compile, paused_gc  # noqa: A004
 from .report import Report, make_report
 
+# The model-level element type of a program input whose program records none (metadata in_dtypes).
+_MODEL_DTYPE = {DType.F32: "float32", DType.BF16: "bfloat16", DType.I8: "int8", DType.I32: "int32"}
 
-def _host(x, ref, i: int) -> np.ndarray:
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
-    x = np.asarray(x)
-    if tuple(x.shape) != ref.shape:
-        raise InputError(f"input {i} ('{ref.name}') has shape {tuple(x.shape)}; the program was compiled for "
-                         f"{ref.shape}")
-    if not np.can_cast(x.dtype, ref.dtype.numpy, casting="same_kind"):
-        raise InputError(f"input {i} ('{ref.name}') has dtype {x.dtype}; the program takes {ref.dtype.numpy}")
-    return x.astype(ref.dtype.numpy, copy=False)
+
+def _to_program_dtype(array: np.ndarray, dtype: DType) -> np.ndarray:
+    """A model input as the program holds it: booleans as 0/1 numbers, bfloat16 as its bit pattern."""
+    if dtype == DType.BF16:
+        return array.astype(jnp.bfloat16, copy=False).view(np.uint16)
+    return array.astype(dtype.numpy, copy=False)
 
 
 def simulate(program: Program, *args, **kwargs) -> tuple[object, Report]:
@@ -32,9 +32,11 @@ def simulate(program: Program, *args, **kwargs) -> tuple[object, Report]:
 
     Inputs and outputs have the compiled model's own structure (positional and keyword
     inputs; a tensor, tuple, dict or ModelOutput back); a program with no recorded structure
-    takes its input arrays in order and returns a list.  The program is verified first (a
-    failing program raises, it never runs); outputs come out of simulated DRAM after the
-    program's stores.
+    takes its input arrays in order and returns a list.  Each input must have the shape the model
+    was traced with and the same kind of number (bool, integer or floating-point: nothing is
+    converted silently across kinds; int64 values must fit the program's int32).  The program is
+    verified first (a failing program raises, it never runs); outputs come out of simulated DRAM
+    after the program's stores.
 
     >>> import torch, stagec
     >>> lin = torch.nn.Linear(8, 4)
@@ -45,27 +47,42 @@ def simulate(program: Program, *args, **kwargs) -> tuple[object, Report]:
     """
     if not isinstance(program, Program):
         raise InputError(f"simulate takes a Program (from stagec.compile or stagec.load), not {type(program).__name__}")
+    _check_metadata(program)
     meta = program.metadata
-    inputs = flatten_inputs(meta["in_tree"], args, kwargs) if "in_tree" in meta else list(args)
-    if kwargs and "in_tree" not in meta:
-        raise InputError("this program records no input structure: pass its inputs positionally")
-    if len(inputs) != len(program.inputs):
-        raise InputError(f"the program takes {len(program.inputs)} input(s), got {len(inputs)}")
-    host = [_host(x, ref, i) for i, (x, ref) in enumerate(zip(inputs, program.inputs, strict=True))]
+    dtypes = meta.get("in_dtypes") or [_MODEL_DTYPE[ref.dtype] for ref in program.inputs]
+    inputs = flatten_inputs(meta.get("in_tree"), args, kwargs,
+                            [(dt, ref.shape) for dt, ref in zip(dtypes, program.inputs, strict=True)])
+    host = [_to_program_dtype(x, ref.dtype) for x, ref in zip(inputs, program.inputs, strict=True)]
+    if "out_tree" in meta:
+        read_out_tree(meta["out_tree"])   # a structure torch cannot rebuild fails before the run, not after
     with paused_gc():   # a first run's verifier walk, plan and timing allocate as compiling does
         verify(program)
         outputs = execute(program, host)
         if "report" not in program.cache:
             program.cache["report"] = make_report(program)
-    if "out_tree" in meta:   # booleans were held as 0/1 numbers
-        outputs = unflatten_outputs(meta["out_tree"], [o.astype(dt) for o, dt in zip(outputs, meta["out_dtypes"],
-                                                                                      strict=True)])
+    if "out_dtypes" in meta:   # booleans were held as 0/1 numbers
+        outputs = [o.astype(dt) for o, dt in zip(outputs, meta["out_dtypes"], strict=True)]
+    if "out_tree" in meta:
+        outputs = unflatten_outputs(meta["out_tree"], outputs)
     return outputs, program.cache["report"]
 
 
-def load(path: str | Path) -> Program:
-    """Read a program file written by `Program.save`; it is verified before it is returned."""
-    program = Program.from_bytes(Path(path).read_bytes())
+def _check_metadata(program: Program) -> None:
+    """The recorded input and output structure against the program's tensors (once per program)."""
+    if "io_checked" not in program.cache:
+        check_io_metadata(program.metadata, len(program.inputs), len(program.outputs))
+        program.cache["io_checked"] = True
+
+
+def load(path_or_data: str | Path | bytes | bytearray | memoryview) -> Program:
+    """Read a program file written by `Program.save` (or its bytes).  Every header key is checked
+    (`isa.program.HEADER`), the recorded input and output structure against the program's tensors,
+    and the instruction stream by the verifier; a file that fails raises ProgramFormatError or
+    VerificationError naming the key, byte offset or instruction."""
+    data = bytes(path_or_data) if isinstance(path_or_data, (bytes, bytearray, memoryview)) else \
+        Path(path_or_data).read_bytes()
+    program = Program.from_bytes(data)
+    _check_metadata(program)
     verify(program)
     return program
 

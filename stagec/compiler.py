@@ -141,6 +141,7 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
         name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
             model_or_fn, "__name__", "function")
         meta = {"model": name, "in_tree": traced.in_tree, "out_tree": traced.out_tree, "note": traced.note,
+                "in_dtypes": [str(v.aval.dtype) for v in closed.jaxpr.invars],
                 "out_dtypes": [str(v.aval.dtype) for v in closed.jaxpr.outvars], "quantize": quantize}
         program = lower_to_program(graph, layout, schedule, hw, meta)
         out("program", lambda: disassemble(program))
@@ -168,12 +169,17 @@ def build_graph(model_or_fn, example_args, *, kwargs=None, fuse: bool = True, qu
             graph = run(graph)
         out(name, graph)
     if quantize:
-        graph = _quantize(graph, traced, calibration or [(tuple(example_args), kwargs or {})], percentile, fuse, out)
+        batches = [(tuple(example_args), kwargs or {})] if calibration is None else calibration
+        graph = _quantize(graph, traced, batches, percentile, fuse, out)
     return traced, graph
 
 
 def _quantize(graph, traced: TracedModel, calibration, percentile, fuse: bool, out):
     """The QUANTIZE_STAGES: calibrate on the model's own inputs, quantize, fuse the boundaries."""
+    if not isinstance(calibration, (list, tuple)) or not calibration:
+        got = f"an empty {type(calibration).__name__}" if isinstance(calibration, (list, tuple)) else \
+            f"a {type(calibration).__name__}"
+        raise InputError(f"calibration must be a non-empty list of batches (each the model's inputs); got {got}")
     batches = []
     for i, batch in enumerate(calibration):
         args, kwargs = batch if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], dict) else (

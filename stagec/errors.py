@@ -91,6 +91,18 @@ class PlanError(StagecError, NotImplementedError):
     """A program is outside what the batched executor runs (the reference interpreter runs it)."""
 
 
+class ReferenceFallbackWarning(UserWarning):
+    """The batched executor refused a program (a PlanError) and the reference interpreter runs it:
+    the results are right, at hundreds of times the cost.  stagec's own tests raise it as an error
+    (pyproject.toml's filterwarnings): every program the compiler emits must run batched."""
+
+
+def shown(value, limit: int = 60) -> str:
+    """A value as an error message shows it: its repr, cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
 __all__ = ["AssemblyError", "ConfigError", "ExportError", "InputError", "LoweringError", "PlanError",
-           "ProgramFormatError", "QuantizationError", "SimulationError", "StagecError", "TilingError", "TimingError",
-           "UnsupportedOpError", "VerificationError"]
+           "ProgramFormatError", "QuantizationError", "ReferenceFallbackWarning", "SimulationError", "StagecError",
+           "TilingError", "TimingError", "UnsupportedOpError", "VerificationError"]

@@ -19,6 +19,7 @@ from stagec.costmodel.problem import LayerShape, layer_shape
 from stagec.isa import HardwareConfig, Program
 from stagec.isa.instructions import TRANSCENDENTAL, Space
 from stagec.lower import tile_expr
+from stagec.lower.buffers import epilogue_layout
 from stagec.lower.graph_ir import Graph, Node, OpKind
 from stagec.lower.layout import assign_layout
 from stagec.lower.lowering import lower_to_program
@@ -66,8 +67,8 @@ def model_layers(graph: Graph) -> list[Layer]:
         found = node_problem(node)
         if found is not None:
             kind, p, extras = found
-            # epilogue operands beyond the accumulator (inputs[2:]) that are not per-channel vectors
-            loads = max(len(node.inputs) - 2 - extras[1], 0) if node.op != OpKind.POOL else 0
+            epilogue = epilogue_layout(node)
+            loads = epilogue.tile_loads if epilogue else 0
             out.append(Layer(node.name, kind, p, extras, loads, _epilogue_ops(node), _repeat(node), node))
     return out
 
@@ -94,22 +95,16 @@ class _CountingEmitter:
 def _epilogue_ops(node: Node) -> tuple[int, int]:
     """(plain, transcendental) VECTOR instructions per output tile: lower.tile_expr emits them (a
     select is two, a copy onto itself none), counted by running it on a counting emitter."""
-    expr = node.attr("epilogue")
-    if not expr:
+    epilogue = epilogue_layout(node)
+    if not epilogue:
         return 0, 0
-    n = len(node.inputs) - 1
+    n = len(epilogue.inputs) + 1
     counts = (2, 2, 2)
     tiles = [tile_expr.LocalTile(Space.ACC, 0, counts)] + [tile_expr.LocalTile(Space.SPAD, 64 * (k + 1), counts)
                                                            for k in range(n - 1)]
-    # as lower.matrix.Epilogue plans it: the accumulator tile and full-tile operands are writable
-    out = node.output.shape
-    axis = (1 if node.op == OpKind.CONV else -1) % len(out)
-    full = {k + 1 for k, v in enumerate(node.inputs[2:])
-            if not all(d == 1 for i, d in enumerate((1,) * (len(out) - len(v.shape)) + v.shape) if i != axis)}
-    plan = tile_expr.plan(expr, n, frozenset({0} | full))
-    temps = [tile_expr.LocalTile(Space.SPAD, 64 * (n + k), counts) for k in range(plan.temps)]
+    temps = [tile_expr.LocalTile(Space.SPAD, 64 * (n + k), counts) for k in range(epilogue.plan.temps)]
     em = _CountingEmitter()
-    tile_expr.emit(em, expr, plan, tiles, temps, counts)
+    tile_expr.emit(em, epilogue.expr, epilogue.plan, tiles, temps, counts)
     hard = sum(f in TRANSCENDENTAL for f in em.funcs)
     return len(em.funcs) - hard, hard
 

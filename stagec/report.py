@@ -35,6 +35,7 @@ is span / bound (1.0 = on the roofline).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -206,7 +207,7 @@ def make_report(program: Program) -> Report:
 
 def _roofline(layer: Layer, hw: HardwareConfig, itemsize: int, span: float) -> dict:
     """The layer's roofline bound: compute (MACs / peak) or memory (compulsory bytes / bandwidth)."""
-    elements = sum(int(np.prod(s)) for s in layer.in_shapes) + int(np.prod(layer.out_shape))
+    elements = sum(math.prod(s) for s in layer.in_shapes) + math.prod(layer.out_shape)   # exact: no int64 wrap
     compulsory = elements * (int(itemsize) or 4)
     compute, memory = layer.macs / hw.peak_macs_per_cycle, compulsory / hw.dma_bandwidth_bytes_per_cycle
     bound = max(compute, memory)

@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+from stagec.errors import InputError
 from stagec.isa import HardwareConfig
 
 from .plots import write_plots
@@ -21,7 +22,7 @@ def run_report(program_path: str | None, hw_path: str | None, out_dir: str, prec
     written = []
     if program_path:
         if hw_path:
-            raise SystemExit("stagec report: --hw applies to the demo model; a saved program keeps its own config")
+            raise InputError("--hw applies to the demo model; a saved program keeps its own config")
         program, name = load(program_path), Path(program_path).stem
     else:
         from .models import hand_keypoint_net

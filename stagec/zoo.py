@@ -12,7 +12,9 @@ configs match the published architectures' layer counts and widths (for benchmar
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -49,20 +51,40 @@ def build(name: str, reduced: bool = False) -> Example:
 
 def load_example(spec: str, reduced: bool = False) -> Example:
     """A zoo model by name, or `path/to/file.py:factory` whose factory() returns (model, args) or
-    (model, args, kwargs): what `stagec ops` takes."""
+    (model, args, kwargs): what `stagec ops` takes.  A file that does not import, a factory that
+    raises or returns something else is an InputError that says so."""
     if spec in ZOO:
         return build(spec, reduced)
     path, _, factory = spec.rpartition(":")
     if not path.endswith(".py") or not factory:
         raise InputError(f"{spec!r} is neither a zoo model ({', '.join(sorted(ZOO))}) nor path/to/file.py:factory")
     if not Path(path).is_file():
-        raise FileNotFoundError(f"no file {path}")
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
     module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - the user's file: whatever it raises is the user's to fix
+        raise InputError(f"{path} failed to import: {type(e).__name__}: {e}") from e
     if not callable(getattr(module, factory, None)):
         raise InputError(f"{path} has no function {factory}")
-    model, args, *kwargs = getattr(module, factory)()
+    try:
+        example = getattr(module, factory)()
+    except Exception as e:  # noqa: BLE001 - as above
+        raise InputError(f"{spec}: {factory}() raised {type(e).__name__}: {e}") from e
+    return _example(spec, factory, example)
+
+
+def _example(spec: str, factory: str, example) -> Example:
+    """(model, args, kwargs) from what a factory returned, or an InputError that names it."""
+    ok = (isinstance(example, tuple) and len(example) in (2, 3) and isinstance(example[0], torch.nn.Module)
+          and (len(example) == 2 or isinstance(example[2], dict)))
+    if not ok:
+        parts = (f"({', '.join(type(v).__name__ for v in example)})" if isinstance(example, tuple)
+                 else type(example).__name__)
+        raise InputError(f"{spec}: {factory}() returned {parts}; expected (torch.nn.Module, args) or "
+                         "(torch.nn.Module, args, kwargs dict)")
+    model, args, *kwargs = example
     return model, args if isinstance(args, tuple) else (args,), (kwargs[0] if kwargs else {})
 
 

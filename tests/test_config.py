@@ -1,8 +1,10 @@
 import dataclasses
 import json
+import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from stagec.isa import ConfigError, HardwareConfig
@@ -19,7 +21,7 @@ def test_defaults_are_an_edge_accelerator():
 @pytest.mark.parametrize("field,value,fragment", [
     ("array_rows", 0, "array_rows = 0: expected an integer in [1, 1024]"),
     ("scratchpad_bytes", 2.5, "scratchpad_bytes = 2.5: expected an integer"),
-    ("dma_bandwidth_bytes_per_cycle", -1.0, "dma_bandwidth_bytes_per_cycle = -1.0: expected a number in"),
+    ("dma_bandwidth_bytes_per_cycle", -1.0, "dma_bandwidth_bytes_per_cycle = -1.0: expected a finite number in"),
     ("clock_hz", float("nan"), "clock_hz = nan"),
     ("dataflow", "row_stationary", "expected one of ('weight_stationary', 'output_stationary')"),
     ("dtypes", ("int4",), "expected a non-empty set of distinct modes"),
@@ -78,3 +80,50 @@ def test_pytree_leaves_are_the_continuous_fields():
     batch = jax.tree_util.tree_map(lambda v: jnp.array([v, 2 * v]), hw)
     times = jax.vmap(dram_time)(batch)
     assert times.shape == (2,) and float(times[0]) == pytest.approx(4 * float(times[1]))
+
+
+@pytest.mark.parametrize("field,value", [
+    ("clock_hz", "fast"), ("clock_hz", None), ("clock_hz", [1e9]), ("clock_hz", True), ("clock_hz", {"hz": 1}),
+    ("dma_bandwidth_bytes_per_cycle", "16"), ("array_rows", "16"), ("array_rows", None), ("array_rows", True),
+    ("array_rows", [16]), ("dtypes", None), ("dtypes", 8), ("dtypes", [["fp32"]]), ("dataflow", None),
+    ("dataflow", ["weight_stationary"]),
+])
+def test_a_value_of_the_wrong_type_is_a_config_error_naming_the_field(field, value):
+    with pytest.raises(ConfigError, match=f"^HardwareConfig.{field} = "):
+        HardwareConfig(**{field: value})
+
+
+def test_arrays_and_tracers_pass_through_continuous_fields():
+    hw = HardwareConfig(clock_hz=np.float32(2e9), dma_bandwidth_bytes_per_cycle=np.array([8.0, 16.0]))
+    assert isinstance(hw.clock_hz, np.float32) and hw.dma_bandwidth_bytes_per_cycle.shape == (2,)
+    assert jax.jit(lambda c: HardwareConfig(clock_hz=c).clock_hz * 2)(1e9) == 2e9
+    assert HardwareConfig(array_rows=np.int64(32), scratchpad_banks=4.0).array_rows == 32
+    with pytest.raises(ConfigError, match=re.escape("clock_hz = array([1.e+09, 0.e+00]): expected finite numbers in")):
+        HardwareConfig(clock_hz=np.array([1e9, 0.0]))
+    with pytest.raises(ConfigError, match="HardwareConfig.clock_hz = array"):
+        HardwareConfig(clock_hz=np.array(["1e9"]))
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("missing.yaml", None, "missing.yaml: cannot read the hardware config (No such file or directory)"),
+    ("latin1.yaml", "array_rows: 8 # größe\n".encode("latin-1"), "latin1.yaml: cannot read the hardware config "
+                                                                  "('utf-8' codec can't decode byte 0xf6"),
+    ("list.yaml", "- array_rows\n- 8\n", "list.yaml: a hardware config must be a mapping of field names, got list"),
+    ("empty.yaml", "", "empty.yaml: a hardware config must be a mapping of field names, got NoneType"),
+    ("nested.yaml", "array_rows: {a: 1}\n", "nested.yaml: HardwareConfig.array_rows = {'a': 1}: expected an integer"),
+    ("tagged.yaml", "array_rows: !!python/object:os.system ls\n", "tagged.yaml: could not determine a constructor"),
+    ("numbers.json", '{"clock_hz": "fast"}', "numbers.json: HardwareConfig.clock_hz = 'fast': expected a finite"),
+    ("broken.json", '{"clock_hz": ', "broken.json: Expecting value"),
+])
+def test_config_file_problems_are_config_errors_naming_the_path(tmp_path, name, content, message):
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ConfigError) as e:
+        HardwareConfig.load(path)
+    assert str(e.value).startswith(f"{path}: ") and message in str(e.value)
+
+
+def test_a_folder_is_not_a_config(tmp_path):
+    with pytest.raises(ConfigError, match=f"{tmp_path}: cannot read the hardware config"):
+        HardwareConfig.load(tmp_path)

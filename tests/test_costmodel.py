@@ -158,3 +158,21 @@ def test_evaluate_on_one_device_matches_layer_cost():
     m = mapping_arrays(TileMapping(4, 8, 16, 8))
     batch = evaluate(stack([L]), stack([m]), POINT)
     assert batch.cycles[0] == pytest.approx(float(layer_cost_jit(L, m, POINT, smooth=0.0).cycles))
+
+
+@given(kind=st.sampled_from(["matrix", "depthwise", "pool"]), c=st.integers(1, 40), o=st.integers(1, 40),
+       size=st.integers(1, 12), k=st.sampled_from([1, 2, 3]), stride=st.integers(1, 2), dilation=st.integers(1, 2),
+       batch=st.integers(1, 2), extras=st.tuples(st.integers(0, 3), st.integers(0, 9), st.sampled_from([0, 4, 16, 36])),
+       tiles=st.tuples(*(st.floats(0, 1),) * 4), switches=st.tuples(*(st.booleans(),) * 5))
+def test_cost_model_footprint_is_the_mappers(kind, c, o, size, k, stride, dilation, batch, extras, tiles, switches):
+    """The cost model's capacity term holds the bytes lower.buffers lists for the nest, which the
+    mapper checks and the emitter allocates: every epilogue buffer (tiles, channel vectors, scalars)."""
+    o = c if kind != "matrix" else o
+    extras = extras if kind != "pool" else (0, 0, 0)
+    p = ConvProblem(batch, c, size + (k - 1) * dilation, size + 1, o, k, k, (stride, stride), dilation=(dilation, 1))
+    db, res, sa, tr, st_ = switches
+    m = TileMapping(*(1 + int(t * (d - 1)) for t, d in zip(tiles, (p.oh, p.ow, p.o, p.c), strict=True)), db,
+                    res and kind == "matrix", sa and db and kind == "matrix", tr and kind == "matrix" and p.turns,
+                    st_ and kind == "matrix" and p.stacks and not tr)
+    cost = layer_cost_jit(layer_shape(kind, p, extras), mapping_arrays(m), POINT, smooth=0.0)
+    assert (float(cost.spad_bytes), float(cost.acc_bytes)) == footprint(kind, p, m, extras)

@@ -107,3 +107,32 @@ def test_activations_built_on_expm1_and_log1p():
     # ELU and SELU are expm1 below 0, softplus and mish log1p(exp(x)): exp and log on the vector unit
     for act in (nn.ELU(0.7), nn.SELU(), nn.Softplus(), nn.Softplus(beta=2.0, threshold=5.0), nn.Mish()):
         check(nn.Sequential(nn.Linear(8, 8), act).eval(), torch.randn(4, 8) * 3)
+
+
+class IndexedAssignment(nn.Module):
+    """Each way the lowering runs indexed assignment and strided views, around a layer: a gather of
+    overwritten rows, gathers combined per update a row receives, a running count and a gather by
+    a mask from the input, a gather by a constant map, windows of two sizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):   # x (2, 5, 6)
+        h = self.lin(x)
+        y = h.clone()
+        y[:, torch.tensor([0, 3])] = 0.0
+        return {"index_put": y, "accumulate": torch.ones(4, 6).index_put((torch.tensor([1, 1, 3]),), h[0, :3],
+                                                                         accumulate=True),
+                "masked_scatter": h[0].masked_scatter(h[1] > 0, h[0] * 2), "as_strided": h.as_strided((5, 4), (2, 1)),
+                "adaptive_max": nn.functional.adaptive_max_pool2d(h, (3, 4))}
+
+
+def test_indexed_assignment_on_the_accelerator():
+    torch.manual_seed(0)
+    model, x = IndexedAssignment().eval(), torch.randn(2, 5, 6)
+    out, _ = stagec.simulate(stagec.compile(model, (x,)), x)
+    with torch.no_grad():
+        ref = model(x)
+    for name, expected in ref.items():
+        assert out[name].shape == tuple(expected.shape) and rel_err(out[name], expected.numpy()) < 1e-5, name

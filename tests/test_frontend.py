@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import jax
 import numpy as np
 import pytest
@@ -6,6 +8,7 @@ from helpers import rel_err
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 from torch import nn
 
+from stagec.errors import InputError
 from stagec.frontend import ExportError, UnsupportedOpError, from_jax, from_torch, supported_ops, trace_torch
 
 
@@ -160,6 +163,107 @@ def test_rule_rejecting_its_arguments_names_op_and_line():
         from_torch(AttentionDropout(), (torch.randn(1, 2, 3, 4),))
     assert "aten.scaled_dot_product_attention.default" in str(e.value)
     assert "dropout_p=0.5" in str(e.value) and "test_frontend.py" in str(e.value)
+
+
+class ScatterByInput(nn.Module):
+    def forward(self, x, index):
+        y = x.clone()
+        y[index] = 0.0
+        return y
+
+
+def test_scatter_with_indices_from_the_inputs_names_op_and_line():
+    with pytest.raises(UnsupportedOpError) as e:
+        from_torch(ScatterByInput(), (torch.randn(5, 3), torch.tensor([1, 2])))
+    assert "aten.index_put.default" in str(e.value) and "y[index] = 0.0" in str(e.value)
+    assert "computed from the model's inputs" in str(e.value) and "constant indices" in str(e.value)
+
+
+def test_mask_assignment_from_the_inputs_is_a_select():
+    """x[mask] = value with a mask computed from the inputs is no scatter: it traces, as a select."""
+    class ClampNegative(nn.Module):
+        def forward(self, x):
+            y = x.clone()
+            y[y < 0] = 0.5
+            return y
+    x = torch.randn(4, 5)
+    closed = from_torch(ClampNegative(), (x,))
+    assert not [e for e in closed.jaxpr.eqns if e.primitive.name.startswith("scatter")]
+    np.testing.assert_array_equal(run(closed, x)[0], ClampNegative()(x).numpy())
+
+
+POOLING_MODEL = """
+import torch
+from torch import nn
+
+
+class Pooled(nn.Module):
+    def forward(self, x):
+        y = torch.zeros(3)
+        y[x.argmax(0, keepdim=True)] = 1.0
+        return nn.functional.adaptive_avg_pool1d(x[None], 1) + y
+"""
+
+
+def test_source_line_in_a_package_whose_name_starts_like_torch(tmp_path, monkeypatch):
+    """A model in a folder named like torch's install folder plus a suffix (torchvision beside torch in
+    site-packages) is the model's code: its frames are not dropped as torch's."""
+    import importlib.util
+
+    from stagec.frontend import torch_export
+    package = tmp_path / "torchvision_like"
+    package.mkdir()
+    (package / "models.py").write_text(POOLING_MODEL)
+    monkeypatch.setattr(torch_export, "_NOT_THE_MODEL", (tmp_path / "torch", *torch_export._NOT_THE_MODEL))
+    spec = importlib.util.spec_from_file_location("torchvision_like_models", package / "models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(UnsupportedOpError) as e:
+        from_torch(module.Pooled(), (torch.randn(3),))
+    assert f"{package / 'models.py'}:9: y[x.argmax(0, keepdim=True)] = 1.0" in str(e.value)
+
+
+def test_frame_paths_compare_folder_by_folder():
+    from stagec.frontend.torch_export import user_frame
+    torch_dir = Path(torch.__file__).parent
+    trace = (f'File "{torch_dir}vision/models/net.py", line 7, in forward\n    x = self.pool(x)\n'
+             f'File "{torch_dir}/nn/modules/pooling.py", line 1402, in forward\n    return F.adaptive_avg_pool2d(x)\n'
+             'File "<string>", line 1, in <lambda>\n')
+    assert user_frame(trace) == f"{torch_dir}vision/models/net.py:7: x = self.pool(x)"
+
+
+def test_zero_size_input_is_an_input_error_naming_it():
+    with pytest.raises(InputError, match=r"args\[0\] has shape \[2, 0, 4\], a dimension of size 0"):
+        trace_torch(nn.Linear(4, 2), (torch.randn(2, 0, 4),))
+    with pytest.raises(InputError, match=r"kwargs\['mask'\] has shape \[0\]"):
+        trace_torch(ScatterByInput(), (torch.randn(2, 3),), {"index": torch.tensor([1]), "mask": torch.ones(0)})
+    with pytest.raises(InputError, match=r"args\[1\] has shape \[3, 0\]"):
+        from_jax(lambda a, b: a, (np.ones(2), np.ones((3, 0))))
+
+
+def test_unflattenable_output_is_an_export_error_with_a_hint():
+    class Cache:   # an output type torch's pytree does not know, as transformers' DynamicCache
+        def __init__(self, x):
+            self.x = x
+
+    class WithCache(nn.Module):
+        def forward(self, x):
+            return x * 2, Cache(x)
+    with pytest.raises(ExportError) as e:
+        from_torch(WithCache(), (torch.randn(2),))
+    assert "use_cache=False" in str(e.value) and "register_pytree_node" in str(e.value)
+
+
+class StridedOutsideView(nn.Module):
+    def forward(self, x):
+        return x[1:].as_strided((2,), (1,), 0)   # storage offset 0 is before the view's first element
+
+
+def test_as_strided_reading_outside_its_input_names_op_and_line():
+    with pytest.raises(UnsupportedOpError) as e:
+        from_torch(StridedOutsideView(), (torch.randn(4),))
+    assert "aten.as_strided.default" in str(e.value) and "x[1:].as_strided((2,), (1,), 0)" in str(e.value)
+    assert "reads storage outside its input" in str(e.value)
 
 
 # --- the torch2jax tracer --------------------------------------------------------------------------

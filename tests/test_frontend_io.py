@@ -64,7 +64,8 @@ def test_flatten_and_unflatten_are_the_jaxprs_interface():
 def test_inputs_that_differ_from_the_trace_are_named():
     model, args, kwargs = example()
     traced = trace_torch(model, args, kwargs)
-    with pytest.raises(ValueError, match=r"args\[1\] is float32\[2, 4, 8\], but the model was traced with float32"):
+    with pytest.raises(ValueError, match=r"args\[1\] is float32 \(2, 4, 8\), but the model was traced with "
+                                         r"float32 \(2, 5, 8\)$"):
         flatten_inputs(traced, (args[0], torch.randn(2, 4, 8)), kwargs)
     with pytest.raises(ValueError, match=r"kwargs\['scale'\] is 3.0, but the model was traced with 2.0"):
         flatten_inputs(traced, args, {**kwargs, "scale": 3.0})
@@ -72,8 +73,38 @@ def test_inputs_that_differ_from_the_trace_are_named():
         flatten_inputs(traced, args, {**kwargs, "scale": torch.tensor(2.0)})
     with pytest.raises(ValueError, match=r"args\[0\] is 7, but the model was traced with a tensor"):
         flatten_inputs(traced, (7, args[1]), kwargs)
-    with pytest.raises(ValueError, match="structure"):
+    with pytest.raises(ValueError) as e:
         flatten_inputs(traced, args, {"mask": kwargs["mask"]})
+    assert str(e.value) == ("expected 4 inputs: args[0] int32 (2, 5), args[1] float32 (2, 5, 8), kwargs['mask'] "
+                            "int32 (2, 5), kwargs['scale'] = 2.0; got 3: args[0] int64 (2, 5), args[1] float32 "
+                            "(2, 5, 8), kwargs['mask'] int64 (2, 5) (missing: kwargs['scale'])")
+
+
+def test_inputs_in_other_containers_are_pictured():
+    class Pair(nn.Module):
+        def forward(self, pair):
+            return pair[0] + pair[1]
+
+    a, b = torch.randn(3), torch.randn(3)
+    traced = trace_torch(Pair(), ((a, b),))
+    with pytest.raises(ValueError, match=r"; got 2: args\[0\]\[0\] float32 \(3,\), args\[0\]\[1\] float32 \(3,\) "
+                                         r"\(in other containers: expected \(\(\(\*, \*\),\), \{\}\), "
+                                         r"got \(\(\[\*, \*\],\), \{\}\)\)$"):
+        flatten_inputs(traced, ([a, b],))
+
+
+@pytest.mark.parametrize("value, fragment", [
+    (torch.ones(2, 5, 8, dtype=torch.int32), "integer values where it takes floating-point ones"),
+    (torch.ones(2, 5, 8, dtype=torch.bool), "bool values where it takes floating-point ones"),
+])
+def test_a_tensor_of_another_kind_of_number_is_refused(value, fragment):
+    model, args, kwargs = example()
+    traced = trace_torch(model, args, kwargs)
+    with pytest.raises(ValueError, match=fragment):
+        flatten_inputs(traced, (args[0], value), kwargs)
+    with pytest.raises(ValueError, match=r"args\[0\] is float32 \(2, 5\), .* floating-point values where it "
+                                         "takes integer"):
+        flatten_inputs(traced, (args[0].float(), args[1]), kwargs)
 
 
 def test_int64_beyond_int32_is_an_error_not_a_wrap():

@@ -1,16 +1,23 @@
 """Graph IR: canonicalization and every pass preserve the reference semantics."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 from helpers import rel_err
+from hypothesis import given
+from hypothesis import strategies as st
+from jax import lax
 from jax.extend.core import jaxpr_as_fun
 from test_frontend import Everything
 
 from stagec.compiler import GRAPH_PASSES
+from stagec.errors import LoweringError
 from stagec.frontend import from_torch
 from stagec.lower.canonicalize import canonicalize
 from stagec.lower.evaluate import evaluate
-from stagec.lower.graph_ir import OpKind
+from stagec.lower.graph_ir import MOVEMENT_OPS, OpKind
 from stagec.models import hand_keypoint_net
 
 
@@ -55,6 +62,34 @@ def test_elementwise_chains_fuse():
     assert [s.func for s in g.nodes[0].attr("expr")] == ["mul", "add", "relu", "sub"]
     np.testing.assert_allclose(evaluate(g, x.numpy(), y.numpy())[0], Chain()(x, y).numpy(), rtol=1e-6)
 
+
+
+class ReadsTwice(torch.nn.Module):
+    """Values that one node reads twice: an elementwise square and a conv result's square."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x, r):
+        y = -x
+        c = self.conv(torch.sigmoid(x))
+        return y * y * r, c * c
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_a_value_read_twice_by_one_node_fuses_whole(quantize):
+    import stagec
+    model = ReadsTwice().eval()
+    x, r = torch.randn(2, 3, 6, 5), torch.randn(2, 3, 6, 5)
+    program = stagec.compile(model, (x, r), quantize=quantize)
+    (square, conv_square), _ = stagec.simulate(program, x, r)
+    with torch.no_grad():
+        ref_square, ref_conv_square = model(x, r)
+    assert rel_err(square, ref_square) < 1e-6
+    assert rel_err(conv_square, ref_conv_square) < (1e-5 if quantize is None else 0.1)
+    matrix = [layer for layer in program.layers if layer.op == "conv"]
+    assert len(matrix) == 1 and "mul" in matrix[0].name    # the square runs in the conv's epilogue
 
 def test_graph_prints():
     model, (x,) = hand_keypoint_net()
@@ -101,3 +136,77 @@ def test_attention_scales_fold_and_softmax_normalizes_after_p_at_v():
     assert pv[0].inputs[2].shape == pv[0].output.shape[:-1] + (1,)
     assert not any(n.op == OpKind.ELEMENTWISE and n.output.shape == scores and n.inputs[0].shape == scores
                    and "mul" in {s.func for s in n.attr("expr")} for n in final.nodes)
+
+
+# --- scatters with constant indices: gathers of rows; running sums: a matmul ------------------------
+
+SCATTER_METHODS = ("set", "add", "mul", "min", "max")
+
+
+@st.composite
+def scatters(draw):
+    """x.at[where].method(updates) with constant indices: rows or elements, repeated, negative or out of
+    range (dropped), over one or two indexed axes among full slices."""
+    shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+    axes = sorted(draw(st.sets(st.integers(0, len(shape) - 1), min_size=1, max_size=2)))
+    count = draw(st.integers(1, 5))
+    where = tuple(np.array(draw(st.lists(st.integers(-shape[a], shape[a]), min_size=count, max_size=count)))
+                  if a in axes else slice(None) for a in range(len(shape)))
+    return shape, where, draw(st.sampled_from(SCATTER_METHODS))
+
+
+@given(scatters(), st.integers(0, 2**16))
+def test_scatter_with_constant_indices_lowers_to_gathers(case, seed):
+    shape, where, method = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    updates = rng.standard_normal(jax.eval_shape(lambda: jnp.zeros(shape)[where]).shape).astype(np.float32)
+
+    def fn(x, u):
+        return getattr(jnp.asarray(x).at[where], method)(u, mode="drop")
+    closed = jax.make_jaxpr(fn)(x, updates)
+    graph = canonicalize(closed)
+    assert {n.op for n in graph.nodes} <= {OpKind.GATHER, OpKind.CONCAT, OpKind.ELEMENTWISE, OpKind.RESHAPE}
+    np.testing.assert_array_equal(evaluate(graph, x, updates)[0], np.asarray(fn(x, updates)))
+
+
+def test_row_scatters_gather_whole_rows():
+    """x[rows] = u is one GATHER of whole rows; an accumulation runs one GATHER per update a row receives."""
+    x, u = np.ones((6, 3, 4), np.float32), np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    rows = np.array([4, 1])
+    graph = canonicalize(jax.make_jaxpr(lambda x, u: x.at[rows].set(u))(x, u))
+    (gather,) = [n for n in graph.nodes if n.op == OpKind.GATHER]
+    assert gather.inputs[0].shape == (6 + 2, 12) and gather.output.shape == (6, 12)
+    graph = canonicalize(jax.make_jaxpr(lambda x, u: x.at[np.array([1, 4, 1, 1])].add(u[np.array([0, 1, 0, 1])]))(x, u))
+    layers = [n for n in graph.nodes if n.op == OpKind.GATHER and n.output.shape == (6, 12)]
+    assert len(layers) == 3   # row 1 receives three updates
+
+
+def test_scatter_with_indices_from_the_inputs_is_a_lowering_error():
+    closed = jax.make_jaxpr(lambda x, i: x.at[i].set(0.0))(np.ones((4, 3), np.float32), np.array([1], np.int32))
+    with pytest.raises(LoweringError, match="scatter with indices computed from the model's inputs"):
+        canonicalize(closed)
+
+
+def test_running_sum_is_a_matmul_by_a_triangle():
+    x = np.random.default_rng(0).standard_normal((3, 5, 7)).astype(np.float32)
+    mask = x > 0
+    for fn, args in ((lambda x: jnp.cumsum(x, 1), (x,)), (lambda x: lax.cumsum(x, 2, reverse=True), (x,)),
+                     (lambda m: jnp.cumsum(m.astype(jnp.int32), -1), (mask,))):
+        graph = canonicalize(jax.make_jaxpr(fn)(*args))
+        assert [n.op for n in graph.nodes if n.op not in MOVEMENT_OPS | {OpKind.ELEMENTWISE}] == [OpKind.MATMUL]
+        np.testing.assert_allclose(evaluate(graph, *args)[0], np.asarray(fn(*args)), rtol=1e-6, atol=1e-6)
+
+
+def test_take_along_axis_gathers_rows_by_batch_position():
+    """torch.gather (jnp.take_along_axis) of a computed tensor, by constant and by computed indices:
+    XLA's batching dims become part of the row number."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5, 4)).astype(np.float32)
+    index, last = rng.integers(0, 5, (3, 2, 4)).astype(np.int32), rng.integers(0, 4, (3, 5, 2)).astype(np.int32)
+    for fn, args in ((lambda x: jnp.take_along_axis(x * 2, index, 1), (x,)),
+                     (lambda x, i: jnp.take_along_axis(x * 2, i, 1), (x, index)),
+                     (lambda x, i: jnp.take_along_axis(x * 2, i, 2), (x, last))):
+        graph = canonicalize(jax.make_jaxpr(fn)(*args))
+        assert OpKind.GATHER in {n.op for n in graph.nodes}
+        np.testing.assert_array_equal(evaluate(graph, *args)[0], np.asarray(fn(*args)))

@@ -77,8 +77,8 @@ def test_strided_pointwise_conv_loads_only_the_pixels_it_uses():
 
 def test_nothing_fits_names_layer_and_bytes():
     hw = stagec.HardwareConfig(scratchpad_bytes=64, accumulator_bytes=64, scratchpad_banks=1, accumulator_banks=1)
-    with pytest.raises(TilingError, match=r"conv.*no tiling fits: the smallest tile needs \d+ bytes of scratchpad "
-                                          r"\(have 64\)"):
+    with pytest.raises(TilingError, match=r"conv.* \(conv\): no tiling fits the scratchpad: the smallest tiling, "
+                                          r"tile\(.*\), needs \d+ bytes of scratchpad, which has 64"):
         stagec.compile(nn.Conv2d(3, 4, 5), (torch.randn(1, 3, 9, 9),), hw=hw)
 
 
@@ -170,6 +170,12 @@ def test_embedding_masks_and_integer_ops():
     with pytest.raises(stagec.SimulationError, match=r"\(GATHER\): index 50 at position 3 is outside the table's 50"):
         stagec.simulate(program, np.where(np.arange(14).reshape(2, 7) == 3, 50, ids).astype(np.int32), mask)
 
+
+
+def test_a_table_beyond_gathers_row_count_is_a_lowering_error_naming_the_layer():
+    table = np.zeros((70_000, 2), np.float32)
+    with pytest.raises(stagec.LoweringError, match=r"gather from a table of 70000 rows: GATHER indexes at most 65535"):
+        stagec.compile(lambda ids: jnp.take(table, ids, axis=0), (np.zeros(3, np.int32),))
 
 @pytest.mark.parametrize("module", [nn.Sequential(nn.Conv2d(8, 24, 3, padding=1), nn.ReLU()),
                                     nn.Conv2d(8, 24, 1, bias=False)])
@@ -320,7 +326,8 @@ def test_mapper_keeps_a_whole_layer_in_one_spatial_tile_and_the_simulator_agrees
     halo buffer and the bias a tile at a time, all 196 pixels fit one tile, so each fold streams 196
     rows and the weights are read once, against 98 rows and twice."""
     from stagec.layers import measure, model_graph, model_layers
-    from stagec.lower.schedule import map_conv, one_spatial_tile
+    from stagec.lower.buffers import one_spatial_tile
+    from stagec.lower.schedule import map_conv
     torch.manual_seed(0)
     module = _ConvResidual(256, 1024, 1, (1, 1), 0, 1).eval()
     args = (torch.randn(1, 256, 14, 14), torch.randn(1, 1024, 14, 14))

@@ -87,5 +87,13 @@ def test_report_command_on_a_saved_program(two_layer_program, tmp_path, capsys):
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["cycles"] == pytest.approx(make_report(two_layer_program).cycles)
     assert (tmp_path / "out" / "timeline.svg").exists()
-    with pytest.raises(SystemExit, match="--hw applies to the demo model"):
-        main(["report", str(path), "--hw", "x.yaml", "--out", str(tmp_path / "out")])
+    assert main(["report", str(path), "--hw", "x.yaml", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == ("stagec report: --hw applies to the demo model; a saved program keeps its own "
+                                       "config\n")
+
+
+def test_roofline_bytes_are_exact_for_any_layer_shape(two_layer_program):
+    huge = Layer("huge", "matmul", ((2**32, 2**32), (2**32, 1)), (2**32, 1), macs=0)
+    program = dataclasses.replace(two_layer_program, layers=(huge, two_layer_program.layers[1]), cache={})
+    roof = make_report(program).to_dict()["layers"][0]["roofline"]
+    assert roof["compulsory_bytes"] == (2**64 + 2 * 2**32) * 4 and roof["memory_cycles"] > 0

@@ -1,6 +1,7 @@
 """One test per verifier rule, each on a hand-broken copy of a valid program."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -130,3 +131,68 @@ def test_compiled_programs_carry_sufficient_tokens():
         code["push"][i] &= ~np.uint8(1 << q)
         with pytest.raises(VerificationError):
             verify(with_code(p, code))
+
+
+def test_space_bits_of_operands_an_instruction_lacks_must_be_zero():
+    p, _, _ = relu_matmul()
+    load_spaces, matmul_spaces = int(p.code["spaces"][0]), int(p.code["spaces"][2])
+    broken(mutate(p, 0, spaces=load_spaces | 1 << 4), "the space bits of an operand", 0, "spaces")   # LOAD has no z
+    broken(mutate(p, 2, spaces=matmul_spaces | 1 << 6), "the space bits of an operand", 2, "spaces")
+
+
+@pytest.mark.parametrize("n, strides", [((3, 8, 4), (0, 4, 1)),     # the same row three times
+                                        ((1, 8, 4), (0, 2, 1))])    # rows that overlap
+def test_a_written_pattern_visits_each_element_once(n, strides):
+    p, _, _ = relu_matmul()
+    broken(mutate(p, 0, n=(*n, 0), y_strides=strides),
+           re.escape(f"the written pattern (n={list(n)}, strides={list(strides)}) visits some element more than once"),
+           0, "y")
+
+
+def test_the_walk_tracks_the_dram_the_program_touches_not_all_it_declares():
+    import tracemalloc
+    p, _, _ = relu_matmul()
+    roomy = dataclasses.replace(p, dram_bytes=2**26, cache={})
+    tracemalloc.start()
+    try:
+        verify(roomy)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**22     # the 64 MiB it declares would take 5 int32 per 4-byte granule: 320 MiB
+
+
+def test_the_walk_views_a_broadcast_read_once():
+    from stagec.isa.access import accesses
+    from stagec.isa.verify import DataflowWalk
+    p, _, _ = relu_matmul()
+    q = mutate(p, 3, y_strides=(0, 0, 0))     # relu of one accumulator element, broadcast over the tile
+    accs = accesses(q.code)
+    walk = DataflowWalk(q, accs)
+    src = next(k for k, a in enumerate(accs) if a.operand == "y" and not a.write and a.valid[3])
+    assert walk.geometry[src][0][3].tolist() == [1, 1, 1, 1]
+
+
+def test_an_output_the_program_never_stores_is_refused():
+    p, _, _ = relu_matmul()
+    half = mutate(p, 4, n=(1, 4, 5, 0))      # stores the first 4 of c's 8 rows
+    broken(half, r"output 'c' byte 0x\w+ is never written by the program")
+    moved = dataclasses.replace(p, outputs=(dataclasses.replace(p.outputs[0], offset=p.outputs[0].offset + 64),),
+                                dram_bytes=1024, cache={})
+    broken(moved, "output 'c' byte .* is never written")
+
+
+def test_simulators_hold_the_dram_the_program_touches_not_all_it_declares():
+    import tracemalloc
+
+    from stagec.sim.executor import execute as batched
+    p, b, a = relu_matmul()
+    roomy = dataclasses.replace(p, dram_bytes=2**30, cache={})
+    tracemalloc.start()
+    try:
+        for run in (execute, batched):
+            np.testing.assert_allclose(run(roomy, [a])[0], np.maximum(a @ b, 0), rtol=1e-6)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**24     # the GiB it declares would be allocated (and its trackers 8x that) otherwise
