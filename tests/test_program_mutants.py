@@ -4,31 +4,33 @@ import collections
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
-import stagec
+from stagec.fuzz import files
+from stagec.fuzz.files import BASES, base_program, file_record
 from stagec.fuzz.mutate import mutate_program, run_mutant
-
-
-class Net(nn.Module):
-    """A conv, a linear layer, a keyword input and two outputs: every part of a program file."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.fc = nn.Linear(4 * 4 * 4, 5)
-
-    def forward(self, x, *, bias):
-        h = torch.relu(self.conv(x))
-        return self.fc(h.flatten(1)) + bias, h.amax(1)
 
 
 @pytest.fixture(scope="module")
 def program_file():
-    torch.manual_seed(0)
-    x, bias = torch.randn(1, 3, 4, 4), torch.randn(1, 5)
-    return stagec.compile(Net().eval(), (x,), kwargs={"bias": bias}).to_bytes(), [x.numpy(), bias.numpy()]
+    return base_program("fp32")   # a conv, a linear layer, a keyword input and two outputs
+
+
+@pytest.mark.parametrize("name", sorted(BASES))
+def test_every_base_file_runs_unmutated(name):
+    data, inputs = base_program(name)
+    assert run_mutant(data, inputs) == "ok"
+
+
+def test_a_file_record_names_its_base_and_mutation_and_a_crash(monkeypatch):
+    record = file_record(1)
+    assert record["mode"] in BASES and record["mutation"] and record["outcome"] in ("ok", "rejected:ProgramFormatError",
+                                                                                    "rejected:VerificationError")
+
+    def broken(data, inputs):
+        raise IndexError("list index out of range")
+    monkeypatch.setattr(files, "run_mutant", broken)
+    crash = file_record(1)
+    assert crash["outcome"] == "crash" and "mutant: IndexError: list index out of range" in crash["message"]
 
 
 def test_the_unmutated_file_runs(program_file):

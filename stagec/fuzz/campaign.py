@@ -24,7 +24,6 @@ import random
 import time
 import traceback
 import warnings
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -114,18 +113,18 @@ def _run(case: Case) -> Outcome:
         except StagecError as e:
             return Outcome(f"rejected:{type(e).__name__}", str(e))
         except Exception as e:   # noqa: BLE001 -- anything else escaping stagec is a bug to report
-            return Outcome("crash", _describe_exception("compile", e))
+            return Outcome("crash", describe_exception("compile", e))
         try:
             y, _ = stagec.simulate(program, x)
         except Exception as e:   # noqa: BLE001 -- a compiled program must run
-            return Outcome("crash", _describe_exception("simulate", e))
+            return Outcome("crash", describe_exception("simulate", e))
     fallback = [str(w.message) for w in caught if "reference interpreter" in str(w.message)]
     with torch.no_grad():
         expected = model(x).numpy()
     try:
         verdict = CHECKS[case.mode](np.asarray(y), expected, model, x, calibration)
     except Exception as e:   # noqa: BLE001 -- the int8 reference raises on what the hardware would wrap
-        return Outcome("crash", _describe_exception("reference", e))
+        return Outcome("crash", describe_exception("reference", e))
     if verdict.outcome == "ok" and fallback:
         return dataclasses.replace(verdict, outcome="fallback", message=fallback[0])
     return verdict
@@ -136,7 +135,7 @@ def _calibration(spec: ModelSpec, x: torch.Tensor) -> list[tuple[torch.Tensor]]:
     return [(x,)] + [(torch.randn(x.shape, generator=g),) for _ in range(CALIBRATION_BATCHES - 1)]
 
 
-def _describe_exception(stage: str, e: Exception) -> str:
+def describe_exception(stage: str, e: Exception) -> str:
     frame = traceback.extract_tb(e.__traceback__)[-1]
     return f"{stage}: {type(e).__name__}: {e} [{frame.filename.rsplit('/', 2)[-1]}:{frame.lineno} in {frame.name}]"
 
@@ -221,24 +220,3 @@ def model_description(seed: int) -> dict:
 def model_record(seed: int) -> dict:
     case = make_case(seed)
     return {**_description(case), **dataclasses.asdict(run_case(case))}
-
-
-@dataclasses.dataclass(frozen=True)
-class Section:
-    """One kind of campaign job: `run(seed)` is the record of a finished job (its "outcome", "mode" and
-    what else shows a failure), `describe(seed)` the record's description alone (for a job that hung
-    or whose worker died)."""
-
-    run: Callable[[int], dict]
-    describe: Callable[[int], dict]
-
-
-# NOTE: a section of damaged program files (stagec.fuzz.mutate's mutate_program(data, rng) and
-# run_mutant(data, inputs)) joins as one more entry: records with "seed", "mode" (the mutation's kind),
-# "outcome" and "message"; experiments/fuzz_campaign.py --sections runs and tabulates it as this one
-SECTIONS = {"models": Section(model_record, model_description)}
-
-
-def run_job(job: tuple[str, int]) -> dict:
-    section, seed = job
-    return SECTIONS[section].run(seed)
