@@ -112,3 +112,17 @@ def test_the_pool_replaces_a_worker_that_hangs_or_dies():
     assert results[jobs[1]][0] == "hang" and "s of CPU" in results[jobs[1]][1]   # a limit on CPU, not wall time
     assert results[jobs[2]] == ("died", 3)
 
+
+
+def test_the_minimizer_shrinks_inside_composites_whose_parameters_are_not_all_chains(monkeypatch):
+    """Case 100782: shrinking a concat's branch, beside a branch holding conv(out=1, ...) (an int
+    parameter), crashed the minimizer."""
+    from stagec.fuzz import minimize as minimizer
+    from stagec.fuzz.campaign import Outcome
+
+    def run_case(case):   # "fails" while that conv and the softplus both remain
+        return Outcome("wrong" if "conv(out=1," in str(case.spec) and "softplus" in str(case.spec) else "ok")
+    monkeypatch.setattr(minimizer, "run_case", run_case)
+    small = minimizer.minimize(make_case(100782), lambda o: o.outcome == "wrong")
+    assert len(small.spec.layers) == 1 and small.spec.layers[0].kind == "concat"
+    assert str(small.spec.layers[0]).endswith("| activation(fn='softplus_beta2')])")
