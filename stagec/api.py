@@ -13,7 +13,8 @@ from stagec.frontend.trace import check_io_metadata, read_out_tree
 from stagec.isa import DType, Program, verify
 from stagec.sim.executor import execute
 
-from .compiler import compile, paused_gc  # noqa: A004
+from .compiler import compile  # noqa: A004
+from .pipeline import garbage_collection
 from .report import Report, make_report
 
 # The model-level element type of a program input whose program records none (metadata in_dtypes).
@@ -55,7 +56,7 @@ def simulate(program: Program, *args, **kwargs) -> tuple[object, Report]:
     host = [_to_program_dtype(x, ref.dtype) for x, ref in zip(inputs, program.inputs, strict=True)]
     if "out_tree" in meta:
         read_out_tree(meta["out_tree"])   # a structure torch cannot rebuild fails before the run, not after
-    with paused_gc():   # a first run's verifier walk, plan and timing allocate as compiling does
+    with garbage_collection(False):   # a first run's verifier walk, plan and timing allocate as compiling does
         verify(program)
         outputs = execute(program, host)
         if "report" not in program.cache:

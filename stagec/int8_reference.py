@@ -11,7 +11,7 @@ softmax and GELU can differ from the simulator's in the last bits).
 Integer values are held in int64; a value typed int32 that leaves int32's range
 raises (the hardware would wrap), it is never wrapped or clipped here.
 
->>> from stagec.compiler import build_graph  # doctest: +SKIP
+>>> from stagec.pipeline import build_graph  # doctest: +SKIP
 >>> traced, graph = build_graph(model, args, quantize="int8")  # doctest: +SKIP
 >>> outputs = run(graph, [x.numpy() for x in args])  # doctest: +SKIP
 """
