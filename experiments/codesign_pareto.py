@@ -28,7 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from stagec import zoo  # noqa: E402
-from stagec.codesign import codesign_graphs  # noqa: E402
+from stagec.codesigning import codesign_graphs  # noqa: E402
 from stagec.costmodel.codesign import CodesignSettings  # noqa: E402
 from stagec.isa import HardwareConfig  # noqa: E402
 from stagec.layers import model_graph  # noqa: E402
