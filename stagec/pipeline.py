@@ -197,27 +197,43 @@ def _quantizing(request: Request) -> bool:
     return request.quantize is not None
 
 
+def _amax_table(c: Compilation) -> str:
+    return "\n".join(f"%{vid}: amax {a:.6g}" for vid, a in sorted(c.amax.items()))
+
+
 PIPELINE: tuple[Stage, ...] = (
-    Stage("jaxpr", _trace, lambda c: c.traced.closed),      # torch.export / make_jaxpr -> ClosedJaxpr
-    Stage("graph", lambda c: replace(c, graph=canonicalize(c.traced.closed))),   # jaxpr -> graph IR
-    Stage("dce", GraphPass(dce)),                           # drop what no output needs
-    Stage("sink_reshapes", GraphPass(sink_reshapes, fusion=True)),   # scalar elementwise before a reshape -> after
-    Stage("fuse_elementwise", GraphPass(fuse_elementwise, fusion=True)),   # elementwise chains -> one node
-    Stage("defer_row_scale", GraphPass(defer_row_scale, fusion=True)),   # matmul(x * row scale, b) -> matmul(x, b) * r
-    Stage("fuse_epilogues", GraphPass(fuse_epilogues, fusion=True)),   # bias/activation/residual -> accumulator tile
-    Stage("fold_affine", GraphPass(fold_affine)),           # per-channel scale and shift (batch norm) -> weights
-    Stage("calibrate", _calibrate, lambda c: "\n".join(f"%{vid}: amax {a:.6g}" for vid, a in sorted(c.amax.items())),
-          when=_quantizing),                                # every fp32 value's range over the calibration batches
-    Stage("quantize", _quantize, lambda c: f"{c.graph}\n{c.quantization}",
-          when=_quantizing),                                # int8 CONV/MATMUL, QUANTIZE/DEQUANTIZE at fp32 islands
-    Stage("fuse_quantized", GraphPass(lambda g: fuse_epilogues(fuse_elementwise(g)), fusion=True),
-          when=_quantizing),                                # the boundaries -> their neighbours' expressions
-    Stage("pack", _pack),                                   # depthwise convs cheaper packed on the array -> grouped
-    Stage("tune", _tune, lambda c: c.tuning, when=lambda r: r.tuner is not None,
-          collects=True),                                   # mappings by the cost model (stagec.tune)
-    Stage("layout", lambda c: replace(c, layout=assign_layout(c.graph)), lambda c: c.layout),   # buffer layouts
-    Stage("schedule", _schedule, lambda c: c.schedule),     # a mapping per conv-shaped layer
-    Stage("program", _lower, lambda c: disassemble(c.program)),   # instructions, DRAM layout, constants
+    # the frontend: torch.export (a JAX function: make_jaxpr) -> ClosedJaxpr
+    Stage("jaxpr", _trace, show=lambda c: c.traced.closed),
+    # jaxpr -> graph IR (lower.canonicalize)
+    Stage("graph", lambda c: replace(c, graph=canonicalize(c.traced.closed))),
+    # drop what no output needs
+    Stage("dce", GraphPass(dce)),
+    # scalar elementwise ops before a reshape -> after it, to fuse
+    Stage("sink_reshapes", GraphPass(sink_reshapes, fusion=True)),
+    # elementwise chains -> one node
+    Stage("fuse_elementwise", GraphPass(fuse_elementwise, fusion=True)),
+    # matmul(x * row scale, b) -> matmul(x, b) * row scale
+    Stage("defer_row_scale", GraphPass(defer_row_scale, fusion=True)),
+    # bias/activation/residual -> the conv/matmul's accumulator tile
+    Stage("fuse_epilogues", GraphPass(fuse_epilogues, fusion=True)),
+    # per-channel scale and shift (batch norm) -> weights and bias
+    Stage("fold_affine", GraphPass(fold_affine)),
+    # int8: every fp32 value's range over the calibration batches
+    Stage("calibrate", _calibrate, show=_amax_table, when=_quantizing),
+    # int8: int8 CONV/MATMUL, QUANTIZE/DEQUANTIZE at the fp32 islands' boundaries
+    Stage("quantize", _quantize, show=lambda c: f"{c.graph}\n{c.quantization}", when=_quantizing),
+    # int8: the boundaries -> their neighbours' expressions and epilogues
+    Stage("fuse_quantized", GraphPass(lambda g: fuse_epilogues(fuse_elementwise(g)), fusion=True), when=_quantizing),
+    # depthwise convs that run cheaper packed on the array -> grouped convs (lower.pack)
+    Stage("pack", _pack),
+    # tune=: mappings by gradient on the cost model (stagec.tune), with the collector on
+    Stage("tune", _tune, show=lambda c: c.tuning, when=lambda r: r.tuner is not None, collects=True),
+    # buffer layouts (NHWC for activations)
+    Stage("layout", lambda c: replace(c, layout=assign_layout(c.graph)), show=lambda c: c.layout),
+    # a mapping per conv-shaped layer: the caller's, the tuner's, else the default mapper's
+    Stage("schedule", _schedule, show=lambda c: c.schedule),
+    # instructions, DRAM layout, constants (verified)
+    Stage("program", _lower, show=lambda c: disassemble(c.program)),
 )
 
 
