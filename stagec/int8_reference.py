@@ -17,7 +17,7 @@ other way, so a comparison can tell a rounding tie from a wrong integer.
 Integer values are held in int64; a value typed int32 that leaves int32's range
 raises (the hardware would wrap), it is never wrapped or clipped here.
 
->>> from stagec.compiler import build_graph  # doctest: +SKIP
+>>> from stagec.pipeline import build_graph  # doctest: +SKIP
 >>> traced, graph = build_graph(model, args, quantize="int8")  # doctest: +SKIP
 >>> outputs = run(graph, [x.numpy() for x in args])  # doctest: +SKIP
 """

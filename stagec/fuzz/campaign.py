@@ -31,8 +31,8 @@ import torch
 
 import stagec
 from stagec import int8_reference
-from stagec.compiler import build_graph
 from stagec.errors import QuantizationError, StagecError, TilingError
+from stagec.pipeline import build_graph
 
 from .hardware import HW_KINDS, describe, random_hardware
 from .models import ModelSpec, build_model, generate_model
