@@ -31,7 +31,7 @@ def linear_across_a_rounding_tie():
     import torch
 
     from stagec import int8_reference
-    from stagec.compiler import build_graph
+    from stagec.pipeline import build_graph
     torch.manual_seed(0)
     model, x = torch.nn.Linear(4, 3).eval(), torch.randn(2, 4)
     calibration = [(torch.randn(2, 4) * 2,)]

@@ -12,6 +12,7 @@ from stagec.fuzz.campaign import make_case, run_case
 from stagec.fuzz.hardware import HW_KINDS, random_hardware
 from stagec.fuzz.models import RULES, build_model, generate_model
 from stagec.fuzz.pool import run_jobs
+from stagec.pipeline import build_graph
 
 # (seed, mode, hardware kind): attention, convs, gates (squeeze-and-excitation), norms, slices, permutes,
 # residuals and concats, on the default config, a random one and tiny ones (2x1 to 3x2 arrays of either
@@ -168,7 +169,7 @@ def test_int8_that_cannot_keep_an_input_far_below_its_calibrated_ranges_is_not_w
     calibration = [(x,), (30 * torch.randn(2, 4),)]
     with torch.no_grad():
         expected = model(x).numpy()
-    _, graph = stagec.compiler.build_graph(model, (x,), quantize="int8", calibration=calibration)
+    _, graph = build_graph(model, (x,), quantize="int8", calibration=calibration)
     (ref,) = int8_reference.run(graph, [x.numpy()])
     outcome = CHECKS["int8"](ref, expected, model, x, calibration)
     assert cosine(ref, expected) < COSINE_FLOOR and outcome.noise_cosine < NOISE_FLOOR
