@@ -37,17 +37,6 @@ class Net(nn.Module):
         return self.fc(h.flatten(1)) + bias, h.amax(1)
 
 
-class Encoder(nn.Module):
-    """A transformer encoder layer: matmuls of two activations, softmax, layer norms, GELU."""
-
-    def __init__(self):
-        super().__init__()
-        self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation="gelu", batch_first=True)
-
-    def forward(self, x):
-        return self.layer(x)
-
-
 def _net_inputs():
     return (torch.randn(1, 3, 4, 4),), {"bias": torch.randn(1, 5)}
 
@@ -61,7 +50,9 @@ BASES = {
     "fp32": (Net, _net_inputs, {}),
     "int8": (Net, _net_inputs, {"quantize": "int8"}),
     "tiny": (Net, _net_inputs, {"hw": TINY}),
-    "encoder": (Encoder, _encoder_inputs, {}),
+    # a transformer encoder layer: matmuls of two activations, softmax, layer norms, GELU
+    "encoder": (functools.partial(nn.TransformerEncoderLayer, 16, 2, 32, dropout=0.0, activation="gelu",
+                                  batch_first=True), _encoder_inputs, {}),
 }
 
 
@@ -76,25 +67,20 @@ def base_program(name: str) -> tuple[bytes, list[np.ndarray]]:
     return program.to_bytes(), [t.numpy() for t in (*args, *kwargs.values())]
 
 
-def _base_name(seed: int) -> str:
-    return list(BASES)[seed % len(BASES)]
-
-
-def _mutant(seed: int) -> tuple[str, str, bytes]:
-    base = _base_name(seed)
+def _mutant(seed: int) -> tuple[dict, bytes]:
+    """The job's description (its base as "mode", its mutation) and the mutant."""
+    base = list(BASES)[seed % len(BASES)]
     what, mutant = mutate_program(base_program(base)[0], np.random.default_rng(seed))
-    return base, what, mutant
+    return {"seed": seed, "mode": base, "mutation": what[:300]}, mutant
 
 
 def file_description(seed: int) -> dict:
-    base, what, _ = _mutant(seed)
-    return {"seed": seed, "mode": base, "mutation": what[:300]}
+    return _mutant(seed)[0]
 
 
 def file_record(seed: int) -> dict:
-    base, what, mutant = _mutant(seed)
-    record = {"seed": seed, "mode": base, "mutation": what[:300]}
+    record, mutant = _mutant(seed)
     try:
-        return {**record, "outcome": run_mutant(mutant, base_program(base)[1])}
+        return {**record, "outcome": run_mutant(mutant, base_program(record["mode"])[1])}
     except Exception as e:   # noqa: BLE001 -- anything but a StagecError escaping a damaged file is a bug
         return {**record, "outcome": "crash", "message": describe_exception("mutant", e)}
