@@ -23,39 +23,14 @@ import numpy as np
 from jax import lax
 
 from stagec.errors import ReferenceFallbackWarning
-from stagec.isa.instructions import BINARY, REDUCTIONS, AccMode, DType, PadValue, VectorFunc
+from stagec.isa.instructions import AccMode, DType, PadValue
+from stagec.isa.opcodes import VECTOR_FUNCS, check_gather_indices
 from stagec.isa.program import Program
-from stagec.isa.semantics import pad_value
+from stagec.isa.semantics import ACCUMULATE, Namespace, accumulate, pad_value
 
 from . import reference
 from .fixed_point import requantize
-from .plan import DRAM_CONST, RECORD_WORDS, Group, Plan, PlanError, box_positions, build_plan, offsets, read_dims
-from .reference import check_gather_indices
-
-
-def _relu(x):
-    return jnp.maximum(x, jnp.zeros((), x.dtype))
-
-
-def _compare(op):
-    return lambda a, b: op(a, b).astype(a.dtype)
-
-
-VECTOR_FUNCS = {
-    VectorFunc.COPY: lambda x: x, VectorFunc.NEG: jnp.negative, VectorFunc.ABS: jnp.abs,
-    VectorFunc.RELU: _relu, VectorFunc.EXP: jnp.exp, VectorFunc.LOG: jnp.log,
-    VectorFunc.RECIP: lambda x: 1.0 / x, VectorFunc.RSQRT: lax.rsqrt, VectorFunc.SQRT: jnp.sqrt,
-    VectorFunc.TANH: jnp.tanh, VectorFunc.ERF: lax.erf, VectorFunc.SIGMOID: lambda x: 1.0 / (1.0 + jnp.exp(-x)),
-    VectorFunc.ADD: jnp.add, VectorFunc.SUB: jnp.subtract, VectorFunc.MUL: jnp.multiply,
-    VectorFunc.MAX: jnp.maximum, VectorFunc.MIN: jnp.minimum,
-    VectorFunc.CMP_GT: _compare(jnp.greater), VectorFunc.CMP_GE: _compare(jnp.greater_equal),
-    VectorFunc.CMP_EQ: _compare(jnp.equal), VectorFunc.CMP_NE: _compare(jnp.not_equal),
-    VectorFunc.RSUM: lambda x: jnp.sum(x, -1), VectorFunc.RMAX: lambda x: jnp.max(x, -1),
-    VectorFunc.RMIN: lambda x: jnp.min(x, -1),
-}
-REDUCE_CHAIN = {AccMode.ADD: jnp.sum, AccMode.MAX: jnp.max, AccMode.MIN: jnp.min}
-COMBINE = {AccMode.ADD: jnp.add, AccMode.MAX: jnp.maximum, AccMode.MIN: jnp.minimum}
-HIGHEST = lax.Precision.HIGHEST
+from .plan import DRAM_CONST, Group, Plan, PlanError, box_positions, build_plan, offsets, read_dims
 
 
 def _convert(x, to: DType):
@@ -65,6 +40,10 @@ def _convert(x, to: DType):
         info = np.iinfo(t)
         x = jnp.clip(jnp.nan_to_num(jnp.trunc(x), nan=0.0), info.min, info.max)
     return x.astype(t)
+
+
+JAX = Namespace(jnp, lax.erf, lax.rsqrt, requantize, _convert)   # the vector functions' semantics, in JAX
+HIGHEST = lax.Precision.HIGHEST
 
 
 def _read(P, rows, offs, rel, how):
@@ -284,33 +263,36 @@ def _matmul_fn(sig, hows, grid, permuted):
 
 @functools.cache
 def _vector_fn(sig, hows):
+    """Each member a chain of vector ops: the function (isa.opcodes, in JAX) of each, accumulated."""
     j, func, acc, n, pd, p1, p2, has_init, _, out_dtype = sig
-    func = VectorFunc(func)
+    f = VECTOR_FUNCS[func]
     rel1 = offsets(p1, n).astype(np.int32)
-    if func == VectorFunc.REQUANT:   # z: records of RECORD_WORDS words (multiplier, shift, zero point, 0)
-        rel2 = (offsets(p2, n)[:, None] * RECORD_WORDS + np.arange(RECORD_WORDS)).reshape(-1).astype(np.int32)
-    else:
-        rel2 = offsets(p2, n).astype(np.int32) if func in BINARY else None
-    rel_dst = offsets(pd, (n[0], n[1], 1) if func in REDUCTIONS else n).astype(np.int32)
+    rel2 = None
+    if f.sources == 2:   # records (REQUANT's): f.src2_words words each, strides counting records
+        rel2 = (offsets(p2, n)[:, None] * f.src2_words + np.arange(f.src2_words)).reshape(-1).astype(np.int32)
+    rel_dst = offsets(pd, (n[0], n[1], 1) if f.reduction else n).astype(np.int32)
+    words = (f.src2_words,) if f.src2_words > 1 else ()
 
     def run(*args):
         t = args[1].shape[0]
-        x = _read(*args[:3], rel1, hows[0]).reshape(t, j, *n)
+        sources = [_read(*args[:3], rel1, hows[0]).reshape(t, j, *n)]
         rest = args[3:]
-        if func in BINARY:
-            y = _read(*rest[:3], rel2, hows[1]).reshape(t, j, *(n if func != VectorFunc.REQUANT else (-1,)))
+        if f.sources == 2:
+            sources.append(_read(*rest[:3], rel2, hows[1]).reshape(t, j, *n, *words))
             rest = rest[3:]
         init = _read(*rest, rel_dst, hows[2]).reshape(t, -1) if has_init else None
-        if func == VectorFunc.SELECT:
-            return jnp.where(x.reshape(t, -1) != 0, y.reshape(t, -1), init)
-        if func == VectorFunc.REQUANT:
-            rec = y[:, 0].reshape(t, -1, RECORD_WORDS)
-            return requantize(x[:, 0].reshape(t, -1), rec[..., 0], rec[..., 1], rec[..., 2])
-        v = VECTOR_FUNCS[func](x, y) if func in BINARY else VECTOR_FUNCS[func](x)
-        v = _convert(v.reshape(t, j, -1), out_dtype)
-        out = v[:, 0] if acc == AccMode.OVERWRITE else REDUCE_CHAIN[AccMode(acc)](v, axis=1)
-        return COMBINE[AccMode(acc)](init, out) if has_init else out
+        if f.reads_dst:
+            sources.append(init.reshape(sources[0].shape))
+        v = JAX.convert(f.apply(JAX, *sources).reshape(t, j, -1), out_dtype)
+        if acc == AccMode.OVERWRITE:
+            return v[:, 0]
+        return accumulate(JAX, acc, init, _chain(acc, v)) if has_init else _chain(acc, v)
     return jax.jit(run)
+
+
+def _chain(acc: AccMode, v):
+    """A chain's members' values (T, J, L) accumulated in order."""
+    return getattr(jnp, ACCUMULATE[AccMode(acc)][1])(v, axis=1)
 
 
 @functools.cache

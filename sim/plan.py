@@ -42,17 +42,8 @@ import numpy as np
 
 from stagec.errors import PlanError
 from stagec.isa.access import is_dense
-from stagec.isa.instructions import (
-    BINARY,
-    READS_DST,
-    REDUCTIONS,
-    REQUANT_RECORD_BYTES,
-    AccMode,
-    DType,
-    Opcode,
-    Space,
-    VectorFunc,
-)
+from stagec.isa.instructions import REQUANT_RECORD_BYTES, AccMode, DType, Opcode, Space, VectorFunc
+from stagec.isa.opcodes import VECTOR_FUNCS
 from stagec.isa.program import Program
 from stagec.isa.verify import MULTIPLE, const_bytes, verify
 
@@ -189,7 +180,7 @@ def build_plan(program: Program) -> Plan:
                 acc_mode[k] = int(mode[i])
                 continue
             start = next(iter(sources(dst_slot, i)), -1)
-        elif o == Opcode.VECTOR and func[i] in READS_DST:
+        elif o == Opcode.VECTOR and VECTOR_FUNCS[func[i]].reads_dst:
             start = next(iter(sources("x", i)), -1)
         node_of[i] = len(members)
         add_node([i], start, int(mode[i]) if computes else 0, level_of(i))
@@ -442,14 +433,15 @@ def _describe(mem, init_k, acc, code, n_arr, func, sources, read, data_origin):
     f = int(func[i])
     if f == VectorFunc.REQUANT and acc != AccMode.OVERWRITE:
         raise PlanError(f"instruction {i}: REQUANT with an accumulate mode")
+    vf = VECTOR_FUNCS[f]
     local("src1", "y", dt)
-    if f in BINARY:
+    if vf.sources == 2:
         local("src2", "z", dt)
     initial("x")
-    dims = (n[0], n[1], 1) if f in REDUCTIONS else n[:3]
+    dims = (n[0], n[1], 1) if vf.reduction else n[:3]
     if not is_dense(pats[0], dims):
         raise PlanError(f"instruction {i}: vector op writes a non-contiguous local region")
-    sig = (len(mem), f, acc, n[:3], pats[0], pats[1], pats[2] if f in BINARY else None, init_k >= 0, dt, odt)
+    sig = (len(mem), f, acc, n[:3], pats[0], pats[1], pats[2] if vf.sources == 2 else None, init_k >= 0, dt, odt)
     srcs = tuple(reads[s][0] if s in reads else None for s in ("src1", "src2", "init"))
     return ("vector", sig, srcs), reads, dims[0] * dims[1] * dims[2]
 
@@ -490,7 +482,7 @@ def read_dims(g: Group, slot: str) -> tuple[tuple[int, int], ...]:
         return (*((c, st * RECORD_WORDS) for c, st in _dims(p2, n)), (RECORD_WORDS, 1))
     if slot == "src2":
         return _dims(p2, n)
-    return _dims(pd, (n[0], n[1], 1) if f in REDUCTIONS else n)
+    return _dims(pd, (n[0], n[1], 1) if VECTOR_FUNCS[f].reduction else n)
 
 
 def _dims(strides, counts) -> tuple[tuple[int, int], ...]:
