@@ -46,10 +46,8 @@ def _operand(o: Operand) -> str:
 def format_instruction(ins: Ins) -> str:
     d = opcodes.OPCODES[ins.opcode]
     name = ins.opcode.name.lower() + (f".{ins.func.name.lower()}" if d.takes_func else "")
-    parts = [f"{name:<13}", f"{_DT[ins.dtype]}>{_DT[ins.out_dtype]}", "n=" + ",".join(map(str, ins.n[:d.rank])),
-             f"x={_operand(ins.x)}", f"y={_operand(ins.y)}"]
-    if ins.z is not None:
-        parts.append(f"z={_operand(ins.z)}")
+    parts = [f"{name:<13}", f"{_DT[ins.dtype]}>{_DT[ins.out_dtype]}", "n=" + ",".join(map(str, ins.n[:d.rank]))]
+    parts += [f"{o}={_operand(v)}" for o, v in zip("xyz", (ins.x, ins.y, ins.z), strict=True) if v is not None]
     if any(ins.pad):
         parts.append("pad=" + ",".join(map(str, ins.pad)))
     if ins.mode:
@@ -102,8 +100,7 @@ def parse_instruction(text: str) -> Ins:
     d = opcodes.OPCODES[op]
     dtype, out_dtype = (_DT_BACK[t] for t in types.split(">"))
     n = tuple(int(v) for v in fields.pop("n").split(","))
-    x, y = _parse_operand(fields.pop("x")), _parse_operand(fields.pop("y"))
-    z = _parse_operand(fields.pop("z")) if "z" in fields else None
+    x, y, z = (_parse_operand(fields.pop(o)) if o in fields else None for o in "xyz")
     pad = tuple(int(p) for p in fields.pop("pad").split(",")) if "pad" in fields else (0,) * 6
     mode = int(d.mode[fields.pop(d.mode_key).upper()]) if d.mode is not None and d.mode_key in fields else 0
     push = _parse_queues(fields.pop("push")) if "push" in fields else 0
@@ -111,8 +108,8 @@ def parse_instruction(text: str) -> Ins:
     if fields:
         raise ValueError(f"unknown fields {sorted(fields)}")
     vfunc = VectorFunc[func.upper()] if func else VectorFunc.COPY
-    if "z" in d.operands(int(vfunc)) and z is None:
-        raise ValueError(f"{name} needs operand z")
+    if missing := [o for o, v in zip("xyz", (x, y, z), strict=True) if v is None and o in d.operands(int(vfunc))]:
+        raise ValueError(f"{name} needs operand {' and '.join(missing)}")
     return Ins(op, n + (0,) * (4 - len(n)), x, y, z, func=vfunc, dtype=dtype, out_dtype=out_dtype, mode=mode,
                pad=pad, push=push, pop=pop)
 

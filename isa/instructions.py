@@ -162,8 +162,8 @@ class Instruction:
 
     opcode: Opcode
     n: tuple[int, int, int, int]
-    x: Operand
-    y: Operand
+    x: Operand | None      # an operand the opcode does not have (isa.opcodes) is None
+    y: Operand | None
     z: Operand | None = None
     func: VectorFunc = VectorFunc.COPY
     dtype: DType = DType.F32
@@ -220,15 +220,14 @@ assert _FIELDS.itemsize == INSTRUCTION_BYTES
 
 
 def _record(ins: Instruction) -> tuple:
-    z = ins.z or _NO_OPERAND
+    x, y, z = (o or _NO_OPERAND for o in (ins.x, ins.y, ins.z))
     z_base, z_strides = z.base, z.strides
     if ins.z is None:   # the six pad counts (LOAD's; zero elsewhere) overlay z's first bytes (little-endian)
         p = ins.pad
         z_base = p[0] | p[1] << 8 | p[2] << 16 | p[3] << 24
         z_strides = (p[4] | p[5] << 8, 0, 0)
     return (ins.opcode, ins.func, ins.dtype, ins.out_dtype, ins.push, ins.pop, ins.mode,
-            ins.x.space | ins.y.space << 2 | z.space << 4, ins.n, ins.x.base, ins.x.strides, ins.y.base,
-            ins.y.strides, z_base, z_strides)
+            x.space | y.space << 2 | z.space << 4, ins.n, x.base, x.strides, y.base, y.strides, z_base, z_strides)
 
 
 def encode(instructions: list[Instruction]) -> np.ndarray:
