@@ -57,6 +57,7 @@ def accesses(code: np.ndarray) -> list[Access]:
     spaces = code["spaces"].astype(np.int64)
     out = []
     for i, operand in enumerate(OPERANDS):
+        pattern = None   # (space, base, strides): one set of arrays for both directions
         for write in (False, True):
             if not any(len(p[0]) for p in parts.get((operand, write), ())):
                 continue
@@ -64,9 +65,10 @@ def accesses(code: np.ndarray) -> list[Access]:
             dtype, words = np.zeros(n, np.int64), np.zeros(n, np.int64)
             for rows, d, t, w in parts[operand, write]:
                 valid[rows], dims[rows], dtype[rows], words[rows] = True, d, t, w
-            out.append(Access(operand, write, valid, spaces >> (2 * i) & 3, code[f"{operand}_base"].astype(np.int64),
-                              code[f"{operand}_strides"].astype(np.int64), dims,
-                              np.where(valid, ITEMSIZE[dtype] * words, 0), dtype, words))
+            pattern = pattern or (spaces >> (2 * i) & 3, code[f"{operand}_base"].astype(np.int64),
+                                  code[f"{operand}_strides"].astype(np.int64))
+            out.append(Access(operand, write, valid, *pattern, dims, np.where(valid, ITEMSIZE[dtype] * words, 0),
+                              dtype, words))
     return out
 
 

@@ -46,30 +46,23 @@ LOCAL = frozenset({Space.SPAD, Space.ACC})
 DRAM = frozenset({Space.DRAM})
 
 
+def _column(name: str) -> cached_property:
+    return cached_property(lambda self: self.code[name].astype(np.int64))
+
+
 class Fields:
     """Instruction records (some rows of a program's code), columnar, as the definitions read them."""
+
+    n = _column("n")            # (k, 4)
+    pad = _column("pad")        # (k, 6)
+    func = _column("func")
+    mode = _column("mode")
 
     def __init__(self, code: np.ndarray):
         self.code = code
 
     def __len__(self) -> int:
         return len(self.code)
-
-    @cached_property
-    def n(self) -> np.ndarray:
-        return self.code["n"].astype(np.int64)
-
-    @cached_property
-    def pad(self) -> np.ndarray:
-        return self.code["pad"].astype(np.int64)
-
-    @cached_property
-    def func(self) -> np.ndarray:
-        return self.code["func"].astype(np.int64)
-
-    @cached_property
-    def mode(self) -> np.ndarray:
-        return self.code["mode"].astype(np.int64)
 
     @cached_property
     def elements(self) -> np.ndarray:

@@ -166,10 +166,11 @@ def _used_bytes(d: OpcodeDef, present: tuple[bool, ...]) -> np.ndarray:
 def _check_unused_bytes(code: np.ndarray, op: np.ndarray, present: np.ndarray) -> None:
     """Unused bits must be zero: an encoding has exactly one spelling."""
     raw = code.view(np.uint8).reshape(len(code), 64)
+    variants = present @ np.array([1, 2, 4])   # the operands an instruction has, as 3 bits
     for d in opcodes.OPCODES.values():
-        for variant in {tuple(v) for v in present[op == d.opcode].tolist()}:
-            rows = (op == d.opcode) & (present == variant).all(1)
-            unused = ~_used_bytes(d, variant)
+        for v in np.unique(variants[op == d.opcode]).tolist():
+            rows = (op == d.opcode) & (variants == v)
+            unused = ~_used_bytes(d, tuple(bool(v >> k & 1) for k in range(3)))
             stray = (raw[rows][:, unused] != 0).any(0)
             if stray.any():
                 byte = int(np.flatnonzero(unused)[np.flatnonzero(stray)[0]])

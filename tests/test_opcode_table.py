@@ -177,3 +177,17 @@ def test_the_verifier_holds_a_new_opcode_to_its_definition(fill):
         verify(_fill_program(fill, dst=_dram(A_OFF)))
     with pytest.raises(VerificationError, match="byte 32 is unused by FILL and must be zero"):
         verify(_fill_program(fill, y=_local(64)))
+
+
+@pytest.mark.parametrize("d", list(opcodes.OPCODES.values()), ids=lambda d: d.name)
+def test_every_definition_is_one_the_toolchain_can_read(d):
+    # the timing shares the DRAM channel between the LOAD and STORE queues: their opcodes are DMAs
+    assert isinstance(d.unit, opcodes.Dma) == (d.queue in (Queue.LOAD, Queue.STORE))
+    directions = [(s.operand, s.write) for s in d.slots]
+    assert len(directions) == len(set(directions))     # one Access per operand and direction
+    assert d.mode is None or set(d.modes) <= set(d.mode)
+    if isinstance(d.unit, opcodes.Array):              # SCALE-Sim's operand traffic names a, b, c
+        assert {s.role for s in d.slots} == {"a", "b", "c"}
+    if isinstance(d.unit, opcodes.Dma):                # its bytes go over the DRAM channel one way
+        assert d.dram_slot is not None
+    assert d.opcode in kernel.KERNELS                  # the batched executor runs it
