@@ -247,9 +247,9 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     _vf(VectorFunc.CMP_NE, _compare(lambda a, b: a != b), sources=2),
     # dst = src2 where src1 != 0, else dst unchanged
     _vf(VectorFunc.SELECT, lambda ns, p, t, dst: ns.xp.where(p != 0, t, dst), sources=2, reads_dst=True),
-    _vf(VectorFunc.RSUM, lambda ns, x: ns.xp.sum(x, axis=-1, keepdims=True, dtype=x.dtype), reduction=True),
-    _vf(VectorFunc.RMAX, lambda ns, x: ns.xp.max(x, axis=-1, keepdims=True), reduction=True),
-    _vf(VectorFunc.RMIN, lambda ns, x: ns.xp.min(x, axis=-1, keepdims=True), reduction=True),
+    _vf(VectorFunc.RSUM, lambda ns, x: ns.xp.sum(x, axis=-1), reduction=True),   # integers wrap, as convert wraps
+    _vf(VectorFunc.RMAX, lambda ns, x: ns.xp.max(x, axis=-1), reduction=True),
+    _vf(VectorFunc.RMIN, lambda ns, x: ns.xp.min(x, axis=-1), reduction=True),
     # i32 -> i8 by records (Q31 multiplier, shift, zero point, 0): TFLite/gemmlowp rounding
     _vf(VectorFunc.REQUANT, lambda ns, x, r: ns.requantize(x, r[..., 0], r[..., 1], r[..., 2]), sources=2,
         src2_words=REQUANT_RECORD_BYTES // 4, types=frozenset({(DType.I32, DType.I8)})),
@@ -359,7 +359,7 @@ def _matmul(ins: Instruction, v) -> None:
 def _vector(ins: Instruction, v) -> None:
     f = VECTOR_FUNCS[ins.func]
     args = [v.read(role) for role in ("src1", "src2")[:f.sources]] + ([v.read("dst")] if f.reads_dst else [])
-    result = NUMPY.convert(f.apply(NUMPY, *args), ins.out_dtype)
+    result = NUMPY.convert(f.apply(NUMPY, *args), ins.out_dtype).reshape(v.dims("dst"))
     if ins.mode != AccMode.OVERWRITE:
         result = accumulate(NUMPY, ins.mode, v.read("dst"), result)
     v.write("dst", result)
