@@ -28,10 +28,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from stagec import zoo  # noqa: E402
-from stagec.codesign import codesign_graphs  # noqa: E402
+from stagec.codesigning import codesign_graphs  # noqa: E402
 from stagec.costmodel.codesign import CodesignSettings  # noqa: E402
 from stagec.isa import HardwareConfig  # noqa: E402
-from stagec.layers import graph_program, model_graph  # noqa: E402
+from stagec.layers import model_graph  # noqa: E402
+from stagec.pipeline import lower_graph  # noqa: E402
 from stagec.report import make_report  # noqa: E402
 from stagec.sim.energy import area_mm2  # noqa: E402
 from stagec.tuning import TuneSettings  # noqa: E402
@@ -74,7 +75,7 @@ def sweep(name: str, graph, budgets, settings: CodesignSettings, tune_settings) 
         hw = HardwareConfig(array_rows=side, array_cols=side,
                             dma_bandwidth_bytes_per_cycle=settings.bandwidth_range[1])
         baselines.append({"array": f"{side}x{side}", "area_mm2": float(sum(area_mm2(hw).values())),
-                          "simulated_cycles": make_report(graph_program(graph, hw)).cycles})
+                          "simulated_cycles": make_report(lower_graph(graph, hw)).cycles})
     return {"codesign": points, "pareto": pareto(points), "baseline_default_mapper": baselines}
 
 

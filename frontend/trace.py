@@ -244,62 +244,6 @@ def _treespec(key: str, text: str) -> pytree.TreeSpec:
         raise ProgramFormatError(f"header.metadata.{key}: {type(e).__name__}: {e}{hint}") from None
 
 
-def check_io_metadata(metadata, n_inputs: int, n_outputs: int) -> None:
-    """Check a program's recorded input and output structure (in_tree, out_tree) against its
-    number of input and output tensors, without rebuilding the trees: their container types need
-    not be registered with torch in this process (a transformers model's outputs, say) until the
-    program runs.  Raises ProgramFormatError naming the metadata key."""
-    if "in_tree" in metadata:
-        record = _json("in_tree", metadata["in_tree"])
-        if type(record) is not dict or set(record) != {"treespec", "constants"}:
-            raise ProgramFormatError("header.metadata.in_tree: expected an object with keys 'treespec' and "
-                                     "'constants'")
-        root = _json("in_tree.treespec", record["treespec"]) if type(record["treespec"]) is str else None
-        leaves = _serialized_leaves("in_tree.treespec", root)
-        if [root[1]["type"], *(c["type"] for c in root[1]["children_spec"])] != _CALL_TYPES:
-            raise ProgramFormatError("header.metadata.in_tree.treespec: expected a tuple of (args tuple, kwargs dict)")
-        constants = record["constants"]
-        if type(constants) is not dict or any(not k.isdigit() or int(k) >= leaves for k in constants):
-            raise ProgramFormatError(f"header.metadata.in_tree.constants: expected an object keyed by leaf "
-                                     f"indices below {leaves}")
-        if leaves - len(constants) != n_inputs:
-            raise ProgramFormatError(f"header.metadata.in_tree: {leaves - len(constants)} tensor inputs, "
-                                     f"the program has {n_inputs}")
-    if "out_tree" in metadata:
-        leaves = _serialized_leaves("out_tree", _json("out_tree", metadata["out_tree"]))
-        if leaves != n_outputs:
-            raise ProgramFormatError(f"header.metadata.out_tree: {leaves} outputs, the program has {n_outputs}")
-
-
-_CALL_TYPES = ["builtins.tuple", "builtins.tuple", "builtins.dict"]
-_NODE_KEYS = {"type", "context", "children_spec"}
-
-
-def _json(key: str, text: str):
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise ProgramFormatError(f"header.metadata.{key}: not JSON ({e})") from None
-
-
-def _serialized_leaves(key: str, data) -> int:
-    """The leaves of a treespec as torch's treespec_dumps writes it ([protocol, node], a node
-    {"type", "context", "children_spec"}, a leaf's type null), counted from the JSON alone."""
-    if type(data) is not list or len(data) != 2 or data[0] != 1:
-        raise ProgramFormatError(f"header.metadata.{key}: expected a torch treespec, [1, node]")
-    leaves, stack = 0, [data[1]]
-    while stack:
-        node = stack.pop()
-        if (type(node) is not dict or set(node) != _NODE_KEYS or type(node["children_spec"]) is not list
-                or not all(node[k] is None or type(node[k]) is str for k in ("type", "context"))
-                or (node["type"] is None and node["children_spec"])):
-            raise ProgramFormatError(f"header.metadata.{key}: a treespec node is not "
-                                     "{type: str or null, context: str or null, children_spec: [node, ...]}")
-        leaves += node["type"] is None
-        stack += node["children_spec"]
-    return leaves
-
-
 def _traced(closed: ClosedJaxpr, out_spec: pytree.TreeSpec, args: tuple, kwargs: dict, notes=()) -> TracedModel:
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     note = "; ".join([*notes, *_dtype_notes(leaves)])

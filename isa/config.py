@@ -21,16 +21,16 @@ import dataclasses
 import difflib
 import json
 import math
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import yaml
 
 from stagec.errors import ConfigError, shown
+from stagec.lazy import after_import
 
 DATAFLOWS = ("weight_stationary", "output_stationary")
 DTYPE_MODES = ("int8", "bf16", "fp32")
@@ -181,9 +181,12 @@ def _validate(f: dataclasses.Field, value):
 
 
 def _numeric_array(value) -> bool:
-    """A numpy or JAX array (or tracer) of integers or floats."""
-    if not isinstance(value, (np.ndarray, np.generic, jax.Array)):
+    """A numpy or JAX array (or tracer) of integers or floats (a JAX one exists only once JAX is imported)."""
+    jax = sys.modules.get("jax")
+    if not isinstance(value, (np.ndarray, np.generic, *((jax.Array,) if jax else ()))):
         return False
+    # NOTE: jnp's issubdtype, as numpy's does not know bfloat16
+    import jax.numpy as jnp
     return bool(jnp.issubdtype(value.dtype, jnp.floating) or jnp.issubdtype(value.dtype, jnp.integer))
 
 
@@ -206,7 +209,8 @@ def _unflatten(static, leaves) -> HardwareConfig:
     return hw
 
 
-jax.tree_util.register_pytree_node(HardwareConfig, _flatten, _unflatten)
+# NOTE: registered when something imports JAX: `import stagec.isa` (the CLI, disasm) loads no JAX
+after_import("jax", lambda jax: jax.tree_util.register_pytree_node(HardwareConfig, _flatten, _unflatten))
 
 
 def _no_duplicate_keys(pairs):

@@ -5,6 +5,9 @@
     >>> x = torch.randn(1, 3, 16, 16)
     >>> program = stagec.compile(model, (x,))          # torch.export -> jaxpr -> instructions
     >>> y, report = stagec.simulate(program, x)        # run on the simulated accelerator
+
+The names below the errors are imported from their modules on first use (stagec.lazy): `import
+stagec` and `stagec --help` load neither torch nor JAX.
 """
 
 from stagec.errors import (
@@ -24,12 +27,17 @@ from stagec.errors import (
     UnsupportedOpError,
     VerificationError,
 )
-from stagec.isa import HardwareConfig, Program
+from stagec.lazy import lazy_attributes
 
-from .api import compile, load, simulate  # noqa: A004
-from .codesign import Codesign, codesign
-from .report import Report
-from .tuning import TuneSettings, Tuning, tune
+_HOMES = {
+    "HardwareConfig": "stagec.isa", "Program": "stagec.isa",
+    "compile": "stagec.compiler", "simulate": "stagec.api", "load": "stagec.program_file",
+    "Report": "stagec.report",
+    "TuneSettings": "stagec.tuning", "Tuning": "stagec.tuning", "tune": "stagec.tuning",
+    # NOTE: not in a module stagec.codesign: importing it would set the package's `codesign` to the module
+    "Codesign": "stagec.codesigning", "codesign": "stagec.codesigning",
+}
+__getattr__, __dir__ = lazy_attributes(__name__, _HOMES)
 
 __all__ = ["AssemblyError", "Codesign", "ConfigError", "ExportError", "HardwareConfig", "InputError",
            "LoweringError", "PlanError", "Program", "ProgramFormatError", "QuantizationError",

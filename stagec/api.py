@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jax.numpy as jnp
 import numpy as np
 
 from stagec.errors import InputError
 from stagec.frontend import flatten_inputs, unflatten_outputs
-from stagec.frontend.trace import check_io_metadata, read_out_tree
+from stagec.frontend.trace import read_out_tree
 from stagec.isa import DType, Program, verify
 from stagec.sim.executor import execute
 
-from .compiler import compile, paused_gc  # noqa: A004
+from .compiler import compile  # noqa: A004
+from .pipeline import garbage_collection
+from .program_file import check_metadata, load
 from .report import Report, make_report
 
 # The model-level element type of a program input whose program records none (metadata in_dtypes).
@@ -47,7 +47,7 @@ def simulate(program: Program, *args, **kwargs) -> tuple[object, Report]:
     """
     if not isinstance(program, Program):
         raise InputError(f"simulate takes a Program (from stagec.compile or stagec.load), not {type(program).__name__}")
-    _check_metadata(program)
+    check_metadata(program)
     meta = program.metadata
     dtypes = meta.get("in_dtypes") or [_MODEL_DTYPE[ref.dtype] for ref in program.inputs]
     inputs = flatten_inputs(meta.get("in_tree"), args, kwargs,
@@ -55,7 +55,7 @@ def simulate(program: Program, *args, **kwargs) -> tuple[object, Report]:
     host = [_to_program_dtype(x, ref.dtype) for x, ref in zip(inputs, program.inputs, strict=True)]
     if "out_tree" in meta:
         read_out_tree(meta["out_tree"])   # a structure torch cannot rebuild fails before the run, not after
-    with paused_gc():   # a first run's verifier walk, plan and timing allocate as compiling does
+    with garbage_collection(False):   # a first run's verifier walk, plan and timing allocate as compiling does
         verify(program)
         outputs = execute(program, host)
         if "report" not in program.cache:
@@ -65,26 +65,6 @@ def simulate(program: Program, *args, **kwargs) -> tuple[object, Report]:
     if "out_tree" in meta:
         outputs = unflatten_outputs(meta["out_tree"], outputs)
     return outputs, program.cache["report"]
-
-
-def _check_metadata(program: Program) -> None:
-    """The recorded input and output structure against the program's tensors (once per program)."""
-    if "io_checked" not in program.cache:
-        check_io_metadata(program.metadata, len(program.inputs), len(program.outputs))
-        program.cache["io_checked"] = True
-
-
-def load(path_or_data: str | Path | bytes | bytearray | memoryview) -> Program:
-    """Read a program file written by `Program.save` (or its bytes).  Every header key is checked
-    (`isa.program.HEADER`), the recorded input and output structure against the program's tensors,
-    and the instruction stream by the verifier; a file that fails raises ProgramFormatError or
-    VerificationError naming the key, byte offset or instruction."""
-    data = bytes(path_or_data) if isinstance(path_or_data, (bytes, bytearray, memoryview)) else \
-        Path(path_or_data).read_bytes()
-    program = Program.from_bytes(data)
-    _check_metadata(program)
-    verify(program)
-    return program
 
 
 __all__ = ["compile", "load", "simulate"]

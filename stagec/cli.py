@@ -32,7 +32,7 @@ def _demo(args) -> int:
 def _disasm(args) -> int:
     from stagec.isa import disassemble
 
-    from .api import load
+    from .program_file import load
     sys.stdout.write(disassemble(load(args.program)))
     return 0
 

@@ -8,16 +8,23 @@ are numpy float32 operations (single IEEE roundings: the QUANTIZE multiply and
 the DEQUANTIZE multiply are exact matches; transcendental fp32 islands such as
 softmax and GELU can differ from the simulator's in the last bits).
 
+The fp32 islands are therefore not bit-exact, and where a float that a QUANTIZE converts lies within
+a few ulps of a rounding boundary, its int8 value may round either way (the hardware's softmax sums in
+another order and takes exp from another library).  `run(..., nudge=r)` scales every float converted
+to an integer by (1 + r) first: runs nudged away from zero and toward it round each such value the
+other way, so a comparison can tell a rounding tie from a wrong integer.
+
 Integer values are held in int64; a value typed int32 that leaves int32's range
 raises (the hardware would wrap), it is never wrapped or clipped here.
 
->>> from stagec.compiler import build_graph  # doctest: +SKIP
+>>> from stagec.pipeline import build_graph  # doctest: +SKIP
 >>> traced, graph = build_graph(model, args, quantize="int8")  # doctest: +SKIP
 >>> outputs = run(graph, [x.numpy() for x in args])  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -97,13 +104,20 @@ def _held(x: np.ndarray, dtype: str, where: str) -> np.ndarray:
     return np.asarray(x, np.int64)
 
 
-def eval_expr(expr, inputs, where: str):
+def _nudged_steps(nudge: float) -> dict:
+    """STEPS whose float-to-integer conversion first scales the float by (1 + nudge)."""
+    def to_i32(x):
+        return _to_i32(x.astype(np.float64) * (1 + nudge) if x.dtype == np.float32 else x)
+    return {**STEPS, "to_i32": to_i32} if nudge else STEPS
+
+
+def eval_expr(expr, inputs, where: str, steps: dict = STEPS):
     values = list(inputs)
     for step in expr:
         args = [values[a] for a in step.args]
         if step.func not in ("to_f32", "to_i32", "requant", "select") and any(a.dtype == np.float32 for a in args):
             args = [a.astype(np.float32) for a in args]   # int operands meet floats only in converted form
-        values.append(STEPS[step.func](*args))
+        values.append(steps[step.func](*args))
     return values[-1]
 
 
@@ -111,7 +125,7 @@ def _wide(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float64) if x.dtype == np.float32 else x.astype(np.int64)
 
 
-def _conv(node: Node, x, w, *extras):
+def _conv(node: Node, x, w, *extras, steps: dict = STEPS):
     (pt, pb), (pl, pr) = node.attr("padding")
     (sh, sw), (dh, dw), g = node.attr("stride"), node.attr("dilation"), node.attr("groups")
     n, c, _, _ = x.shape
@@ -124,17 +138,17 @@ def _conv(node: Node, x, w, *extras):
         for j in range(kw):
             patch = xp[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
             acc += np.einsum("ngchw,goc->ngohw", patch.reshape(n, g, cg, oh, ow), wg[..., i, j])
-    return _epilogue(node, acc.reshape(n, o, oh, ow), extras)
+    return _epilogue(node, acc.reshape(n, o, oh, ow), extras, steps)
 
 
-def _matmul(node: Node, a, b, *extras):
-    return _epilogue(node, np.matmul(_wide(a), _wide(b)), extras)
+def _matmul(node: Node, a, b, *extras, steps: dict = STEPS):
+    return _epilogue(node, np.matmul(_wide(a), _wide(b)), extras, steps)
 
 
-def _epilogue(node: Node, acc, extras):
+def _epilogue(node: Node, acc, extras, steps: dict):
     acc = acc.astype(np.float32) if acc.dtype == np.float64 else acc
     expr = node.attr("epilogue")
-    return eval_expr(expr, [acc, *extras], node.name) if expr else acc
+    return eval_expr(expr, [acc, *extras], node.name, steps) if expr else acc
 
 
 def _pool(node: Node, x):
@@ -169,7 +183,7 @@ def _slice(node: Node, x):
 RULES = {
     OpKind.CONV: _conv,
     OpKind.MATMUL: _matmul,
-    OpKind.ELEMENTWISE: lambda n, *xs: eval_expr(n.attr("expr"), xs, n.name),
+    OpKind.ELEMENTWISE: lambda n, *xs, steps=STEPS: eval_expr(n.attr("expr"), xs, n.name, steps),
     OpKind.REDUCE: _reduce,
     OpKind.POOL: _pool,
     OpKind.BROADCAST: _broadcast,
@@ -181,17 +195,21 @@ RULES = {
     OpKind.CONCAT: lambda n, *xs: np.concatenate(xs, n.attr("axis")),
     OpKind.GATHER: lambda n, table, idx: np.take(table, idx, axis=0),
 }
+EXPRESSION_OPS = (OpKind.CONV, OpKind.MATMUL, OpKind.ELEMENTWISE)   # the rules that take `steps`
 
 
-def run(graph: Graph, inputs, keep: bool = False):
+def run(graph: Graph, inputs, keep: bool = False, nudge: float = 0.0):
     """The graph's outputs on `inputs` (its flat input arrays); with `keep`, also {value id: array}
-    of every value, so tests can compare intermediate int8 tensors."""
+    of every value, so tests can compare intermediate int8 tensors.  With `nudge`, every float
+    converted to an integer is first scaled by (1 + nudge) (see the module's docstring)."""
+    steps = _nudged_steps(nudge)
+    rules = {**RULES, **{op: functools.partial(RULES[op], steps=steps) for op in EXPRESSION_OPS}}
     env = {vid: _held(np.asarray(a), str(a.dtype) if str(a.dtype) in ("int8", "float32") else "int32", f"%{vid}")
            for vid, a in graph.constants.items()}
     for v, a in zip(graph.inputs, inputs, strict=True):
         env[v.id] = _held(np.asarray(a), v.dtype, f"input %{v.id}")
     for node in graph.nodes:
-        rule = RULES.get(node.op)
+        rule = rules.get(node.op)
         if rule is None:
             raise LoweringError(f"int8 reference: no rule for {node.op.value} ({node.name})")
         env[node.output.id] = _held(rule(node, *[env[v.id] for v in node.inputs]), node.output.dtype, node.name)

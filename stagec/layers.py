@@ -21,11 +21,11 @@ from stagec.isa.instructions import TRANSCENDENTAL, Space
 from stagec.lower import tile_expr
 from stagec.lower.buffers import epilogue_layout
 from stagec.lower.graph_ir import Graph, Node, OpKind
-from stagec.lower.layout import assign_layout
-from stagec.lower.lowering import lower_to_program
-from stagec.lower.schedule import ConvProblem, TileMapping, make_schedule, node_problem
+from stagec.lower.schedule import ConvProblem, TileMapping, node_problem
 from stagec.sim.energy import counts_of, energy_pj
 from stagec.sim.timing import timeline
+
+from .pipeline import build_graph, lower_graph
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,8 @@ class Layer:
 
 
 def model_graph(model_or_fn, example_args, kwargs=None, **options) -> Graph:
-    """The graph IR `stagec.compile` schedules (stagec.compiler.build_graph; `options` are its
+    """The graph IR `stagec.compile` schedules (stagec.pipeline.build_graph; `options` are its
     fuse/quantize/calibration/percentile)."""
-    from stagec.compiler import build_graph
     return build_graph(model_or_fn, example_args, kwargs=kwargs, **options)[1]
 
 
@@ -117,14 +116,9 @@ def layer_graph(graph: Graph, layer: Layer) -> Graph:
     return Graph(inputs, (node.output,), (node,), MappingProxyType(consts))
 
 
-def graph_program(graph: Graph, hw: HardwareConfig, mappings: dict | None = None) -> Program:
-    """A fused graph's program: compile's stages after the graph passes (mappings checked to fit)."""
-    return lower_to_program(graph, assign_layout(graph), make_schedule(graph, hw, mappings), hw)
-
-
 def layer_program(graph: Graph, layer: Layer, mapping: TileMapping, hw: HardwareConfig) -> Program:
     """The program of `layer` alone with `mapping`."""
-    return graph_program(layer_graph(graph, layer), hw, {layer.name: mapping})
+    return lower_graph(layer_graph(graph, layer), hw, {layer.name: mapping})
 
 
 def measure(graph: Graph, layer: Layer, mapping: TileMapping, hw: HardwareConfig) -> tuple[float, float]:

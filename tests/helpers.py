@@ -21,3 +21,30 @@ def evaluate(traced, args, kwargs=None):
     flat = flatten_inputs(traced, args, kwargs)
     outputs = jax.jit(jaxpr_as_fun(traced.closed)).lower(*flat).compile(compiler_options=FAST_COMPILE)(*flat)
     return unflatten_outputs(traced.out_tree, [np.asarray(o) for o in outputs])
+
+
+
+def linear_across_a_rounding_tie():
+    """(int8 Linear model, its calibration, its quantized graph, x_below, x_above): x_below[0, 1] lies
+    just below a rounding boundary of the QUANTIZE of the model's input, x_above one fp32 ulp above it --
+    two inputs that an fp32 rounding apart quantize one int8 step apart."""
+    import torch
+
+    from stagec import int8_reference
+    from stagec.pipeline import build_graph
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(4, 3).eval(), torch.randn(2, 4)
+    calibration = [(torch.randn(2, 4) * 2,)]
+    _, graph = build_graph(model, (x,), quantize="int8", calibration=calibration)
+    (quantize,) = [n for n in graph.nodes if n.inputs[0] == graph.inputs[0] and n.output.dtype == "int8"]
+    scale, record = (graph.constants[v.id] for v in quantize.inputs[1:])
+    # where requantizing trunc(x * scale) steps up: the first boundary above x[0, 1]'s own
+    start = int(x[0, 1] * scale)
+    steps = int8_reference.requantize(np.arange(start, start + 2**16), record)
+    boundary = start + int(np.flatnonzero(np.diff(steps))[0]) + 1
+    below = np.float32(boundary / scale)
+    while np.float32(below * scale) >= boundary:
+        below = np.nextafter(below, np.float32(-np.inf))
+    x_below, x_above = x.numpy().copy(), x.numpy().copy()
+    x_below[0, 1], x_above[0, 1] = below, np.nextafter(below, np.float32(np.inf))
+    return model, calibration, graph, x_below, x_above

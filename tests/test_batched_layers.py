@@ -16,8 +16,8 @@ from torch import nn
 
 import stagec
 from stagec import int8_reference
-from stagec.compiler import build_graph
 from stagec.errors import TilingError
+from stagec.pipeline import build_graph
 from stagec.sim.executor import Executor
 from stagec.sim.plan import build_plan
 

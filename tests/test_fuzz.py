@@ -12,6 +12,7 @@ from stagec.fuzz.campaign import make_case, run_case
 from stagec.fuzz.hardware import HW_KINDS, random_hardware
 from stagec.fuzz.models import RULES, build_model, generate_model
 from stagec.fuzz.pool import run_jobs
+from stagec.pipeline import build_graph
 
 # (seed, mode, hardware kind): attention, convs, gates (squeeze-and-excitation), norms, slices, permutes,
 # residuals and concats, on the default config, a random one and tiny ones (2x1 to 3x2 arrays of either
@@ -112,3 +113,64 @@ def test_the_pool_replaces_a_worker_that_hangs_or_dies():
     assert results[jobs[1]][0] == "hang" and "s of CPU" in results[jobs[1]][1]   # a limit on CPU, not wall time
     assert results[jobs[2]] == ("died", 3)
 
+
+
+def test_the_minimizer_shrinks_inside_composites_whose_parameters_are_not_all_chains(monkeypatch):
+    """Case 100782: shrinking a concat's branch, beside a branch holding conv(out=1, ...) (an int
+    parameter), crashed the minimizer."""
+    from stagec.fuzz import minimize as minimizer
+    from stagec.fuzz.campaign import Outcome
+
+    def run_case(case):   # "fails" while that conv and the softplus both remain
+        return Outcome("wrong" if "conv(out=1," in str(case.spec) and "softplus" in str(case.spec) else "ok")
+    monkeypatch.setattr(minimizer, "run_case", run_case)
+    small = minimizer.minimize(make_case(100782), lambda o: o.outcome == "wrong")
+    assert len(small.spec.layers) == 1 and small.spec.layers[0].kind == "concat"
+    assert str(small.spec.layers[0]).endswith("| activation(fn='softplus_beta2')])")
+
+
+def test_int8_output_a_rounding_tie_apart_from_the_reference_is_ok_and_one_step_off_elsewhere_is_wrong():
+    """Case 100782: the simulator's fp32 island rounded a float an ulp over a rounding boundary that the
+    integer reference's stayed under; one int8 step then moved a gate and 290 outputs."""
+    from helpers import linear_across_a_rounding_tie
+
+    from stagec import int8_reference
+    from stagec.fuzz.campaign import CHECKS
+    model, calibration, graph, below, above = linear_across_a_rounding_tie()
+    x = torch.from_numpy(below)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    (ref,), (tipped,) = int8_reference.run(graph, [below]), int8_reference.run(graph, [above])
+    assert CHECKS["int8"](tipped, expected, model, x, calibration).outcome == "ok"
+    wrong = ref.copy()
+    wrong[1, 0] += np.abs(ref).max() / 127   # one step, in the row without the tie
+    assert CHECKS["int8"](wrong, expected, model, x, calibration).outcome == "wrong"
+
+
+class Product(nn.Module):
+    def __init__(self, a: nn.Module, b: nn.Module):
+        super().__init__()
+        self.a, self.b = a, b
+
+    def forward(self, x):
+        return self.a(x) * self.b(x)
+
+
+def test_int8_that_cannot_keep_an_input_far_below_its_calibrated_ranges_is_not_wrong():
+    """Case 101206: the calibration batches gave a product's tensor a range ~90x x's own (cubic layers
+    after batch norms fitted to x's 4 samples a channel): in int8 steps of 400/127, x's values of +-4.5
+    are one or two steps, and no quantization keeps them (cosine 0.373; PyTorch with such noise: 0.118).
+    The oracle's noise is int8's: steps of the calibrated ranges, at the product too."""
+    from stagec import int8_reference
+    from stagec.fuzz.campaign import CHECKS, COSINE_FLOOR, NOISE_FLOOR, cosine
+    torch.manual_seed(0)
+    model = nn.Sequential(Product(nn.Linear(4, 4), nn.Identity()), nn.Linear(4, 3)).eval()
+    x = torch.randn(2, 4)
+    calibration = [(x,), (30 * torch.randn(2, 4),)]
+    with torch.no_grad():
+        expected = model(x).numpy()
+    _, graph = build_graph(model, (x,), quantize="int8", calibration=calibration)
+    (ref,) = int8_reference.run(graph, [x.numpy()])
+    outcome = CHECKS["int8"](ref, expected, model, x, calibration)
+    assert cosine(ref, expected) < COSINE_FLOOR and outcome.noise_cosine < NOISE_FLOOR
+    assert outcome.outcome == "ok"

@@ -3,18 +3,19 @@
 import numpy as np
 import pytest
 import torch
+from helpers import linear_across_a_rounding_tie
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 import stagec
 from stagec import int8_reference
-from stagec.compiler import build_graph
 from stagec.isa import HardwareConfig, semantics
 from stagec.lower.evaluate import evaluate
 from stagec.lower.graph_ir import OpKind
 from stagec.lower.requant import quantize_multiplier
 from stagec.models import hand_keypoint_net
+from stagec.pipeline import build_graph
 
 
 def compile_both(model, args, calibration):
@@ -237,3 +238,16 @@ def test_int8_tiles_count_records_and_widened_copies_in_a_small_scratchpad():
     _, graph = build_graph(model, (x,), quantize="int8", calibration=calibration)
     y, _ = stagec.simulate(program, x)
     np.testing.assert_array_equal(y, int8_reference.run(graph, [x.numpy()])[0])
+
+
+def test_a_float_an_ulp_below_a_rounding_tie_quantizes_as_the_reference_nudged_says():
+    """Case 100782: the simulator's softmax and the reference's differ by an ulp (another exp, another
+    summation order); a float one ulp from a rounding boundary (116.49999 vs 116.50002 int8 steps) then
+    quantizes one int8 step apart.  The reference nudged by the fuzzer's TIE_NUDGE rounds it the other way."""
+    from stagec.fuzz.campaign import TIE_NUDGE
+    _, _, graph, below, above = linear_across_a_rounding_tie()
+    (ref_below,), (ref_above,) = int8_reference.run(graph, [below]), int8_reference.run(graph, [above])
+    assert not np.array_equal(ref_below, ref_above)
+    np.testing.assert_array_equal(int8_reference.run(graph, [below], nudge=TIE_NUDGE)[0], ref_above)
+    np.testing.assert_array_equal(int8_reference.run(graph, [above], nudge=-TIE_NUDGE)[0], ref_below)
+    np.testing.assert_array_equal(int8_reference.run(graph, [below], nudge=-TIE_NUDGE)[0], ref_below)

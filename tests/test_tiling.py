@@ -16,12 +16,11 @@ from torch import nn
 
 import stagec
 from stagec import int8_reference
-from stagec.compiler import build_graph
 from stagec.errors import QuantizationError, TilingError
 from stagec.isa.verify import verify
-from stagec.layers import graph_program
 from stagec.lower.pack import pack_depthwise
 from stagec.lower.schedule import TileMapping, footprint, make_schedule, node_problem
+from stagec.pipeline import build_graph, lower_graph
 from stagec.sim import reference
 
 ACTIVATIONS = {"relu": torch.relu, "relu6": nn.functional.relu6, "gelu": nn.functional.gelu,
@@ -188,7 +187,7 @@ def compiles_legally_or_says_why(model, shapes, hw, precision, choose=None):
     try:   # compile's stages after the graph (stagec.compile)
         graph = pack_depthwise(graph, hw)
         mappings = choose(graph) if choose else None
-        program = graph_program(graph, hw, mappings)
+        program = lower_graph(graph, hw, mappings)
     except TilingError as e:
         if mappings and (too_big := MAPPING_TOO_BIG.match(str(e))):
             assert int(too_big["spad"]) > hw.scratchpad_bytes or int(too_big["acc"]) > hw.accumulator_bytes

@@ -19,6 +19,7 @@ A case's outcome is one of
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
@@ -30,8 +31,8 @@ import torch
 
 import stagec
 from stagec import int8_reference
-from stagec.compiler import build_graph
 from stagec.errors import QuantizationError, StagecError, TilingError
+from stagec.pipeline import build_graph
 
 from .hardware import HW_KINDS, describe, random_hardware
 from .models import ModelSpec, build_model, generate_model
@@ -47,9 +48,15 @@ TOLERANCE = 1e-4
 FP32_STEP = 2.0**-23
 ROUNDING_GAIN = 100.0
 INT8_STEP = 1 / 127
+# the fp32 islands before a QUANTIZE (softmax, norms, GELU) round differently in the simulator and the
+# integer reference, by a few ulps: an int8 value whose float lies that near a rounding boundary may round
+# either way (case 100782: 116.49999 vs 116.50002 steps), so at each output element, what the reference's own
+# output moves there when every quantized float moves TIE_NUDGE is tolerated too (nothing where none lies so near)
+TIE_NUDGE = 8 * 2.0**-23
 # int8 against PyTorch: below COSINE_FLOOR, a bug rather than quantization error -- where the model keeps
-# a cosine of NOISE_FLOOR or more with half an int8 step of noise added to every layer's output (a layer
-# norm over two values, say, turns the smallest noise into a sign: no quantization could keep it)
+# a cosine of NOISE_FLOOR or more with half an int8 step of the calibrated range added to every layer's
+# output (a layer norm over two values, say, turns the smallest noise into a sign: no quantization could
+# keep it; nor can int8 keep an input whose values are far below the ranges the calibration batches saw)
 COSINE_FLOOR = 0.5
 NOISE_FLOOR = 0.9
 CALIBRATION_BATCHES = 3
@@ -72,7 +79,8 @@ class Case:
 class Outcome:
     outcome: str                   # "ok", "rejected:<ErrorClass>", "wrong", "crash", "fallback" or "hang"
     message: str = ""
-    error: float | None = None     # max |out - ref| / max |ref| (int8: ref is the integer reference)
+    error: float | None = None     # max |out - ref| / max |ref| (int8: ref is the integer reference; where
+    #                                that is over the tolerance, less what rounding ties explain)
     tolerance: float | None = None  # what error passes (TOLERANCE, more for an ill-conditioned model)
     cosine: float | None = None    # int8: against PyTorch eager
     noise_cosine: float | None = None   # int8: PyTorch against itself with int8-sized noise at every layer
@@ -168,17 +176,30 @@ def _check_int8(y, expected, model, x, calibration) -> Outcome:
     (ref,) = int8_reference.run(graph, [x.numpy()])
     cos = cosine(y, expected) if y.shape == expected.shape else float("nan")
     err, tolerance = rel_err(y, ref), _tolerance(model, x, expected)
+    if tolerance < err < float("inf"):
+        err = _beyond_ties(y, ref, graph, x)
     if err > tolerance:
         unequal = int((y != ref).sum()) if y.shape == ref.shape else -1
         return Outcome("wrong", f"int8 output differs from the integer reference in {unequal} of {ref.size} "
                                 f"elements (max error {err:.3g} of max |ref|, tolerance {tolerance:.3g})",
                        err, tolerance, cos)
-    noise_cos = cosine(with_noise(model, x, INT8_STEP), expected)
+    noise_cos = cosine(with_noise(model, x, INT8_STEP, calibration), expected)
     if not cos >= COSINE_FLOOR and noise_cos >= NOISE_FLOOR:
         return Outcome("wrong", f"int8 output matches the integer reference but its cosine with PyTorch is "
                                 f"{cos:.3f} (with int8-sized noise, PyTorch keeps {noise_cos:.3f})",
                        err, tolerance, cos, noise_cos)
     return Outcome("ok", error=err, tolerance=tolerance, cosine=cos, noise_cosine=noise_cos)
+
+
+def _beyond_ties(y, ref, graph, x) -> float:
+    """max |y - ref| / max |ref|, less at each element what the reference itself moves there when every
+    float it quantizes moves TIE_NUDGE away from zero and toward it (the int8 values that a few fp32
+    roundings tip over a rounding boundary, and all that depends on them)."""
+    ref = ref.astype(np.float64)
+    spread = sum(np.abs(int8_reference.run(graph, [x.numpy()], nudge=nudge)[0] - ref)
+                 for nudge in (TIE_NUDGE, -TIE_NUDGE))
+    excess = np.maximum(np.abs(y - ref) - spread, 0.0)
+    return float(excess.max(initial=0.0) / max(np.abs(ref).max(initial=0.0), 1e-30))
 
 
 def _tolerance(model, x, expected) -> float:
@@ -187,19 +208,46 @@ def _tolerance(model, x, expected) -> float:
     return max(TOLERANCE, ROUNDING_GAIN * rel_err(with_noise(model, x, FP32_STEP), expected))
 
 
-def with_noise(model: torch.nn.Module, x: torch.Tensor, step: float) -> np.ndarray:
-    """The model's output with uniform noise of +-step/2 of each leaf layer's max |output| added to that
-    output: how much of its answer the model keeps under rounding of that size."""
+def with_noise(model: torch.nn.Module, x: torch.Tensor, step: float, calibration=None) -> np.ndarray:
+    """The model's output with uniform noise of +-step/2 of each layer's range added to that layer's
+    output: how much of its answer the model keeps under rounding of that size.  Without `calibration`,
+    fp32 rounding: at each leaf layer, of its own max |output| on x.  With `calibration` (batches of
+    inputs), int8 rounding: each tensor in steps of the range those batches gave it, however far below it
+    x's own values lie, and at every layer, composites too (int8 quantizes a residual's sum or a gate's
+    product where a matmul reads it; not a Sequential's output, its last layer's)."""
+    if calibration:
+        layers = [m for m in model.modules() if not isinstance(m, torch.nn.Sequential)]
+        ranges = _output_ranges(model, layers, calibration)
+    else:
+        layers, ranges = [m for m in model.modules() if not any(m.children())], None
     g = torch.Generator().manual_seed(0)
 
     def noise(module, args, y):
-        return y + (torch.rand(y.shape, generator=g) - 0.5) * (step * y.abs().max())
-    hooks = [m.register_forward_hook(noise) for m in model.modules() if not any(m.children())]
+        amax = ranges[module] if ranges else y.abs().max()
+        return y + (torch.rand(y.shape, generator=g) - 0.5) * (step * amax)
+    with _hooked(layers, noise), torch.no_grad():
+        return model(x).numpy()
+
+
+def _output_ranges(model: torch.nn.Module, layers, batches) -> dict:
+    """{layer: max |output| over the batches}."""
+    ranges = dict.fromkeys(layers, 0.0)
+
+    def record(module, args, y):
+        ranges[module] = max(ranges[module], float(y.abs().max()))
+    with _hooked(layers, record), torch.no_grad():
+        for batch in batches:
+            model(*batch)
+    return ranges
+
+
+@contextlib.contextmanager
+def _hooked(layers, hook):
+    handles = [m.register_forward_hook(hook) for m in layers]
     try:
-        with torch.no_grad():
-            return model(x).numpy()
+        yield
     finally:
-        for h in hooks:
+        for h in handles:
             h.remove()
 
 

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 
 from .campaign import Case, Outcome, run_case
-from .models import Layer, model_spec
+from .models import Layer, _is_chain, _is_chains, model_spec
 
 
 def minimize(case: Case, fails: Callable[[Outcome], bool], max_runs: int = 200) -> Case:
@@ -54,10 +54,8 @@ def _candidates(layers: tuple[Layer, ...], keep_one: bool = True) -> Iterator[tu
 def _smaller_insides(layer: Layer) -> Iterator[Layer]:
     """The layer with one of its inside chains smaller (a branch may become the identity)."""
     for k, (name, value) in enumerate(layer.params):
-        chains = value if value and isinstance(value[0], tuple) else (value,) if isinstance(value, tuple) else ()
+        chains = (value,) if _is_chain(value) else value if _is_chains(value) else ()
         for j, chain in enumerate(chains):
-            if not all(isinstance(x, Layer) for x in chain):
-                continue
             for smaller in _candidates(chain, keep_one=False):
                 new = smaller if chains is not value else value[:j] + (smaller,) + value[j + 1:]
                 yield dataclasses.replace(layer, params=layer.params[:k] + ((name, new),) + layer.params[k + 1:])

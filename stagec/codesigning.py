@@ -33,7 +33,8 @@ from stagec.isa import HardwareConfig
 from stagec.lower.schedule import TilingError, default_mapping
 from stagec.sim.energy import area_mm2
 
-from .layers import graph_program, model_graph, model_layers
+from .layers import model_graph, model_layers
+from .pipeline import lower_graph
 from .report import Report, make_report
 from .tuning import tune_layer_list
 
@@ -145,7 +146,7 @@ def codesign_graphs(graphs, area_budget_mm2: float, objective: str = "latency", 
                       for layer, k in zip(layers, rows, strict=True)}
             c, e = _predicted(layers, chosen, best, constants)
         mappings.append(chosen)
-        reports.append(make_report(graph_program(graph, best, chosen)))
+        reports.append(make_report(lower_graph(graph, best, chosen)))
         cycles.append(c)
         energy.append(e)
     return Codesign(best, tuple(mappings), tuple(reports), tuple(cycles), tuple(energy), objective)

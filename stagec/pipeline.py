@@ -1,0 +1,308 @@
+"""The compiler's pipeline: one list of named stages, walked top to bottom.
+
+Each stage takes the Compilation so far and returns it with its own product; its name is what
+`compile(..., dump=...)` prints it as.  A new pass is one function and one entry in PIPELINE (or
+in a copy of it, given to `compile(..., stages=...)`):
+
+    >>> import torch, stagec
+    >>> from stagec.pipeline import PIPELINE, GraphPass, Stage, position
+    >>> def count_nodes(graph):                         # a Graph -> Graph pass
+    ...     print(len(graph.nodes), "nodes")
+    ...     return graph
+    >>> stages = list(PIPELINE)
+    >>> stages.insert(position("fold_affine") + 1, Stage("count_nodes", GraphPass(count_nodes)))
+    >>> model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    >>> program = stagec.compile(model, (torch.randn(2, 8),), stages=stages)   # bias and ReLU fused
+    1 nodes
+
+`compile` walks all of PIPELINE; `build_graph` (what the tuner, codesign and the int8 reference
+take) walks it up to `pack`, and `lower_graph` from `pack` on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+
+import torch
+
+from stagec.errors import InputError
+from stagec.frontend import TracedModel, flatten_inputs, trace_jax, trace_torch
+from stagec.isa import HardwareConfig, Program, disassemble, verify
+from stagec.lower.calibrate import calibrate
+from stagec.lower.canonicalize import canonicalize
+from stagec.lower.graph_ir import Graph
+from stagec.lower.layout import Layout, assign_layout
+from stagec.lower.lowering import lower_to_program
+from stagec.lower.pack import pack_depthwise
+from stagec.lower.passes import dce, defer_row_scale, fold_affine, fuse_elementwise, fuse_epilogues, sink_reshapes
+from stagec.lower.quantize import QuantParams
+from stagec.lower.quantize import quantize as quantize_graph
+from stagec.lower.schedule import Schedule, make_schedule
+
+QUANTIZE_MODES = (None, "int8")
+_PACKAGE = str(Path(__file__).parent)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to compile, for which hardware and how: compile's arguments, checked.  `model` is None
+    when the pipeline starts from a graph (lower_graph)."""
+
+    model: object                            # a torch.nn.Module or a JAX function
+    args: tuple = ()
+    kwargs: dict | None = None
+    hw: HardwareConfig = field(default_factory=HardwareConfig)
+    fuse: bool = True                        # False: the fusion passes leave the graph as it is
+    quantize: str | None = None              # None (fp32) or "int8"
+    calibration: Sequence | None = None      # int8: batches of the model's inputs; None: the example inputs
+    percentile: float | None = None          # int8: the percentile of |x| that is its range; None: max |x|
+    # layer name -> TileMapping: the caller's, kept as given (not packed, not tuned)
+    mappings: Mapping = field(default_factory=lambda: MappingProxyType({}))
+    tuner: Callable | None = None            # (graph, hw) -> a stagec.Tuning, for the layers not in `mappings`
+
+    def __post_init__(self):
+        if not isinstance(self.hw, HardwareConfig):
+            raise InputError(f"hw must be a HardwareConfig, not {type(self.hw).__name__}")
+        if self.quantize not in QUANTIZE_MODES:
+            raise InputError(f"quantize must be one of {QUANTIZE_MODES}, not {self.quantize!r}")
+        if self.quantize is None and (self.calibration is not None or self.percentile is not None):
+            raise InputError("calibration and percentile need quantize='int8'")
+        if self.calibration is not None and (not isinstance(self.calibration, (list, tuple)) or not self.calibration):
+            got = f"an empty {type(self.calibration).__name__}" if isinstance(self.calibration, (list, tuple)) \
+                else f"a {type(self.calibration).__name__}"
+            raise InputError(f"calibration must be a non-empty list of batches (each the model's inputs); got {got}")
+
+
+@dataclass(frozen=True)
+class Compilation:
+    """What the stages pass along: the request, then each stage's product (None before it runs)."""
+
+    request: Request
+    traced: TracedModel | None = None        # jaxpr
+    graph: Graph | None = None               # graph, its passes, the int8 stages, pack
+    amax: Mapping | None = None              # calibrate: value id -> range
+    quantization: QuantParams | None = None  # quantize
+    tuning: object = None                    # tune: a stagec.Tuning (its .mappings)
+    layout: Layout | None = None
+    schedule: Schedule | None = None
+    program: Program | None = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One named step of the pipeline."""
+
+    name: str                                      # dump= and the dump folder's files call it this
+    run: Callable[[Compilation], Compilation]
+    show: Callable[[Compilation], object] = lambda c: c.graph   # what the dump prints
+    when: Callable[[Request], bool] | None = None  # False: skipped, and not dumped
+    collects: bool = False                         # runs with the garbage collector on (see garbage_collection)
+
+
+@dataclass(frozen=True)
+class GraphPass:
+    """A Graph -> Graph function as a stage's run; a fusion pass is skipped under fuse=False."""
+
+    fn: Callable[[Graph], Graph]
+    fusion: bool = False
+
+    def __call__(self, c: Compilation) -> Compilation:
+        return c if self.fusion and not c.request.fuse else replace(c, graph=self.fn(c.graph))
+
+
+def _trace(c: Compilation) -> Compilation:
+    """The frontend: a torch.nn.Module through torch.export, a JAX function through make_jaxpr."""
+    model, args, kwargs = c.request.model, c.request.args, c.request.kwargs
+    if isinstance(model, torch.nn.Module):
+        traced = trace_torch(model, args, kwargs)
+    elif callable(model):
+        if kwargs:
+            raise InputError("a JAX function is compiled with positional arrays only")
+        traced = trace_jax(model, args)
+    else:
+        raise InputError(f"compile takes a torch.nn.Module or a JAX function, not {type(model).__name__}")
+    if traced.note:
+        warnings.warn(traced.note, stacklevel=_outside_stagec())
+    return replace(c, traced=traced)
+
+
+def _outside_stagec() -> int:
+    """The stacklevel, for a warning its caller issues, of the innermost frame outside stagec/: the
+    warning then names the user's line, whichever of compile, build_graph or tune was called."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _calibrate(c: Compilation) -> Compilation:
+    """Every fp32 value's range over the calibration batches, flattened as the traced model takes them."""
+    request = c.request
+    given = request.calibration or [(tuple(request.args), request.kwargs or {})]
+    batches = []
+    for i, batch in enumerate(given):
+        args, kwargs = batch if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], dict) else (
+            ((), batch) if isinstance(batch, dict) else (batch, None))
+        try:
+            batches.append(flatten_inputs(c.traced, args, kwargs))
+        except (TypeError, ValueError) as e:
+            raise InputError(f"calibration batch {i}: {e}") from e
+    return replace(c, amax=MappingProxyType(calibrate(c.graph, batches, request.percentile)))
+
+
+def _quantize(c: Compilation) -> Compilation:
+    graph, params = quantize_graph(c.graph, dict(c.amax))
+    return replace(c, graph=graph, quantization=params)
+
+
+def _pack(c: Compilation) -> Compilation:
+    return replace(c, graph=pack_depthwise(c.graph, c.request.hw, keep=frozenset(c.request.mappings)))
+
+
+def _tune(c: Compilation) -> Compilation:
+    return replace(c, tuning=c.request.tuner(c.graph, c.request.hw))
+
+
+def _schedule(c: Compilation) -> Compilation:
+    """A mapping per conv-shaped layer: the caller's, else the tuner's, else the default mapper's."""
+    mappings = {**(c.tuning.mappings if c.tuning is not None else {}), **c.request.mappings}
+    return replace(c, schedule=make_schedule(c.graph, c.request.hw, mappings))
+
+
+def _lower(c: Compilation) -> Compilation:
+    program = lower_to_program(c.graph, c.layout, c.schedule, c.request.hw, _metadata(c))
+    verify(program)   # cached: the token-inserting walk verified the program
+    return replace(c, program=program)
+
+
+def _metadata(c: Compilation) -> dict | None:
+    """What a program records of the model it came from (None for a graph alone)."""
+    traced, model = c.traced, c.request.model
+    if traced is None:
+        return None
+    name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "function")
+    return {"model": name, "in_tree": traced.in_tree, "out_tree": traced.out_tree, "note": traced.note,
+            "in_dtypes": [str(v.aval.dtype) for v in traced.closed.jaxpr.invars],
+            "out_dtypes": [str(v.aval.dtype) for v in traced.closed.jaxpr.outvars], "quantize": c.request.quantize}
+
+
+def _quantizing(request: Request) -> bool:
+    return request.quantize is not None
+
+
+def _amax_table(c: Compilation) -> str:
+    return "\n".join(f"%{vid}: amax {a:.6g}" for vid, a in sorted(c.amax.items()))
+
+
+PIPELINE: tuple[Stage, ...] = (
+    # the frontend: torch.export (a JAX function: make_jaxpr) -> ClosedJaxpr
+    Stage("jaxpr", _trace, show=lambda c: c.traced.closed),
+    # jaxpr -> graph IR (lower.canonicalize)
+    Stage("graph", lambda c: replace(c, graph=canonicalize(c.traced.closed))),
+    # drop what no output needs
+    Stage("dce", GraphPass(dce)),
+    # scalar elementwise ops before a reshape -> after it, to fuse
+    Stage("sink_reshapes", GraphPass(sink_reshapes, fusion=True)),
+    # elementwise chains -> one node
+    Stage("fuse_elementwise", GraphPass(fuse_elementwise, fusion=True)),
+    # matmul(x * row scale, b) -> matmul(x, b) * row scale
+    Stage("defer_row_scale", GraphPass(defer_row_scale, fusion=True)),
+    # bias/activation/residual -> the conv/matmul's accumulator tile
+    Stage("fuse_epilogues", GraphPass(fuse_epilogues, fusion=True)),
+    # per-channel scale and shift (batch norm) -> weights and bias
+    Stage("fold_affine", GraphPass(fold_affine)),
+    # int8: every fp32 value's range over the calibration batches
+    Stage("calibrate", _calibrate, show=_amax_table, when=_quantizing),
+    # int8: int8 CONV/MATMUL, QUANTIZE/DEQUANTIZE at the fp32 islands' boundaries
+    Stage("quantize", _quantize, show=lambda c: f"{c.graph}\n{c.quantization}", when=_quantizing),
+    # int8: the boundaries -> their neighbours' expressions and epilogues
+    Stage("fuse_quantized", GraphPass(lambda g: fuse_epilogues(fuse_elementwise(g)), fusion=True), when=_quantizing),
+    # depthwise convs that run cheaper packed on the array -> grouped convs (lower.pack)
+    Stage("pack", _pack),
+    # tune=: mappings by gradient on the cost model (stagec.tune), with the collector on
+    Stage("tune", _tune, show=lambda c: c.tuning, when=lambda r: r.tuner is not None, collects=True),
+    # buffer layouts (NHWC for activations)
+    Stage("layout", lambda c: replace(c, layout=assign_layout(c.graph)), show=lambda c: c.layout),
+    # a mapping per conv-shaped layer: the caller's, the tuner's, else the default mapper's
+    Stage("schedule", _schedule, show=lambda c: c.schedule),
+    # instructions, DRAM layout, constants (verified)
+    Stage("program", _lower, show=lambda c: disassemble(c.program)),
+)
+
+
+def position(name: str, stages: Sequence[Stage] = PIPELINE) -> int:
+    """Where the stage called `name` is in `stages`."""
+    names = [s.name for s in stages]
+    if name not in names:
+        raise InputError(f"no stage {name!r}; stages are {names}")
+    return names.index(name)
+
+
+class Dump:
+    """dump=True prints every stage; a str/Path writes one file per stage there; a collection of
+    stage names prints just those."""
+
+    def __init__(self, dump, stages: Sequence[Stage]):
+        self.dump, self.names = dump, [s.name for s in stages]
+        if isinstance(dump, (str, Path)):
+            Path(dump).mkdir(parents=True, exist_ok=True)
+        elif dump not in (None, False, True):
+            unknown = set(dump) - set(self.names)
+            if unknown:
+                raise InputError(f"unknown dump stages {sorted(unknown)}; stages are {tuple(self.names)}")
+
+    def __call__(self, stage: Stage, c: Compilation) -> None:
+        if self.dump in (None, False):
+            return
+        if isinstance(self.dump, (str, Path)):
+            (Path(self.dump) / f"{self.names.index(stage.name):02d}-{stage.name}.txt").write_text(f"{stage.show(c)}\n")
+        elif self.dump is True or stage.name in self.dump:
+            print(f"==== {stage.name} ====\n{stage.show(c)}")
+
+
+@contextlib.contextmanager
+def garbage_collection(enabled: bool):
+    """Python's cyclic garbage collector on or off within, as it was after.  Off while compiling
+    (or a first simulation): they allocate millions of long-lived objects (graph nodes,
+    instructions and their operands, the walk's and the plan's tables) and free no cycle a later
+    stage needs, so the full collections their allocation count triggers are pure cost (a quarter
+    of BERT-base's lowering time).  On for a long optimization, whose JAX tracing makes cycles."""
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        yield
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+def run(stages: Sequence[Stage], c: Compilation, dump=None) -> Compilation:
+    """`c` through each of `stages` that applies to its request, each dumped as `dump` asks."""
+    out = Dump(dump, stages)
+    with garbage_collection(False):
+        for stage in stages:
+            if stage.when is None or stage.when(c.request):
+                with garbage_collection(stage.collects):
+                    c = stage.run(c)
+                out(stage, c)
+    return c
+
+
+def build_graph(model_or_fn, example_args, *, kwargs=None, **options) -> tuple[TracedModel, Graph]:
+    """(traced model, graph) after the graph passes and quantization (the stages before `pack`;
+    `options` are compile's fuse/quantize/calibration/percentile): what the tuner and codesign map,
+    and what the int8 reference (stagec.int8_reference) evaluates."""
+    c = run(PIPELINE[:position("pack")], Compilation(Request(model_or_fn, example_args, kwargs, **options)))
+    return c.traced, c.graph
+
+
+def lower_graph(graph: Graph, hw: HardwareConfig, mappings: Mapping | None = None) -> Program:
+    """A graph's program: the stages from `pack` on (layers named in `mappings` mapped so, checked to fit)."""
+    request = Request(None, hw=hw, mappings=MappingProxyType(dict(mappings or {})))
+    return run(PIPELINE[position("pack"):], Compilation(request, graph=graph)).program
