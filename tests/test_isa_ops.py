@@ -140,3 +140,18 @@ def test_requant_that_accumulates_adds_to_the_destination():
     expect = (d.astype(np.int64) + np.clip(halves, -128, 127)).astype(np.int8)   # the int8 adder wraps
     np.testing.assert_array_equal(reference(p, [x, d])[0], expect)
     np.testing.assert_array_equal(execute(p, [x, d])[0], expect)
+
+
+def test_an_int8_vector_chain_wraps_as_the_int8_adder():
+    """Three int8 COPYs accumulating into one destination (a chain the executor sums at once): the sum
+    wraps in int8, as each add does (the batched executor summed in int32 and crashed storing it)."""
+    s, tile = (0, 0, 1), (1, 1, 4)
+    copies = [vector(VectorFunc.COPY, Operand(Space.SPAD, 64, s), Operand(Space.SPAD, 0, s), None, tile,
+                     acc=AccMode.ADD if k else AccMode.OVERWRITE, dtype=DType.I8) for k in range(3)]
+    ins = [load_ins(Operand(Space.DRAM, 512, s), Operand(Space.SPAD, 0, s), tile, dtype=DType.I8), *copies,
+           store(Operand(Space.DRAM, 1024, s), Operand(Space.SPAD, 64, s), tile, dtype=DType.I8)]
+    p = program(ins, [TensorRef("x", 512, DType.I8, (4,))], [TensorRef("y", 1024, DType.I8, (4,))], b"")
+    x = np.array([100, -100, 50, 1], np.int8)
+    expect = np.array([44, -44, -106, 3], np.int8)   # 3 * x mod 256
+    np.testing.assert_array_equal(reference(p, [x])[0], expect)
+    np.testing.assert_array_equal(execute(p, [x])[0], expect)
