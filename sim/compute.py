@@ -179,7 +179,8 @@ class Vector(Kernel):
             v = JAX.convert(f.apply(JAX, *sources).reshape(t, j, -1), self.out_dtype)
             if self.acc == AccMode.OVERWRITE:
                 return v[:, 0]
-            chain = getattr(jnp, ACCUMULATE[AccMode(self.acc)][1])(v, axis=1)   # the members, in order
+            # the members, in order; an integer sum wraps in the value's type, as each add would
+            chain = getattr(jnp, ACCUMULATE[AccMode(self.acc)][1])(v, axis=1).astype(v.dtype)
             return accumulate(JAX, self.acc, init, chain) if self.has_init else chain
         return jax.jit(run)
 
