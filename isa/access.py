@@ -11,20 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .instructions import (
-    BINARY,
-    READS_DST,
-    REDUCTIONS,
-    REQUANT_RECORD_BYTES,
-    AccMode,
-    DType,
-    Opcode,
-    VectorFunc,
-)
-
-_ITEMSIZE = np.zeros(256, np.int64)
-for _d in DType:
-    _ITEMSIZE[_d] = _d.itemsize
+from . import opcodes
+from .instructions import ITEMSIZE
+from .opcodes import OPERANDS, Fields
 
 
 @dataclass(frozen=True)
@@ -39,7 +28,9 @@ class Access:
     base: np.ndarray        # (N,) bytes
     strides: np.ndarray     # (N, 3) elements
     dims: np.ndarray        # (N, 3)
-    itemsize: np.ndarray    # (N,)
+    itemsize: np.ndarray    # (N,) bytes of one element: dtype's, times `words`
+    dtype: np.ndarray       # (N,) DType of the element (of its words, for records)
+    words: np.ndarray       # (N,) words per element: 1, or the words of a record (REQUANT's src2)
 
     def extent(self) -> tuple[np.ndarray, np.ndarray]:
         """[lo, hi) byte range of each pattern (meaningful where valid and dims >= 1)."""
@@ -50,55 +41,34 @@ class Access:
 
 
 def accesses(code: np.ndarray) -> list[Access]:
-    """Every read and write of every instruction, one Access per (operand slot, direction)."""
+    """Every read and write of every instruction, one Access per (operand, direction), from the
+    opcodes' slots (isa.opcodes)."""
+    n = len(code)
+    parts: dict[tuple[str, bool], list] = {}
     op = code["opcode"]
-    func = code["func"]
-    n = code["n"].astype(np.int64)
+    for d in opcodes.OPCODES.values():
+        rows = np.flatnonzero(op == d.opcode)
+        if rows.size:
+            f = Fields(code[rows])
+            for s in d.slots:
+                on = s.rows(f)
+                parts.setdefault((s.operand, s.write), []).append((rows[on], s.dims(f)[on],
+                                                                   *(t[on] for t in s.element.types(f))))
     spaces = code["spaces"].astype(np.int64)
-    size_in, size_out = _ITEMSIZE[code["dtype"]], _ITEMSIZE[code["out_dtype"]]
-    is_load, is_store = op == Opcode.LOAD, op == Opcode.STORE
-    is_mm, is_vec, is_gather = op == Opcode.MATMUL, op == Opcode.VECTOR, op == Opcode.GATHER
-    reads_dst = ((code["mode"] != AccMode.OVERWRITE) & (is_mm | is_vec)) | (is_vec & np.isin(func, list(READS_DST)))
-    pad = code["pad"].astype(np.int64)
-    padded = n[:, :3] + np.where(is_load[:, None], pad[:, 0::2] + pad[:, 1::2], 0)
-    ones = np.ones(len(code), np.int64)
-    reduction = np.isin(func, list(REDUCTIONS)) & is_vec
-
-    def dims_for(slot):
-        if slot == "x":   # DMA: DRAM side (GATHER: any row of the table); MATMUL: A (m1,m0,k); VECTOR: dst
-            d = np.where(reduction[:, None], np.stack([n[:, 0], n[:, 1], ones], 1), n[:, :3])
-            return np.where(is_gather[:, None], np.stack([n[:, 3], n[:, 1], n[:, 2]], 1), d)
-        if slot == "y":   # LOAD: padded local box; MATMUL: B (k,n,1); else n
-            d = np.where(is_load[:, None], padded, n[:, :3])
-            return np.where(is_mm[:, None], np.stack([n[:, 2], n[:, 3], ones], 1), d)
-        d = np.where(is_gather[:, None], np.stack([n[:, 0], ones, ones], 1), n[:, :3])   # GATHER: the indices
-        return np.where(is_mm[:, None], np.stack([n[:, 0], n[:, 1], n[:, 3]], 1), d)  # z: C or src2
-
     out = []
-    for i, slot in enumerate("xyz"):
-        space = spaces >> (2 * i) & 3
-        base = code[f"{slot}_base"].astype(np.int64)
-        strides = code[f"{slot}_strides"].astype(np.int64)
-        dims = dims_for(slot)
-        if slot == "x":
-            reads = [(is_load | is_gather, size_in), (is_mm, size_in), (is_vec & reads_dst, size_out)]
-            writes = [(is_store, size_in), (is_vec, size_out)]
-        elif slot == "y":
-            reads = [(is_store, size_out), (is_mm, size_in), (is_vec, size_in)]
-            writes = [(is_load | is_gather, size_out)]
-        else:
-            binary = is_vec & np.isin(func, list(BINARY))
-            params = np.where(func == VectorFunc.REQUANT, REQUANT_RECORD_BYTES, size_in)
-            reads = [(binary, params), (is_mm & reads_dst, size_out), (is_gather, 4)]
-            writes = [(is_mm, size_out)]
-        for write, parts in ((False, reads), (True, writes)):
-            valid = np.zeros(len(code), bool)
-            itemsize = np.zeros(len(code), np.int64)
-            for mask, size in parts:
-                valid |= mask
-                itemsize = np.where(mask, size, itemsize)
-            if valid.any():
-                out.append(Access(slot, write, valid, space, base, strides, dims, itemsize))
+    for i, operand in enumerate(OPERANDS):
+        pattern = None   # (space, base, strides): one set of arrays for both directions
+        for write in (False, True):
+            if not any(len(p[0]) for p in parts.get((operand, write), ())):
+                continue
+            valid, dims = np.zeros(n, bool), np.zeros((n, 3), np.int64)
+            dtype, words = np.zeros(n, np.int64), np.zeros(n, np.int64)
+            for rows, d, t, w in parts[operand, write]:
+                valid[rows], dims[rows], dtype[rows], words[rows] = True, d, t, w
+            pattern = pattern or (spaces >> (2 * i) & 3, code[f"{operand}_base"].astype(np.int64),
+                                  code[f"{operand}_strides"].astype(np.int64))
+            out.append(Access(operand, write, valid, *pattern, dims, np.where(valid, ITEMSIZE[dtype] * words, 0),
+                              dtype, words))
     return out
 
 

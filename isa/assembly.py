@@ -24,27 +24,14 @@ import numpy as np
 
 from stagec.errors import AssemblyError
 
-from .instructions import (
-    BINARY,
-    AccMode,
-    DType,
-    Opcode,
-    Operand,
-    PadValue,
-    Queue,
-    Space,
-    VectorFunc,
-    decode,
-    encode,
-)
-from .instructions import (
-    Instruction as Ins,
-)
+from . import opcodes
+from .instructions import DType, Opcode, Operand, Queue, Space, VectorFunc, encode
+from .instructions import Instruction as Ins
+from .opcodes import decode
 from .program import Program
 
 _DT = {d: d.name.lower() for d in DType}
 _DT_BACK = {v: k for k, v in _DT.items()}
-_MODE_KEY = {Opcode.LOAD: "padval", Opcode.MATMUL: "acc", Opcode.VECTOR: "acc"}
 _CONST_LINE = 57  # bytes per base64 line (76 characters)
 
 
@@ -57,17 +44,14 @@ def _operand(o: Operand) -> str:
 
 
 def format_instruction(ins: Ins) -> str:
-    name = ins.opcode.name.lower() + (f".{ins.func.name.lower()}" if ins.opcode == Opcode.VECTOR else "")
-    rank = 4 if ins.opcode in (Opcode.MATMUL, Opcode.GATHER) else 3   # GATHER's n[3]: its table's rows
-    parts = [f"{name:<13}", f"{_DT[ins.dtype]}>{_DT[ins.out_dtype]}", "n=" + ",".join(map(str, ins.n[:rank])),
-             f"x={_operand(ins.x)}", f"y={_operand(ins.y)}"]
-    if ins.z is not None:
-        parts.append(f"z={_operand(ins.z)}")
+    d = opcodes.OPCODES[ins.opcode]
+    name = ins.opcode.name.lower() + (f".{ins.func.name.lower()}" if d.takes_func else "")
+    parts = [f"{name:<13}", f"{_DT[ins.dtype]}>{_DT[ins.out_dtype]}", "n=" + ",".join(map(str, ins.n[:d.rank]))]
+    parts += [f"{o}={_operand(v)}" for o, v in zip("xyz", (ins.x, ins.y, ins.z), strict=True) if v is not None]
     if any(ins.pad):
         parts.append("pad=" + ",".join(map(str, ins.pad)))
     if ins.mode:
-        enum_ = PadValue if ins.opcode == Opcode.LOAD else AccMode
-        parts.append(f"{_MODE_KEY[ins.opcode]}={enum_(ins.mode).name.lower()}")
+        parts.append(f"{d.mode_key}={d.mode(ins.mode).name.lower()}")
     if ins.pop:
         parts.append(f"pop={_queues(ins.pop)}")
     if ins.push:
@@ -113,21 +97,19 @@ def parse_instruction(text: str) -> Ins:
     name, types, fields = tokens[0], tokens[1], dict(t.split("=", 1) for t in tokens[2:])
     op_name, _, func = name.partition(".")
     op = Opcode[op_name.upper()]
+    d = opcodes.OPCODES[op]
     dtype, out_dtype = (_DT_BACK[t] for t in types.split(">"))
     n = tuple(int(v) for v in fields.pop("n").split(","))
-    x, y = _parse_operand(fields.pop("x")), _parse_operand(fields.pop("y"))
-    z = _parse_operand(fields.pop("z")) if "z" in fields else None
+    x, y, z = (_parse_operand(fields.pop(o)) if o in fields else None for o in "xyz")
     pad = tuple(int(p) for p in fields.pop("pad").split(",")) if "pad" in fields else (0,) * 6
-    mode = 0
-    if (key := _MODE_KEY.get(op)) in fields:
-        mode = int((PadValue if op == Opcode.LOAD else AccMode)[fields.pop(key).upper()])
+    mode = int(d.mode[fields.pop(d.mode_key).upper()]) if d.mode is not None and d.mode_key in fields else 0
     push = _parse_queues(fields.pop("push")) if "push" in fields else 0
     pop = _parse_queues(fields.pop("pop")) if "pop" in fields else 0
     if fields:
         raise ValueError(f"unknown fields {sorted(fields)}")
     vfunc = VectorFunc[func.upper()] if func else VectorFunc.COPY
-    if op == Opcode.VECTOR and vfunc in BINARY and z is None:
-        raise ValueError(f"{vfunc.name.lower()} needs operand z")
+    if missing := [o for o, v in zip("xyz", (x, y, z), strict=True) if v is None and o in d.operands(int(vfunc))]:
+        raise ValueError(f"{name} needs operand {' and '.join(missing)}")
     return Ins(op, n + (0,) * (4 - len(n)), x, y, z, func=vfunc, dtype=dtype, out_dtype=out_dtype, mode=mode,
                pad=pad, push=push, pop=pop)
 

@@ -17,26 +17,9 @@ Every instruction is 64 bytes, little-endian, with one layout:
     48      z           operand pattern; LOAD keeps its 6 pad counts (u8) here
 
 An operand pattern addresses element (i0, i1, i2) at base + (i0*s0 + i1*s1 +
-i2*s2) * itemsize; a zero stride broadcasts.  Per opcode:
-
-    LOAD   n=(n0,n1,n2)     x: DRAM source over (n0,n1,n2)
-                            y: local destination over the padded box
-                               (n0+p0+q0, n1+p1+q1, n2+p2+q2); pads (VTA-style) are
-                               filled with mode's PadValue
-    STORE  n=(n0,n1,n2)     x: DRAM destination;  y: local source
-    GATHER n=(n0,n1,n2,R)   indirect DMA (embedding lookup): z: n0 int32 row indices in local
-                            memory (stride s0); y[i0,i1,i2] = table x at row z[i0]:
-                            x.base + (z[i0]*s0 + i1*s1 + i2*s2) * itemsize; every index must
-                            lie in [0, R), checked when it runs (the value is data)
-    MATMUL n=(m1,m0,k,n)    x: A over (m1,m0,k);  y: B over (k,n,-);  z: C over (m1,m0,n)
-                            C = acc(C, A @ B) with M = m1*m0 rows
-    VECTOR n=(n0,n1,n2)     x: dst;  y: src1;  z: src2 (binary funcs)
-                            dst = acc(dst, func(src1, src2)); reductions (RSUM, RMAX)
-                            reduce over i2, and their dst stride s2 must be 0; REQUANT
-                            (i32 -> i8) reads z as 16-byte records (multiplier, shift,
-                            zero point, 0), strides counting records; CMP_* give 1 or 0;
-                            SELECT: dst = src2 where src1 != 0, else dst unchanged; COPY
-                            converts dtype -> out_dtype (float -> int truncates, saturating)
+i2*s2) * itemsize; a zero stride broadcasts.  What each opcode and vector
+function does with its operands, which fields it uses and what values they may
+take is defined once, per opcode, in isa.opcodes.
 
 Queues are in-order and run concurrently; tokens (VTA-style) order them.
 """
@@ -64,22 +47,13 @@ class Queue(enum.IntEnum):
     STORE = 3
 
 
-QUEUE_OF = {Opcode.LOAD: Queue.LOAD, Opcode.GATHER: Queue.LOAD, Opcode.STORE: Queue.STORE,
-            Opcode.MATMUL: Queue.MATRIX, Opcode.VECTOR: Queue.VECTOR}
-_QUEUE_OF_OPCODE = np.zeros(256, np.int64)
-for _op, _q in QUEUE_OF.items():
-    _QUEUE_OF_OPCODE[_op] = _q
-
-
-def queues_of(opcodes: np.ndarray) -> np.ndarray:
-    """The queue of each instruction, from an array of (valid) opcodes."""
-    return _QUEUE_OF_OPCODE[np.asarray(opcodes, np.int64)]
-
-
 class Space(enum.IntEnum):
     DRAM = 0
     SPAD = 1   # input/weight scratchpad
     ACC = 2    # accumulator SRAM
+
+
+MEMORY_NAMES = {Space.DRAM: "DRAM", Space.SPAD: "scratchpad", Space.ACC: "accumulator"}
 
 
 class DType(enum.IntEnum):
@@ -99,6 +73,9 @@ class DType(enum.IntEnum):
 
 _NUMPY = {DType.F32: np.dtype(np.float32), DType.BF16: np.dtype(np.uint16),  # bf16 bit pattern
           DType.I8: np.dtype(np.int8), DType.I32: np.dtype(np.int32)}
+ITEMSIZE = np.zeros(256, np.int64)   # bytes of each element type, indexed by an encoded dtype field
+for _d in DType:
+    ITEMSIZE[_d] = _d.itemsize
 
 
 class AccMode(enum.IntEnum):
@@ -147,17 +124,7 @@ class VectorFunc(enum.IntEnum):
     REQUANT = 40
 
 
-UNARY = frozenset({VectorFunc.COPY, VectorFunc.NEG, VectorFunc.ABS, VectorFunc.RELU, VectorFunc.EXP,
-                   VectorFunc.LOG, VectorFunc.RECIP, VectorFunc.RSQRT, VectorFunc.SQRT,
-                   VectorFunc.TANH, VectorFunc.ERF, VectorFunc.SIGMOID})
-COMPARISONS = frozenset({VectorFunc.CMP_GT, VectorFunc.CMP_GE, VectorFunc.CMP_EQ, VectorFunc.CMP_NE})
-BINARY = frozenset({VectorFunc.ADD, VectorFunc.SUB, VectorFunc.MUL, VectorFunc.MAX, VectorFunc.MIN,
-                    VectorFunc.REQUANT, VectorFunc.SELECT}) | COMPARISONS
-READS_DST = frozenset({VectorFunc.SELECT})   # besides accumulating modes
-REQUANT_RECORD_BYTES = 16
-REDUCTIONS = frozenset({VectorFunc.RSUM, VectorFunc.RMAX, VectorFunc.RMIN})
-TRANSCENDENTAL = frozenset({VectorFunc.EXP, VectorFunc.LOG, VectorFunc.RECIP, VectorFunc.RSQRT,
-                            VectorFunc.SQRT, VectorFunc.TANH, VectorFunc.ERF, VectorFunc.SIGMOID})
+REQUANT_RECORD_BYTES = 16   # a REQUANT record: int32 multiplier, shift, zero point, 0
 
 INSTRUCTION_BYTES = 64
 OPERANDS = ("x", "y", "z")
@@ -195,8 +162,8 @@ class Instruction:
 
     opcode: Opcode
     n: tuple[int, int, int, int]
-    x: Operand
-    y: Operand
+    x: Operand | None      # an operand the opcode does not have (isa.opcodes) is None
+    y: Operand | None
     z: Operand | None = None
     func: VectorFunc = VectorFunc.COPY
     dtype: DType = DType.F32
@@ -205,10 +172,6 @@ class Instruction:
     pad: tuple[int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0)
     push: int = 0
     pop: int = 0
-
-    @property
-    def queue(self) -> Queue:
-        return QUEUE_OF[self.opcode]
 
 
 _NO_OPERAND = Operand(Space.DRAM, 0)
@@ -257,15 +220,14 @@ assert _FIELDS.itemsize == INSTRUCTION_BYTES
 
 
 def _record(ins: Instruction) -> tuple:
-    z = ins.z or _NO_OPERAND
+    x, y, z = (o or _NO_OPERAND for o in (ins.x, ins.y, ins.z))
     z_base, z_strides = z.base, z.strides
-    if ins.opcode == Opcode.LOAD:   # the six pad counts overlay z's first bytes (little-endian)
+    if ins.z is None:   # the six pad counts (LOAD's; zero elsewhere) overlay z's first bytes (little-endian)
         p = ins.pad
         z_base = p[0] | p[1] << 8 | p[2] << 16 | p[3] << 24
         z_strides = (p[4] | p[5] << 8, 0, 0)
     return (ins.opcode, ins.func, ins.dtype, ins.out_dtype, ins.push, ins.pop, ins.mode,
-            ins.x.space | ins.y.space << 2 | z.space << 4, ins.n, ins.x.base, ins.x.strides, ins.y.base,
-            ins.y.strides, z_base, z_strides)
+            x.space | y.space << 2 | z.space << 4, ins.n, x.base, x.strides, y.base, y.strides, z_base, z_strides)
 
 
 def encode(instructions: list[Instruction]) -> np.ndarray:
@@ -273,19 +235,10 @@ def encode(instructions: list[Instruction]) -> np.ndarray:
     return np.array([_record(ins) for ins in instructions], _FIELDS).view(ENCODING)
 
 
-def decode(record) -> Instruction:
-    """One record of ENCODING -> Instruction."""
-    op = Opcode(int(record["opcode"]))
-    spaces = int(record["spaces"])
-
-    def operand(i, o):
-        strides = tuple(int(s) for s in record[f"{o}_strides"])
-        return Operand(Space(spaces >> (2 * i) & 3), int(record[f"{o}_base"]), strides)
-
-    has_z = op in (Opcode.MATMUL, Opcode.GATHER) or (op == Opcode.VECTOR and VectorFunc(int(record["func"])) in BINARY)
-    x, y, z = operand(0, "x"), operand(1, "y"), operand(2, "z") if has_z else None
-    return Instruction(op, tuple(int(v) for v in record["n"]), x, y, z, func=VectorFunc(int(record["func"])),
-                       dtype=DType(int(record["dtype"])), out_dtype=DType(int(record["out_dtype"])),
-                       mode=int(record["mode"]),
-                       pad=tuple(int(p) for p in record["pad"]) if op == Opcode.LOAD else (0,) * 6,
-                       push=int(record["push"]), pop=int(record["pop"]))
+def __getattr__(name: str):
+    # NOTE: the vector functions' flags live in their definitions (isa.opcodes); this keeps
+    # `from stagec.isa.instructions import TRANSCENDENTAL` (lower.vector, stagec.layers) working.
+    if name == "TRANSCENDENTAL":
+        from .opcodes import TRANSCENDENTAL
+        return TRANSCENDENTAL
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,7 +34,8 @@ import numpy as np
 from stagec.errors import ProgramFormatError
 
 from .config import HardwareConfig
-from .instructions import ENCODING, INSTRUCTION_BYTES, DType, Instruction, decode
+from .instructions import ENCODING, INSTRUCTION_BYTES, DType, Instruction
+from .opcodes import decode
 from .schema import Checked, Int, ListOf, Maybe, OneOf, Record, Str, check
 
 MAGIC = b"STAGEC\x00\x01"

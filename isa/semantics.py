@@ -1,4 +1,5 @@
-"""Reference semantics of the vector functions and pad values, in numpy.
+"""The arithmetic the reference semantics (isa.opcodes) are written with: pad values, gemmlowp
+requantization, COPY's conversion, the accumulate modes, and the numpy namespace.
 
 This is the definition the simulator's fast path is tested against; it is
 written for clarity, not speed.
@@ -7,50 +8,46 @@ written for clarity, not speed.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from .instructions import AccMode, DType, PadValue, VectorFunc
+from .instructions import AccMode, DType, PadValue
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
-def _same(fn):
-    return lambda x: fn(x).astype(x.dtype)
+@dataclass(frozen=True)
+class Namespace:
+    """The array operations the vector functions' semantics (isa.opcodes) are written over: `xp` is
+    numpy or jax.numpy; the rest are the operations the two spell differently."""
+
+    xp: Any
+    erf: Callable
+    rsqrt: Callable
+    requantize: Callable    # (x, multiplier, shift, zero point) -> int8
+    convert: Callable       # (x, DType) -> x as that type, as COPY converts
 
 
-VECTOR_FUNCS = {
-    VectorFunc.COPY: lambda x: x,
-    VectorFunc.NEG: np.negative,
-    VectorFunc.ABS: np.abs,
-    VectorFunc.RELU: lambda x: np.maximum(x, x.dtype.type(0)),
-    VectorFunc.EXP: np.exp,
-    VectorFunc.LOG: np.log,
-    VectorFunc.RECIP: lambda x: x.dtype.type(1) / x,
-    VectorFunc.RSQRT: lambda x: x.dtype.type(1) / np.sqrt(x),
-    VectorFunc.SQRT: np.sqrt,
-    VectorFunc.TANH: np.tanh,
-    VectorFunc.ERF: _same(lambda x: _erf(x.astype(np.float64)).astype(np.float64)),
-    VectorFunc.SIGMOID: lambda x: x.dtype.type(1) / (x.dtype.type(1) + np.exp(-x)),
-    VectorFunc.ADD: np.add,
-    VectorFunc.SUB: np.subtract,
-    VectorFunc.MUL: np.multiply,
-    VectorFunc.MAX: np.maximum,
-    VectorFunc.MIN: np.minimum,
-    VectorFunc.CMP_GT: lambda a, b: (a > b).astype(a.dtype),
-    VectorFunc.CMP_GE: lambda a, b: (a >= b).astype(a.dtype),
-    VectorFunc.CMP_EQ: lambda a, b: (a == b).astype(a.dtype),
-    VectorFunc.CMP_NE: lambda a, b: (a != b).astype(a.dtype),
-    VectorFunc.RSUM: lambda x: x.sum(axis=-1, keepdims=True, dtype=x.dtype),
-    VectorFunc.RMAX: lambda x: x.max(axis=-1, keepdims=True),
-    VectorFunc.RMIN: lambda x: x.min(axis=-1, keepdims=True),
-}
+def convert(x: np.ndarray, to: DType) -> np.ndarray:
+    """COPY's type conversion: float -> int truncates toward zero and saturates (NaN -> 0)."""
+    t = to.numpy
+    if np.issubdtype(x.dtype, np.floating) and np.issubdtype(t, np.integer):
+        info = np.iinfo(t)
+        # in float64: int32's bounds are not float32 numbers (2**31 - 1 rounds up and would wrap)
+        x = np.clip(np.nan_to_num(np.trunc(x.astype(np.float64)), nan=0.0), info.min, info.max)
+    return x.astype(t)
 
-ACCUMULATE = {
-    AccMode.ADD: np.add,
-    AccMode.MAX: np.maximum,
-    AccMode.MIN: np.minimum,
-}
+
+# An accumulate mode: how a destination's old value and the new one combine, and how a run of
+# values accumulated one after another reduces (the batched executor's chains), by xp name.
+ACCUMULATE = {AccMode.ADD: ("add", "sum"), AccMode.MAX: ("maximum", "max"), AccMode.MIN: ("minimum", "min")}
+
+
+def accumulate(ns: Namespace, mode: AccMode, old, new):
+    return getattr(ns.xp, ACCUMULATE[AccMode(mode)][0])(old, new)
 
 
 def pad_value(kind: PadValue, dtype: DType):
@@ -86,11 +83,5 @@ def requantize(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, zero_po
     return np.clip(rounded + zero_point.astype(np.int64), -128, 127).astype(np.int8)
 
 
-def convert(x: np.ndarray, to: DType) -> np.ndarray:
-    """COPY's type conversion: float -> int truncates toward zero and saturates (NaN -> 0)."""
-    t = to.numpy
-    if np.issubdtype(x.dtype, np.floating) and np.issubdtype(t, np.integer):
-        info = np.iinfo(t)
-        # in float64: int32's bounds are not float32 numbers (2**31 - 1 rounds up and would wrap)
-        x = np.clip(np.nan_to_num(np.trunc(x.astype(np.float64)), nan=0.0), info.min, info.max)
-    return x.astype(t)
+NUMPY = Namespace(np, lambda x: _erf(x.astype(np.float64)).astype(x.dtype),
+                  lambda x: x.dtype.type(1) / np.sqrt(x), requantize, convert)

@@ -2,61 +2,31 @@
 memory, deadlock on tokens, read memory nothing wrote, or race between queues.
 
 It runs before every simulation and at load.  Per-field checks are vectorized
-over the instruction stream; the dataflow checks walk it once, tracking, per
-memory granule, the last writer and the last reader of each queue, and per
-instruction a vector clock of what its tokens guarantee has completed.  An
-access from one queue that conflicts with an earlier access from another queue
-must be ordered by tokens, or the queues could run it in either order.
-
-The walk also records, for each scratchpad/accumulator read, the instruction
-that produced the value (the simulator executes the program as dataflow).
+over the instruction stream and read each opcode's definition (isa.opcodes):
+its fields' legal values, its operands' memories and encoded bytes, its further
+rules.  The dataflow checks (isa.dataflow) then walk the stream once.
 """
 
 from __future__ import annotations
-
-from bisect import bisect_right
-from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
 from stagec.errors import VerificationError
 
-from .access import Access, accesses, dense_patterns, element_offsets, overlapping_patterns
-from .instructions import (
-    BINARY,
-    ENCODING,
-    REDUCTIONS,
-    UNARY,
-    AccMode,
-    DType,
-    Opcode,
-    PadValue,
-    Queue,
-    Space,
-    VectorFunc,
-    queues_of,
-)
+from . import opcodes
+from .access import Access, accesses, overlapping_patterns
+from .dataflow import MULTIPLE, Dataflow, DataflowWalk, check_dataflow, const_bytes
+from .instructions import ENCODING, MEMORY_NAMES, DType, Space
+from .opcodes import OPERANDS, Fields, OpcodeDef, opcode_table, queues_of
 from .program import Program, RegionKind
 
-MULTIPLE = -2   # producer of a read that spans several writers
-
-
-@dataclass(frozen=True)
-class Dataflow:
-    """What the walk learned: each instruction's queue and the producer of each local read."""
-
-    queue: np.ndarray                     # (N,) Queue of each instruction
-    producer: dict[str, np.ndarray]       # slot -> (N,) producer index, -1 none, MULTIPLE
-    granule: dict[Space, int]             # tracking granule (bytes) per memory
-    spans: dict[tuple[str, int], tuple[int, ...]]   # (slot, i) -> the writers of a MULTIPLE read
-    dram_end: int                         # end of the DRAM bytes the program touches (what a simulator holds)
+__all__ = ["MULTIPLE", "Dataflow", "DataflowWalk", "check_static", "const_bytes", "verify"]
 
 
 def verify(program: Program) -> Dataflow:
     """Check every rule; return the dataflow facts.  Cached on the (immutable) program."""
     if "dataflow" not in program.cache:
-        program.cache["dataflow"] = _check_dataflow(program, check_static(program))
+        program.cache["dataflow"] = check_dataflow(program, check_static(program))
     return program.cache["dataflow"]
 
 
@@ -66,10 +36,6 @@ def check_static(program: Program) -> list[Access]:
     accs = accesses(program.code)
     _check_fields(program, accs)
     return accs
-
-
-def const_bytes(program: Program) -> int:
-    return next((r.nbytes for r in program.regions if r.kind == RegionKind.CONST), 0)
 
 
 # --- program layout ---------------------------------------------------------------------------
@@ -95,30 +61,12 @@ def _check_layout(p: Program) -> None:
 
 # --- per-instruction fields (vectorized) ------------------------------------------------------
 
-_MATMUL_TYPES = {(DType.F32, DType.F32), (DType.BF16, DType.F32), (DType.I8, DType.I32)}
 _MODE_OF_DTYPE = {DType.F32: "fp32", DType.BF16: "bf16", DType.I8: "int8", DType.I32: None}
 _FIELD_AT = {}  # byte offset -> field name, for "unused byte set" errors
 for _name in ENCODING.names:
     _fmt, _off = ENCODING.fields[_name][:2]
     for _b in range(_off, _off + _fmt.itemsize):
         _FIELD_AT.setdefault(_b, _name)
-
-
-def _used_bytes(opcode: Opcode, binary: bool) -> np.ndarray:
-    used = np.zeros(64, bool)
-    used[:16] = True                      # header + n
-    used[16:48] = True                    # x, y
-    if opcode == Opcode.LOAD:
-        used[48:54] = True                # pad counts
-    if opcode in (Opcode.MATMUL, Opcode.GATHER) or binary:
-        used[48:64] = True                # z
-    if opcode == Opcode.MATMUL:
-        used[44:48] = False               # B has two strides
-    if opcode == Opcode.GATHER:
-        used[56:64] = False               # the index pattern has one stride
-    if opcode not in (Opcode.MATMUL, Opcode.GATHER):
-        used[14:16] = False               # n3
-    return used
 
 
 def _fail(mask: np.ndarray, field: str, message) -> None:
@@ -128,86 +76,126 @@ def _fail(mask: np.ndarray, field: str, message) -> None:
 
 
 def _check_fields(p: Program, accs: list[Access]) -> None:
-    code = p.code
-    op = code["opcode"]
-    _fail(~np.isin(op, list(Opcode)), "opcode", lambda i: f"unknown opcode {op[i]}")
-    is_load, is_store, is_mm, is_vec, is_gather = (op == o for o in (Opcode.LOAD, Opcode.STORE, Opcode.MATMUL,
-                                                                      Opcode.VECTOR, Opcode.GATHER))
-    func = code["func"]
-    _fail(is_vec & ~np.isin(func, list(VectorFunc)), "func", lambda i: f"unknown vector function {func[i]}")
-    for name in ("dtype", "out_dtype"):
-        values = code[name]
-        _fail(~np.isin(values, list(DType)), name, lambda i, v=values: f"unknown element type {v[i]}")
-        for dt, mode in _MODE_OF_DTYPE.items():
-            if mode and mode not in p.hw.dtypes:
-                _fail(values == dt, name, f"{dt.name} needs the '{mode}' mode, which this hardware lacks "
-                                          f"(HardwareConfig.dtypes = {p.hw.dtypes})")
-    dt, odt = code["dtype"], code["out_dtype"]
-    pairs = np.zeros(len(code), bool)
-    for a, b in _MATMUL_TYPES:
-        pairs |= (dt == a) & (odt == b)
-    _fail(is_mm & ~pairs, "dtype", lambda i: f"matmul {DType(dt[i]).name}->{DType(odt[i]).name} is not supported")
-    requant = is_vec & (func == VectorFunc.REQUANT)
-    _fail(requant & ((dt != DType.I32) | (odt != DType.I8)), "dtype", "REQUANT converts i32 to i8")
-    convert = is_vec & (func == VectorFunc.COPY)
-    _fail(~is_mm & ~requant & ~convert & (dt != odt), "out_dtype",
-          "element type conversion is done by the matrix unit, COPY and REQUANT only")
-
-    # Unused bits must be zero: an encoding has exactly one spelling.
-    raw = code.view(np.uint8).reshape(len(code), 64)
-    for opcode in Opcode:
-        for binary in (False, True):
-            rows = (op == opcode) & (np.isin(func, list(BINARY)) == binary if opcode == Opcode.VECTOR else True)
-            if rows.any():
-                stray = (raw[rows][:, ~_used_bytes(opcode, binary)] != 0).any(0)
-                if stray.any():
-                    byte = int(np.flatnonzero(~_used_bytes(opcode, binary))[np.flatnonzero(stray)[0]])
-                    i = int(np.flatnonzero(rows)[np.flatnonzero(raw[rows][:, byte])[0]])
-                    raise VerificationError(f"byte {byte} is unused by {Opcode(op[i]).name} and must be zero",
-                                            i, _FIELD_AT.get(byte))
-    _fail(~is_vec & (func != 0), "func", "only VECTOR instructions take a function")
-    mode = code["mode"]
-    _fail(is_load & ~np.isin(mode, list(PadValue)), "mode", lambda i: f"unknown pad value {mode[i]}")
-    _fail((is_store | is_gather) & (mode != 0), "mode", "STORE and GATHER take no mode")
-    _fail(is_mm & (mode > AccMode.ADD), "mode", "MATMUL accumulates by ADD or overwrites")
-    _fail(is_vec & (mode > AccMode.MIN), "mode", lambda i: f"unknown accumulate mode {mode[i]}")
+    f = Fields(p.code)
+    op = f.field("opcode")
+    _fail(~np.isin(op, list(opcodes.OPCODES)), "opcode", lambda i: f"unknown opcode {op[i]}")
+    takes_func = opcode_table("takes_func")[op].astype(bool)
+    _fail(takes_func & ~np.isin(f.func, list(opcodes.VECTOR_FUNCS)), "func",
+          lambda i: f"unknown vector function {f.func[i]}")
+    _check_types(p, f, op, takes_func)
+    present = _present(f, op)
+    _check_unused_bytes(p.code, op, present)
+    takers = " and ".join(d.name for d in opcodes.OPCODES.values() if d.takes_func)
+    _fail(~takes_func & (f.func != 0), "func", f"only {takers} instructions take a function")
+    for d in opcodes.OPCODES.values():
+        rows = op == d.opcode
+        _fail(rows & ~np.isin(f.mode, list(d.modes)), "mode", lambda i, d=d: _mode_message(d, f.mode[i]))
     queue = queues_of(op)
     for name in ("push", "pop"):
-        mask = code[name].astype(np.int64)
+        mask = f.field(name)
         _fail(mask >= 16, name, "token masks have one bit per queue (4 queues)")
         _fail((mask >> queue) & 1 == 1, name, "an instruction cannot send a token to its own queue")
-
-    n = code["n"].astype(np.int64)
-    _fail(is_mm & (n == 0).any(1), "n", "MATMUL needs m1, m0, k, n >= 1")
-    _fail(~is_mm & (n[:, :3] == 0).any(1), "n", "iteration counts must be >= 1")
-    _fail(is_gather & (n[:, 3] == 0), "n", "GATHER needs its table's row count R >= 1 in n[3]")
-    spaces = code["spaces"].astype(np.int64)
-    sx, sy, sz = spaces & 3, spaces >> 2 & 3, spaces >> 4 & 3
-    local = (Space.SPAD, Space.ACC)
-    dma = is_load | is_store | is_gather
-    _fail(dma & (sx != Space.DRAM), "x", "the DMA's x operand is DRAM")
-    _fail(dma & ~np.isin(sy, local), "y", "the DMA's y operand is the scratchpad or accumulator")
-    _fail(is_gather & ~np.isin(sz, local), "z", "GATHER reads its indices from the scratchpad or accumulator")
-    _fail(is_mm & ((sx != Space.SPAD) | (sy != Space.SPAD)), "x", "MATMUL reads A and B from the scratchpad")
-    _fail(is_mm & (sz != Space.ACC), "z", "MATMUL writes C to the accumulator")
-    binary = is_vec & np.isin(func, list(BINARY))
-    has_z = is_mm | is_gather | binary
-    _fail((spaces >> 6 != 0) | (~has_z & (sz != 0)), "spaces", "the space bits of an operand the instruction "
-                                                             "does not have must be zero")
-    _fail(is_vec & (~np.isin(sx, local) | ~np.isin(sy, local)), "x", "vector operands are SPAD or ACC")
-    _fail(binary & ~np.isin(sz, local), "z", "vector operands are SPAD or ACC")
-    _fail(is_vec & np.isin(func, list(REDUCTIONS)) & (code["x_strides"][:, 2] != 0), "x_strides",
-          "a reduction's destination stride over the reduced dim (s2) must be 0")
-    _fail(is_vec & ~np.isin(func, list(UNARY | BINARY | REDUCTIONS)), "func", "unknown vector function")
-
+    rank = opcode_table("rank")[op]
+    _fail(((f.n == 0) & (np.arange(4) < rank[:, None])).any(1), "n",
+          lambda i: f"{_def(op[i]).name} needs {', '.join(_def(op[i]).counts)} >= 1")
+    _check_spaces(f, op, present)
+    for d in opcodes.OPCODES.values():
+        for check in d.checks:
+            _fail((op == d.opcode) & check.failing(f), check.field, check.message)
     _check_addresses(p, accs)
+
+
+def _def(op) -> OpcodeDef:
+    return opcodes.OPCODES[int(op)]
+
+
+def _check_types(p: Program, f: Fields, op: np.ndarray, takes_func: np.ndarray) -> None:
+    """Known element types the hardware has, in the pairs each opcode (or vector function) allows."""
+    dt, odt = f.field("dtype"), f.field("out_dtype")
+    for name, values in (("dtype", dt), ("out_dtype", odt)):
+        _fail(~np.isin(values, list(DType)), name, lambda i, v=values: f"unknown element type {v[i]}")
+        for t, mode in _MODE_OF_DTYPE.items():
+            if mode and mode not in p.hw.dtypes:
+                _fail(values == t, name, f"{t.name} needs the '{mode}' mode, which this hardware lacks "
+                                         f"(HardwareConfig.dtypes = {p.hw.dtypes})")
+    rules = [(op == d.opcode, d.types, d.name) for d in opcodes.OPCODES.values() if not d.takes_func]
+    rules += [(takes_func & (f.func == v.func), v.types, v.name) for v in opcodes.VECTOR_FUNCS.values()]
+    converters = ", ".join(who for _, types, who in rules if types is not None)
+    for rows, types, who in rules:
+        if types is None:
+            _fail(rows & (dt != odt), "out_dtype", f"element type conversion is done by {converters} only")
+            continue
+        legal = np.zeros(len(dt), bool)
+        for a, b in types:
+            legal |= (dt == a) & (odt == b)
+        pairs = ", ".join(f"{a.name.lower()} to {b.name.lower()}" for a, b in sorted(types))
+        _fail(rows & ~legal, "dtype", lambda i, who=who, pairs=pairs:
+              f"{who.lower()} {DType(dt[i]).name}->{DType(odt[i]).name} is not supported: {who} converts {pairs}")
+
+
+def _mode_message(d: OpcodeDef, mode: int) -> str:
+    if d.mode is None:
+        return f"{d.name} takes no mode, not {mode}"
+    return f"{d.name} takes {d.mode_key}={' or '.join(d.mode(m).name.lower() for m in sorted(d.modes))}, not {mode}"
+
+
+def _present(f: Fields, op: np.ndarray) -> np.ndarray:
+    """(N, 3): the operands x, y, z each instruction has (by its opcode and vector function)."""
+    present = np.zeros((len(op), 3), bool)
+    for d in opcodes.OPCODES.values():
+        rows = op == d.opcode
+        for s in d.slots:
+            has = rows if s.present is None else rows & s.present(f.func)
+            present[:, OPERANDS.index(s.operand)] |= has
+    return present
+
+
+def _used_bytes(d: OpcodeDef, present: tuple[bool, ...]) -> np.ndarray:
+    """The bytes an instruction of opcode `d` with operands `present` uses (ENCODING's layout)."""
+    used = np.zeros(64, bool)
+    used[:8 + 2 * len(d.counts)] = True               # header and the iteration counts it has
+    for k, o in enumerate(OPERANDS):
+        if present[k]:
+            strides = max(s.strides for s in d.slots if s.operand == o)
+            used[16 * (k + 1):16 * (k + 1) + 4 + 4 * strides] = True   # base and the strides it uses
+    if d.pads:
+        used[48:54] = True                            # six pad counts overlay z
+    return used
+
+
+def _check_unused_bytes(code: np.ndarray, op: np.ndarray, present: np.ndarray) -> None:
+    """Unused bits must be zero: an encoding has exactly one spelling."""
+    raw = code.view(np.uint8).reshape(len(code), 64)
+    variants = present @ np.array([1, 2, 4])   # the operands an instruction has, as 3 bits
+    for d in opcodes.OPCODES.values():
+        for v in np.unique(variants[op == d.opcode]).tolist():
+            rows = (op == d.opcode) & (variants == v)
+            unused = ~_used_bytes(d, tuple(bool(v >> k & 1) for k in range(3)))
+            stray = (raw[rows][:, unused] != 0).any(0)
+            if stray.any():
+                byte = int(np.flatnonzero(unused)[np.flatnonzero(stray)[0]])
+                i = int(np.flatnonzero(rows)[np.flatnonzero(raw[rows][:, byte])[0]])
+                raise VerificationError(f"byte {byte} is unused by {d.name} and must be zero", i, _FIELD_AT.get(byte))
+
+
+def _check_spaces(f: Fields, op: np.ndarray, present: np.ndarray) -> None:
+    """Each operand in a memory its slots allow; no space bits for an operand the instruction lacks."""
+    spaces = f.field("spaces")
+    for d in opcodes.OPCODES.values():
+        for s in d.slots:
+            rows = (op == d.opcode) & (True if s.present is None else s.present(f.func))
+            allowed = " or ".join(MEMORY_NAMES[m] for m in sorted(s.spaces))
+            _fail(rows & ~np.isin(f.space(s.operand), list(s.spaces)), s.operand,
+                  f"{d.name}'s {s.role} operand ({s.operand}) lies in the {allowed}")
+    absent = np.stack([spaces >> 2 * k & 3 for k in range(3)], 1) * ~present
+    _fail((spaces >> 6 != 0) | absent.any(1), "spaces",
+          "the space bits of an operand the instruction does not have must be zero")
 
 
 def _check_addresses(p: Program, accs: list[Access]) -> None:
     """Alignment, bounds and fit of every operand; reports the earliest failing instruction."""
     capacity = {Space.DRAM: p.dram_bytes, Space.SPAD: p.hw.scratchpad_bytes, Space.ACC: p.hw.accumulator_bytes}
     consts = const_bytes(p)
-    reduction = (p.code["opcode"] == Opcode.VECTOR) & np.isin(p.code["func"], list(REDUCTIONS))
     failures = []   # (mask, field, message(i))
 
     for a in accs:
@@ -217,13 +205,12 @@ def _check_addresses(p: Program, accs: list[Access]) -> None:
         for space, cap in capacity.items():
             rows = a.valid & (a.space == space)
             failures.append((rows & (hi - lo > cap), a.operand, lambda i, lo=lo, hi=hi, s=space, c=cap:
-                             f"tile of {hi[i] - lo[i]} bytes does not fit the {_NAMES[s]} ({c} bytes)"))
+                             f"tile of {hi[i] - lo[i]} bytes does not fit the {MEMORY_NAMES[s]} ({c} bytes)"))
             failures.append((rows & ((lo < 0) | (hi > cap)), a.operand, lambda i, lo=lo, hi=hi, s=space, c=cap, a=a:
-                             f"{'writes' if a.write else 'reads'} {_NAMES[s]} bytes [{lo[i]:#x}, {hi[i]:#x}) "
+                             f"{'writes' if a.write else 'reads'} {MEMORY_NAMES[s]} bytes [{lo[i]:#x}, {hi[i]:#x}) "
                              f"outside [0, {c:#x})"))
         if a.write:   # each element once, or the result depends on the order of the inner loop
-            dims = np.where(reduction[:, None] & (np.arange(3) == 2), 1, a.dims)   # but a reduction's reduced dim
-            failures.append((a.valid & overlapping_patterns(a.strides, dims), a.operand, lambda i, a=a:
+            failures.append((a.valid & overlapping_patterns(a.strides, a.dims), a.operand, lambda i, a=a:
                              f"the written pattern (n={a.dims[i].tolist()}, strides={a.strides[i].tolist()}) "
                              "visits some element more than once"))
         dram = a.valid & (a.space == Space.DRAM)
@@ -236,262 +223,3 @@ def _check_addresses(p: Program, accs: list[Access]) -> None:
     if first:
         i, k = min(first)
         raise VerificationError(failures[k][2](i), i, failures[k][1])
-
-
-# --- dataflow walk ----------------------------------------------------------------------------
-
-class _Runs:
-    """Run-length map of the last writer over granules: sorted, disjoint [start, end) runs.
-
-    Dense writes keep it exact and small (a scratchpad holds a few dozen buffers), so most reads
-    find their single producer by a bisection instead of a pass over every element.
-    """
-
-    def __init__(self):
-        self.starts, self.ends, self.writers = [], [], []
-
-    def single(self, a: int, b: int):
-        """The one writer of all of [a, b), or None (several writers, a gap, or unknown)."""
-        k = bisect_right(self.starts, a) - 1
-        return self.writers[k] if k >= 0 and self.ends[k] >= b else None
-
-    def covering(self, a: int, b: int):
-        """Writers of the runs covering [a, b), or None where a part is not covered."""
-        k, pos, found = bisect_right(self.ends, a), a, []
-        while k < len(self.starts) and self.starts[k] < b:
-            if self.starts[k] > pos:
-                return None
-            found.append(self.writers[k])
-            pos = self.ends[k]
-            k += 1
-        return found if pos >= b else None
-
-    def forget(self, a: int, b: int) -> int:
-        """Drop coverage of [a, b) (keeping the parts of runs outside it); returns where [a, b) would go."""
-        i = bisect_right(self.ends, a)
-        j = i
-        keep = []
-        while j < len(self.starts) and self.starts[j] < b:
-            s, e, w = self.starts[j], self.ends[j], self.writers[j]
-            if s < a:
-                keep.append((s, a, w))
-            if e > b:
-                keep.append((b, e, w))
-            j += 1
-        self.starts[i:j] = [k[0] for k in keep]
-        self.ends[i:j] = [k[1] for k in keep]
-        self.writers[i:j] = [k[2] for k in keep]
-        return i + (1 if keep and keep[0][0] < a else 0)
-
-    def assign(self, a: int, b: int, w: int) -> None:
-        k = self.forget(a, b)
-        self.starts.insert(k, a)
-        self.ends.insert(k, b)
-        self.writers.insert(k, w)
-
-
-class _Memory:
-    """Per-granule last writer and last reader per queue (instruction indices, -1 = none, -3 = the
-    host), with the writer also kept as runs."""
-
-    def __init__(self, nbytes: int, granule: int, base: int, initially_written: list[tuple[int, int]]):
-        size = max(nbytes - base, 0) // granule
-        self.granule, self.base = granule, base
-        self.writer = np.full(size, -1, np.int32)
-        self.runs = _Runs()
-        for lo, hi in initially_written:
-            g0, g1 = (lo - base) // granule, (hi - base) // granule
-            self.writer[g0:g1] = -3
-            self.runs.assign(g0, g1, -3)
-        self.last_read = np.full((4, size), -1, np.int32)
-        self.readers: set[int] = set()   # queues that ever read this memory
-
-
-def _dram_end(p: Program, accs: list[Access]) -> int:
-    """The end of the DRAM bytes the program touches: the walk and the simulators hold those, not all
-    of dram_bytes (which a file may declare as large as the hardware's DRAM)."""
-    ends = [len(p.constants), *(t.offset + t.nbytes for t in (*p.inputs, *p.outputs))]
-    for a in accs:
-        rows = a.valid & (a.space == Space.DRAM)
-        if rows.any():
-            ends.append(int(a.extent()[1][rows].max()))
-    return min(-(-max(ends) // 64) * 64, p.dram_bytes)   # whole 64-byte lines, as the compiler lays DRAM out
-
-
-def _granule_views(a: Access, granule: dict, base: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per instruction, the (shape, byte strides, byte offset) that view a per-granule int32 array
-    as the granules access `a` touches: the pattern's dims and then the granules of one element.
-    np.ndarray over the memory array takes them as they are (negative strides too) and checks
-    the bounds, at a tenth of as_strided's cost: the walk builds one such view per non-trivial access."""
-    gran = np.array([granule[s] for s in Space])[a.space]
-    per = a.itemsize // gran
-    strides = np.concatenate([a.strides * per[:, None], np.ones((len(per), 1), np.int64)], 1) * 4
-    # a dim of stride 0 revisits the same granules: one step of it touches them all
-    shape = np.where(strides == 0, 1, np.concatenate([a.dims, per[:, None]], 1))
-    offset = (a.base - np.array([base[s] for s in Space])[a.space]) // gran * 4
-    return shape, strides, offset
-
-
-class DataflowWalk:
-    """Walks the stream in program order; for each instruction reports the latest earlier
-    instruction of every other queue it conflicts with (read-after-write, write-after-write,
-    write-after-read on any memory), and the producer of each local read."""
-
-    def __init__(self, p: Program, accs: list[Access]):
-        n = len(p.code)
-        self.queue = queues_of(p.code["opcode"])
-        consts = const_bytes(p)
-        self.granule = {}
-        for space in Space:
-            sizes = [a.itemsize[a.valid & (a.space == space)] for a in accs]
-            sizes = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
-            self.granule[space] = int(sizes.min()) if sizes.size else 4
-        inputs = [(t.offset, t.offset + t.nbytes) for t in p.inputs]
-        self.dram_end = _dram_end(p, accs)
-        self.mems = {Space.DRAM: _Memory(self.dram_end, self.granule[Space.DRAM], consts, inputs),
-                     Space.SPAD: _Memory(p.hw.scratchpad_bytes, self.granule[Space.SPAD], 0, []),
-                     Space.ACC: _Memory(p.hw.accumulator_bytes, self.granule[Space.ACC], 0, [])}
-        self.mem_of = [self.mems[s] for s in sorted(Space)]   # by the int in `entries`
-        self.queue_list = self.queue.tolist()
-        # Every (instruction, access) pair, sorted by instruction with reads (incl. accumulate) before
-        # the write they feed, and the granule extent of each, as plain lists: step() only indexes.
-        parts = []
-        for k, a in enumerate(accs):
-            lo, hi = a.extent()
-            const_read = (a.space == Space.DRAM) & (a.base < consts) & (not a.write)   # the blob is read-only
-            rows = np.flatnonzero(a.valid & ~const_read)
-            gran = np.array([self.granule[s] for s in Space])[a.space[rows]]
-            start = np.where(a.space[rows] == Space.DRAM, consts, 0)
-            parts.append(np.stack([rows, np.full(len(rows), k), np.full(len(rows), int(a.write)), a.space[rows],
-                                   (lo[rows] - start) // gran, -(-(hi[rows] - start) // gran),
-                                   dense_patterns(a.strides, a.dims)[rows]], 1))
-        table = np.concatenate(parts) if parts else np.zeros((0, 7), np.int64)
-        table = table[np.lexsort((table[:, 2], table[:, 0]))]
-        self.accs = accs
-        self.geometry = [_granule_views(a, self.granule, {s: m.base for s, m in self.mems.items()}) for a in accs]
-        self.entries = table[:, 1:].tolist()
-        self.first = np.searchsorted(table[:, 0], np.arange(n + 1)).tolist()
-        self.producer = {slot: np.full(n, -1, np.int64) for slot in "xyz"}
-        self.spans = {}
-
-    def step(self, i: int) -> list[int]:
-        """Conflicts of instruction i: latest conflicting index per queue (4 entries), -1 none."""
-        q = int(self.queue[i])
-        needs = [-1, -1, -1, -1]
-        mems, queue = self.mem_of, self.queue_list
-        # A DRAM write's earlier writers are STOREs, on its own queue (in order already): they go unlisted.
-        for k, write, space, g0, g1, dense in self.entries[self.first[i]:self.first[i + 1]]:
-            mem = mems[space]
-            if not write:
-                mem.readers.add(q)
-                single = mem.runs.single(g0, g1)
-                if single is not None:   # one producer covers the whole extent: exact, no element pass
-                    writers = (single,)
-                    # NOTE: the read is recorded over its extent: sound (a later write waits for every
-                    # reader that may have touched its bytes), at worst one token more than needed.
-                    mem.last_read[q, g0:g1] = i
-                else:
-                    w = self._view(mem.writer, k, i)
-                    lo, hi = int(w.min()), int(w.max())
-                    if lo == -1 or (lo < -1 < hi and (w == -1).any()):
-                        a = self.accs[k]
-                        raise VerificationError(f"reads {_NAMES[Space(space)]} byte "
-                                                f"{self._unwritten(a, i, mem):#x}, which nothing wrote", i, a.operand)
-                    # only STOREs write DRAM, so its latest writer is the one to wait for
-                    writers = (lo,) if lo == hi else (hi,) if space == Space.DRAM else np.unique(w).tolist()
-                    self._view(mem.last_read[q], k, i)[...] = i
-                if space != Space.DRAM:
-                    slot = self.accs[k].operand
-                    self.producer[slot][i] = writers[0] if len(writers) == 1 else MULTIPLE
-                    if len(writers) > 1:
-                        self.spans[slot, i] = tuple(writers)
-            elif dense:
-                writers = () if space == Space.DRAM else mem.runs.covering(g0, g1)
-                if writers is None:
-                    writers = np.unique(mem.writer[g0:g1]).tolist()
-                if mem.readers:
-                    for r, latest in enumerate(mem.last_read[:, g0:g1].max(axis=1).tolist()):
-                        if r != q and latest > needs[r]:
-                            needs[r] = latest
-                mem.writer[g0:g1] = i
-                mem.runs.assign(g0, g1, i)
-            else:
-                w = self._view(mem.writer, k, i)
-                writers = () if space == Space.DRAM else np.unique(w).tolist()
-                for r in mem.readers:
-                    if r != q:
-                        needs[r] = max(needs[r], int(self._view(mem.last_read[r], k, i).max()))
-                w[...] = i
-                mem.runs.forget(g0, g1)
-            for w in writers:
-                if w >= 0 and w > needs[queue[w]]:
-                    needs[queue[w]] = w
-        needs[q] = -1   # same queue: in order
-        return needs
-
-    def _view(self, arr: np.ndarray, k: int, i: int) -> np.ndarray:
-        """`arr` (one int32 per granule) restricted to what access k of instruction i touches."""
-        shape, strides, offset = self.geometry[k]
-        return np.ndarray(shape[i].tolist(), np.int32, arr, int(offset[i]), strides[i].tolist())
-
-    def result(self) -> Dataflow:
-        return Dataflow(queue=self.queue, producer=self.producer, granule=self.granule, spans=self.spans,
-                        dram_end=self.dram_end)
-
-    def check_outputs_written(self, outputs) -> None:
-        """Every byte of every output is stored by the program (or is an input's): a simulator
-        would otherwise return whatever DRAM held."""
-        dram = self.mems[Space.DRAM]
-        for t in outputs:
-            g0, g1 = (t.offset - dram.base) // dram.granule, -(-(t.offset + t.nbytes - dram.base) // dram.granule)
-            unwritten = np.flatnonzero(dram.writer[g0:g1] == -1)
-            if unwritten.size:
-                byte = dram.base + (g0 + int(unwritten[0])) * dram.granule
-                raise VerificationError(f"output '{t.name}' byte {byte:#x} is never written by the program")
-
-    @staticmethod
-    def _unwritten(a: Access, i: int, mem: _Memory) -> int:
-        """Byte address of the first unwritten granule an access reads (for the error message)."""
-        per = int(a.itemsize[i]) // mem.granule
-        g = element_offsets(a.strides[i], a.dims[i]) * per + (int(a.base[i]) - mem.base) // mem.granule
-        g = (g[:, None] + np.arange(per)).reshape(-1)
-        return mem.base + int(g[np.flatnonzero(mem.writer[g] == -1)[0]]) * mem.granule
-
-
-_NAMES = {Space.DRAM: "DRAM", Space.SPAD: "scratchpad", Space.ACC: "accumulator"}
-
-
-def _check_dataflow(p: Program, accs: list[Access]) -> Dataflow:
-    walk = DataflowWalk(p, accs)
-    queue, n = walk.queue, len(p.code)
-    fifo = {(s, d): deque() for s in range(4) for d in range(4)}
-    done = np.full((n, 4), -1, np.int64)          # vector clock at completion
-    last_in_queue = [-1] * 4
-    push, pop = p.code["push"], p.code["pop"]
-    for i in range(n):
-        q = int(queue[i])
-        start = done[last_in_queue[q]].copy() if last_in_queue[q] >= 0 else np.full(4, -1, np.int64)
-        for s in range(4):
-            if pop[i] >> s & 1:
-                if not fifo[(s, q)]:
-                    raise VerificationError(f"waits for a token from the {Queue(s).name} queue that no earlier "
-                                            "instruction pushed (tokens unbalanced)", i, "pop")
-                start = np.maximum(start, done[fifo[(s, q)].popleft()])
-        needs = np.array(walk.step(i), np.int64)
-        late = needs > start
-        if late.any():
-            r = int(np.flatnonzero(late)[0])
-            raise VerificationError(f"conflicts with instruction {int(needs[r])} ({Queue(r).name} queue) on memory "
-                                    "they both access, and no token orders the two (race)", i)
-        start[q] = i
-        done[i] = start
-        last_in_queue[q] = i
-        for d in range(4):
-            if push[i] >> d & 1:
-                fifo[(q, d)].append(i)
-    walk.check_outputs_written(p.outputs)
-    for (_, d), left in fifo.items():
-        if left:
-            raise VerificationError(f"{len(left)} token(s) pushed to the {Queue(d).name} queue are never popped "
-                                    "(tokens unbalanced)", left[0], "push")
-    return walk.result()

@@ -38,14 +38,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stagec.isa import opcodes
 from stagec.isa.config import HardwareConfig
-from stagec.isa.instructions import REDUCTIONS, TRANSCENDENTAL, DType, Opcode, queues_of
-
-ITEMSIZE = np.zeros(256, np.int64)
-for _d in DType:
-    ITEMSIZE[_d] = _d.itemsize
-
-
+from stagec.isa.opcodes import Array, Dma, Fields, Lanes, queues_of
 
 # --- the formulas --------------------------------------------------------------------------------
 
@@ -102,30 +97,38 @@ class InstructionShapes:
     """The static (hardware-independent) numbers of each instruction that the formulas need."""
 
     queue: np.ndarray            # (N,) Queue
-    is_dma: np.ndarray           # (N,) LOAD, GATHER or STORE
+    is_dma: np.ndarray           # (N,) charged as a DMA (LOAD, GATHER, STORE)
     dram_bytes: np.ndarray       # (N,) bytes a DMA moves over the DRAM channel
-    matmul_mkn: np.ndarray       # (N, 3) M, K, N of each MATMUL (0 elsewhere)
+    matmul_mkn: np.ndarray       # (N, 3) M, K, N of each instruction on the array (0 elsewhere)
     is_matmul: np.ndarray
-    vector_elements: np.ndarray  # (N,) elements a VECTOR instruction processes
+    vector_elements: np.ndarray  # (N,) elements an instruction on the vector unit processes
     vector_reduce: np.ndarray    # (N,) reduction length (1 for elementwise)
     transcendental: np.ndarray   # (N,) bool
     is_vector: np.ndarray
 
 
 def instruction_shapes(code: np.ndarray) -> InstructionShapes:
+    """The shape numbers of each instruction, as its opcode's unit (isa.opcodes) gives them."""
+    n = len(code)
+    columns = {"dram_bytes": np.zeros(n, np.int64), "matmul_mkn": np.zeros((n, 3), np.int64),
+               "vector_elements": np.zeros(n, np.int64), "vector_reduce": np.ones(n, np.int64),
+               "transcendental": np.zeros(n, bool), "is_dma": np.zeros(n, bool), "is_matmul": np.zeros(n, bool),
+               "is_vector": np.zeros(n, bool)}
     op = code["opcode"]
-    n = code["n"].astype(np.int64)
-    elems = n[:, 0] * n[:, 1] * n[:, 2]
-    is_dma = (op == Opcode.LOAD) | (op == Opcode.STORE) | (op == Opcode.GATHER)
-    is_mm, is_vec = op == Opcode.MATMUL, op == Opcode.VECTOR
-    reduction = is_vec & np.isin(code["func"], list(REDUCTIONS))
-    return InstructionShapes(
-        queue=queues_of(op).astype(np.int32), is_dma=is_dma,
-        dram_bytes=np.where(is_dma, elems * ITEMSIZE[code["dtype"]], 0),
-        matmul_mkn=np.where(is_mm[:, None], np.stack([n[:, 0] * n[:, 1], n[:, 2], n[:, 3]], 1), 0),
-        is_matmul=is_mm, vector_elements=np.where(is_vec, elems, 0),
-        vector_reduce=np.where(reduction, n[:, 2], 1),
-        transcendental=is_vec & np.isin(code["func"], list(TRANSCENDENTAL)), is_vector=is_vec)
+    for d in opcodes.OPCODES.values():
+        rows = np.flatnonzero(op == d.opcode)
+        if rows.size:
+            for name, value in _UNIT_SHAPES[type(d.unit)](d.unit, Fields(code[rows])).items():
+                columns[name][rows] = value
+    return InstructionShapes(queue=queues_of(op).astype(np.int32), **columns)
+
+
+_UNIT_SHAPES = {
+    Dma: lambda u, f: {"is_dma": True, "dram_bytes": u.moved(f)},
+    Array: lambda u, f: {"is_matmul": True, "matmul_mkn": u.mkn(f)},
+    Lanes: lambda u, f: {"is_vector": True, "vector_elements": u.elements(f), "vector_reduce": u.reduce_length(f),
+                         "transcendental": u.transcendental(f)},
+}
 
 
 @dataclass(frozen=True)

@@ -22,21 +22,13 @@ from dataclasses import dataclass, fields
 import jax.numpy as jnp
 import numpy as np
 
+from stagec.isa import opcodes
+from stagec.isa.access import Access, accesses
 from stagec.isa.config import HardwareConfig
-from stagec.isa.instructions import (
-    BINARY,
-    READS_DST,
-    REDUCTIONS,
-    REQUANT_RECORD_BYTES,
-    AccMode,
-    DType,
-    Opcode,
-    Space,
-    VectorFunc,
-)
+from stagec.isa.instructions import ITEMSIZE, AccMode, DType, Space
+from stagec.isa.opcodes import Array, Dma, Fields, Lanes, OpcodeDef
 from stagec.isa.program import Program
 
-from .costs import ITEMSIZE
 from .timing import program_cycles
 
 ACTIONS = ("macs_int8", "macs_bf16", "macs_fp32", "vector_ops", "scratchpad_read_bytes", "scratchpad_write_bytes",
@@ -75,29 +67,55 @@ class ActionCounts:
 
 
 def action_counts(code: np.ndarray, hw: HardwareConfig) -> ActionCounts:
-    """Count every action of every instruction (MATMUL operand traffic depends on the array shape)."""
-    op = code["opcode"]
-    n = code["n"].astype(np.int64)
-    spaces = code["spaces"].astype(np.int64)
-    space = {slot: spaces >> (2 * i) & 3 for i, slot in enumerate("xyz")}
-    size_in, size_out = ITEMSIZE[code["dtype"]].astype(np.float64), ITEMSIZE[code["out_dtype"]].astype(np.float64)
-    elems = (n[:, 0] * n[:, 1] * n[:, 2]).astype(np.float64)
+    """Count every action of every instruction, by the unit its opcode is charged on (isa.opcodes);
+    MATMUL operand traffic depends on the array shape."""
     counts = {name: np.zeros(len(code)) for name in ACTIONS}
-    reads, writes = [], []      # (mask, space, bytes) of local-memory traffic
+    slots = {(a.operand, a.write): a for a in accesses(code)}
+    op = code["opcode"]
+    for d in opcodes.OPCODES.values():
+        rows = np.flatnonzero(op == d.opcode)
+        if rows.size:
+            _UNIT_ACTIONS[type(d.unit)](d, Fields(code[rows]), rows, slots, hw, counts)
+    return ActionCounts(**counts)
 
-    load, store, gather = op == Opcode.LOAD, op == Opcode.STORE, op == Opcode.GATHER
-    pad = code["pad"].astype(np.int64)
-    padded = np.prod(n[:, :3] + np.where(load[:, None], pad[:, 0::2] + pad[:, 1::2], 0), axis=1).astype(np.float64)
-    counts["dram_read_bytes"] += np.where(load | gather, elems * size_in, 0)
-    counts["dram_write_bytes"] += np.where(store, elems * size_in, 0)
-    writes.append((load | gather, space["y"], padded * size_out))
-    reads.append((store, space["y"], elems * size_out))
-    reads.append((gather, space["z"], n[:, 0].astype(np.float64) * 4))   # the int32 row indices
 
-    mm = op == Opcode.MATMUL
-    m, k, nn = (n[:, 0] * n[:, 1]).astype(np.float64), n[:, 2].astype(np.float64), n[:, 3].astype(np.float64)
+def _local(counts: dict, rows: np.ndarray, space: np.ndarray, write: bool, nbytes: np.ndarray) -> None:
+    """Add `nbytes` of local-memory traffic of instructions `rows` in memories `space`."""
+    for memory, name in ((Space.SPAD, "scratchpad"), (Space.ACC, "accumulator")):
+        counts[f"{name}_{'write' if write else 'read'}_bytes"][rows] += np.where(space == memory, nbytes, 0)
+
+
+def _slot_traffic(d: OpcodeDef, rows: np.ndarray, slots: dict[tuple[str, bool], Access], counts: dict,
+                  distinct: bool) -> None:
+    """Each slot's elements (`distinct`: each distinct element, a broadcast one once) times their size."""
+    for s in d.slots:
+        a = slots.get((s.operand, s.write))
+        if a is None:   # no instruction of the program makes this access
+            continue
+        valid = a.valid[rows]
+        dims = a.dims[rows][valid]
+        if distinct:
+            dims = np.where(a.strides[rows][valid] != 0, dims, 1)
+        nbytes = np.prod(dims, axis=1).astype(np.float64) * a.itemsize[rows][valid]
+        _local(counts, rows[valid], a.space[rows][valid], s.write, nbytes)
+
+
+def _dma_actions(d: OpcodeDef, f: Fields, rows, slots, hw, counts) -> None:
+    counts["dram_write_bytes" if d.dram_slot.write else "dram_read_bytes"][rows] += d.unit.moved(f)
+    _slot_traffic(d, rows, slots, counts, distinct=False)
+
+
+def _lanes_actions(d: OpcodeDef, f: Fields, rows, slots, hw, counts) -> None:
+    counts["vector_ops"][rows] += d.unit.elements(f)
+    _slot_traffic(d, rows, slots, counts, distinct=True)
+
+
+def _array_actions(d: OpcodeDef, f: Fields, rows, slots, hw: HardwareConfig, counts) -> None:
+    """MACs, and SCALE-Sim's operand traffic of slots a, b and c (see the module docstring)."""
+    m, k, nn = d.unit.mkn(f).astype(np.float64).T
+    size_in, size_out = ITEMSIZE[f.field("dtype")].astype(np.float64), ITEMSIZE[f.field("out_dtype")].astype(np.float64)
     col_folds = np.ceil(nn / hw.array_cols)
-    accumulate = code["mode"] != AccMode.OVERWRITE
+    accumulate = f.mode != AccMode.OVERWRITE
     if hw.dataflow == "weight_stationary":   # inputs re-streamed per column fold; partial sums per row fold
         row_folds = np.ceil(k / hw.array_rows)
         a_reads, b_reads = m * k * col_folds, k * nn
@@ -107,33 +125,13 @@ def action_counts(code: np.ndarray, hw: HardwareConfig) -> ActionCounts:
         a_reads, b_reads = m * k * col_folds, k * nn * row_folds
         c_writes, c_reads = m * nn, m * nn * accumulate
     for dtype, name in _MAC_MODE.items():
-        counts[name] += np.where(mm & (code["dtype"] == dtype), m * k * nn, 0)
-    reads += [(mm, space["x"], a_reads * size_in), (mm, space["y"], b_reads * size_in),
-              (mm, space["z"], c_reads * size_out)]
-    writes.append((mm, space["z"], c_writes * size_out))
-
-    vec = op == Opcode.VECTOR
-    func = code["func"]
-    reduction = np.isin(func, list(REDUCTIONS))
-    out = np.where(reduction, n[:, 0] * n[:, 1], elems).astype(np.float64)
-    counts["vector_ops"] += np.where(vec, elems, 0)
-    writes.append((vec, space["x"], out * size_out))
-    reads.append((vec & (accumulate | np.isin(func, list(READS_DST))), space["x"], out * size_out))
-    reads.append((vec, space["y"], _distinct(code, "y", n) * size_in))
-    params = np.where(func == VectorFunc.REQUANT, REQUANT_RECORD_BYTES, size_in)
-    reads.append((vec & np.isin(func, list(BINARY)), space["z"], _distinct(code, "z", n) * params))
-
-    for direction, traffic in (("read", reads), ("write", writes)):
-        for mask, where, nbytes in traffic:
-            for memory, name in ((Space.SPAD, "scratchpad"), (Space.ACC, "accumulator")):
-                counts[f"{name}_{direction}_bytes"] += np.where(mask & (where == memory), nbytes, 0)
-    return ActionCounts(**counts)
+        counts[name][rows] += np.where(f.field("dtype") == dtype, m * k * nn, 0)
+    for role, write, nbytes in (("a", False, a_reads * size_in), ("b", False, b_reads * size_in),
+                                ("c", False, c_reads * size_out), ("c", True, c_writes * size_out)):
+        _local(counts, rows, f.space(d.slot(role, write).operand), write, nbytes)
 
 
-def _distinct(code: np.ndarray, slot: str, n: np.ndarray) -> np.ndarray:
-    """Distinct elements an operand pattern touches: the product of the dims it does not broadcast."""
-    strides = code[f"{slot}_strides"]
-    return np.prod(np.where(strides != 0, n[:, :3], 1), axis=1).astype(np.float64)
+_UNIT_ACTIONS = {Dma: _dma_actions, Lanes: _lanes_actions, Array: _array_actions}
 
 
 def energy_pj(counts: ActionCounts, cycles, hw: HardwareConfig, xp=np) -> dict:

@@ -2,7 +2,9 @@
 
 Slow and obvious on purpose: it is the executable definition of the ISA
 (program order, which the verifier proves equal to any token-respecting
-concurrent order) that the vectorized executor is tested against.
+concurrent order) that the vectorized executor is tested against.  Each
+instruction runs its opcode's reference semantics (isa.opcodes), on the
+operand slots isa.access resolves.
 """
 
 from __future__ import annotations
@@ -10,20 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from stagec.errors import SimulationError
-from stagec.isa.access import element_offsets
-from stagec.isa.instructions import (
-    REQUANT_RECORD_BYTES,
-    AccMode,
-    DType,
-    Opcode,
-    Operand,
-    PadValue,
-    Space,
-    VectorFunc,
-    decode,
-)
+from stagec.isa import opcodes
+from stagec.isa.access import Access, accesses, element_offsets
+from stagec.isa.instructions import DType, Space
+from stagec.isa.opcodes import decode
 from stagec.isa.program import Program
-from stagec.isa.semantics import ACCUMULATE, VECTOR_FUNCS, convert, pad_value, requantize
 from stagec.isa.verify import verify
 
 
@@ -34,35 +27,48 @@ class _Memories:
                       Space.ACC: np.zeros(program.hw.accumulator_bytes, np.uint8)}
         self.bytes[Space.DRAM][:len(program.constants)] = np.frombuffer(program.constants, np.uint8)
 
-    def _view(self, space, dtype: DType):
+    def view(self, space, dtype: DType):
         mem = self.bytes[Space(space)]
         size = dtype.itemsize
         return mem[:len(mem) - len(mem) % size].view(dtype.numpy)
 
-    def read(self, operand, dims, dtype: DType) -> np.ndarray:
-        idx = operand.base // dtype.itemsize + element_offsets(operand.strides, dims)
-        return self._view(operand.space, dtype)[idx].reshape(dims)
 
-    def read_records(self, operand, dims, words: int) -> np.ndarray:
-        """int32 records of `words` words each; strides count records."""
-        idx = operand.base // 4 + element_offsets(operand.strides, dims) * words
-        return self._view(operand.space, DType.I32)[idx[:, None] + np.arange(words)].reshape(*dims, words)
+class _Values:
+    """Instruction `index`'s operand slots, read and written by role as its semantics name them."""
 
-    def write(self, operand, dims, dtype: DType, values: np.ndarray) -> None:
-        idx = operand.base // dtype.itemsize + element_offsets(operand.strides, dims)
-        self._view(operand.space, dtype)[idx] = np.asarray(values, dtype.numpy).reshape(-1)
+    def __init__(self, mem: _Memories, slots: dict[tuple[str, bool], Access], d: opcodes.OpcodeDef, index: int):
+        self.mem, self.slots, self.d, self.index = mem, slots, d, index
 
+    def _access(self, role: str, write: bool) -> tuple[Access, DType, int, tuple[int, int, int]]:
+        a = self.slots[self.d.slot(role, write).operand, write]
+        i = self.index
+        return a, DType(int(a.dtype[i])), int(a.words[i]), tuple(int(v) for v in a.dims[i])
 
-def check_gather_indices(index: int, rows: np.ndarray, bound: int) -> None:
-    bad = np.flatnonzero((rows < 0) | (rows >= bound))
-    if bad.size:
-        raise SimulationError(f"instruction {index} (GATHER): index {int(rows[bad[0]])} at position {int(bad[0])} is "
-                              f"outside the table's {bound} rows; the gather did not run")
+    def dims(self, role: str) -> tuple[int, int, int]:
+        return self._access(role, True)[3]
 
+    def read(self, role: str, rows: np.ndarray | None = None) -> np.ndarray:
+        """The slot's elements over its dims ((dims..., words) for records); `rows`: only those
+        positions of dim 0, in that order."""
+        a, dtype, words, dims = self._access(role, False)
+        idx = self._offsets(a, dims, rows)
+        shape = ((len(rows),) + dims[1:]) if rows is not None else dims
+        if words > 1:   # records: strides count records of `words` elements
+            idx = idx[:, None] * words + np.arange(words)
+            shape = (*shape, words)
+        return self.mem.view(a.space[self.index], dtype)[a.base[self.index] // dtype.itemsize + idx].reshape(shape)
 
-def _check_dtype(ins):
-    if DType.BF16 in (ins.dtype, ins.out_dtype):
-        raise SimulationError("bf16 arithmetic is not simulated yet")
+    def write(self, role: str, values: np.ndarray) -> None:
+        a, dtype, _, dims = self._access(role, True)
+        idx = a.base[self.index] // dtype.itemsize + self._offsets(a, dims, None)
+        self.mem.view(a.space[self.index], dtype)[idx] = np.asarray(values, dtype.numpy).reshape(-1)
+
+    def _offsets(self, a: Access, dims, rows) -> np.ndarray:
+        s = a.strides[self.index]
+        if rows is None:
+            return element_offsets(s, dims)
+        inner = element_offsets((0, s[1], s[2]), (1, *dims[1:]))
+        return (np.asarray(rows, np.int64)[:, None] * int(s[0]) + inner).reshape(-1)
 
 
 def execute(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -71,51 +77,12 @@ def execute(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
     for ref, value in zip(program.inputs, inputs, strict=True):
         data = np.ascontiguousarray(value, ref.dtype.numpy).reshape(ref.shape)
         mem.bytes[Space.DRAM][ref.offset:ref.offset + ref.nbytes] = data.view(np.uint8).reshape(-1)
+    slots = {(a.operand, a.write): a for a in accesses(program.code)}
     for index, record in enumerate(program.code):
         ins = decode(record)
-        _check_dtype(ins)
-        n = ins.n
-        if ins.opcode == Opcode.LOAD:
-            p = ins.pad
-            box = np.full((n[0] + p[0] + p[1], n[1] + p[2] + p[3], n[2] + p[4] + p[5]),
-                          pad_value(PadValue(ins.mode), ins.out_dtype), ins.out_dtype.numpy)
-            box[p[0]:p[0] + n[0], p[2]:p[2] + n[1], p[4]:p[4] + n[2]] = mem.read(ins.x, n[:3], ins.dtype)
-            mem.write(ins.y, box.shape, ins.out_dtype, box)
-        elif ins.opcode == Opcode.GATHER:
-            rows = mem.read(ins.z, (n[0], 1, 1), DType.I32).reshape(-1)
-            check_gather_indices(index, rows, n[3])
-            for i0, row in enumerate(rows):
-                src = Operand(ins.x.space, ins.x.base + int(row) * ins.x.strides[0] * ins.dtype.itemsize, ins.x.strides)
-                dst = Operand(ins.y.space, ins.y.base + i0 * ins.y.strides[0] * ins.dtype.itemsize, ins.y.strides)
-                mem.write(dst, (1, n[1], n[2]), ins.dtype, mem.read(src, (1, n[1], n[2]), ins.dtype))
-        elif ins.opcode == Opcode.STORE:
-            mem.write(ins.x, n[:3], ins.dtype, mem.read(ins.y, n[:3], ins.out_dtype))
-        elif ins.opcode == Opcode.MATMUL:
-            m1, m0, k, nn = n
-            a = mem.read(ins.x, (m1, m0, k), ins.dtype).reshape(m1 * m0, k)
-            b = mem.read(ins.y, (k, nn, 1), ins.dtype).reshape(k, nn)
-            if ins.out_dtype == DType.I32:   # two's-complement wraparound, as the hardware adder
-                prod = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
-            else:
-                prod = (a.astype(np.float32) @ b.astype(np.float32)).astype(ins.out_dtype.numpy)
-            prod = prod.reshape(m1, m0, nn)
-            if ins.mode == AccMode.ADD:
-                prod = mem.read(ins.z, (m1, m0, nn), ins.out_dtype) + prod
-            mem.write(ins.z, (m1, m0, nn), ins.out_dtype, prod)
-        elif ins.func == VectorFunc.REQUANT:
-            x = mem.read(ins.y, n[:3], DType.I32)
-            records = mem.read_records(ins.z, n[:3], REQUANT_RECORD_BYTES // 4)
-            mem.write(ins.x, n[:3], DType.I8, requantize(x, *(records[..., k] for k in range(3))))
-        else:
-            func = VectorFunc(ins.func)
-            args = [mem.read(o, n[:3], ins.dtype) for o in (ins.y, ins.z) if o is not None]
-            if func == VectorFunc.SELECT:
-                result = np.where(args[0] != 0, args[1], mem.read(ins.x, n[:3], ins.out_dtype))
-            else:
-                result = convert(VECTOR_FUNCS[func](*args), ins.out_dtype)
-            dims = result.shape
-            if ins.mode != AccMode.OVERWRITE:
-                result = ACCUMULATE[AccMode(ins.mode)](mem.read(ins.x, dims, ins.out_dtype), result)
-            mem.write(ins.x, dims, ins.out_dtype, result)
+        if DType.BF16 in (ins.dtype, ins.out_dtype):
+            raise SimulationError("bf16 arithmetic is not simulated yet")
+        d = opcodes.OPCODES[ins.opcode]
+        d.semantics(ins, _Values(mem, slots, d, index))
     dram = mem.bytes[Space.DRAM]
     return [dram[t.offset:t.offset + t.nbytes].view(t.dtype.numpy).reshape(t.shape).copy() for t in program.outputs]

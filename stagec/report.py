@@ -41,9 +41,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stagec.isa.config import HardwareConfig
-from stagec.isa.instructions import Opcode, Queue
+from stagec.isa.instructions import ITEMSIZE, Opcode, Queue
 from stagec.isa.program import Layer, Program
-from stagec.sim.costs import ITEMSIZE
 from stagec.sim.energy import ActionCounts, area_mm2, counts_of, energy_pj
 from stagec.sim.timing import Timeline, timeline
 

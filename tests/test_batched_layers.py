@@ -114,9 +114,9 @@ def test_a_box_past_the_dma_count_field_takes_as_few_dmas_as_its_dims_allow(coun
     """A LOAD's counts are 16-bit: a longer box is cut into DMAs of counts within the field; those
     cuts are reads across several producers for the plan, so none where the box's dims allow."""
     from stagec.isa import Space
+    from stagec.isa.access import element_offsets as offsets
     from stagec.lower.emitter import Emitter
     from stagec.lower.tensors import DramRegion, DramTensor
-    from stagec.sim.plan import offsets
     em = Emitter(stagec.HardwareConfig())
     shape = tuple(counts[order.index(d)] for d in range(len(counts)))
     em.load_box(DramTensor.dense(DramRegion.CONST, 0, shape, order), (0,) * len(counts), order, counts, Space.SPAD, 0)

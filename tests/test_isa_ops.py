@@ -5,6 +5,7 @@ import pytest
 
 import stagec
 from stagec.isa import (
+    AccMode,
     DType,
     HardwareConfig,
     Layer,
@@ -91,3 +92,66 @@ def test_compare_select_and_convert():
     assert list(i[:4]) == [2, -2, 2**31 - 1, -(2**31)] and i[4] == 1   # nan > 1 is false: b's 1 was kept
     for got, ref in zip((m, i), reference(p, [a, b]), strict=True):
         np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.filterwarnings("ignore:batched executor cannot run")
+def test_select_that_accumulates_adds_its_selection_to_the_destination():
+    """dst = acc(dst, select(...)): with acc=add, dst + (src2 where src1 != 0, else dst)."""
+    n, s, tile = 8, (0, 0, 1), (1, 1, 8)
+    p_off, a_off, d_off, out_off = 512, 1024, 1536, 2048
+    ins = [
+        load_ins(Operand(Space.DRAM, p_off, s), Operand(Space.SPAD, 0, s), tile),
+        load_ins(Operand(Space.DRAM, a_off, s), Operand(Space.SPAD, 64, s), tile),
+        load_ins(Operand(Space.DRAM, d_off, s), Operand(Space.SPAD, 128, s), tile),
+        vector(VectorFunc.SELECT, Operand(Space.SPAD, 128, s), Operand(Space.SPAD, 0, s), Operand(Space.SPAD, 64, s),
+               tile, acc=AccMode.ADD),
+        store(Operand(Space.DRAM, out_off, s), Operand(Space.SPAD, 128, s), tile),
+    ]
+    p = program(ins, [TensorRef(k, off, DType.F32, (n,)) for k, off in (("p", p_off), ("a", a_off), ("d", d_off))],
+                [TensorRef("out", out_off, DType.F32, (n,))], b"")
+    rng = np.random.default_rng(1)
+    pred, a, d = (rng.integers(0, 2, n).astype(np.float32), rng.standard_normal(n).astype(np.float32),
+                  rng.standard_normal(n).astype(np.float32))
+    expect = d + np.where(pred != 0, a, d)
+    np.testing.assert_array_equal(reference(p, [pred, a, d])[0], expect)
+    np.testing.assert_array_equal(execute(p, [pred, a, d])[0], expect)
+
+
+@pytest.mark.filterwarnings("ignore:batched executor cannot run")
+def test_requant_that_accumulates_adds_to_the_destination():
+    """REQUANT honours its accumulate mode like every vector function: dst = dst + requant(x) (int8,
+    wrapping); the reference interpreter ignored the mode."""
+    n, s, tile = 8, (0, 0, 1), (1, 1, 8)
+    x_off, d_off, out_off = 512, 1024, 1536
+    record = np.array([2**30, 0, 3, 0], np.int32)   # x * 0.5, rounded, plus 3
+    ins = [
+        load_ins(Operand(Space.DRAM, x_off, s), Operand(Space.SPAD, 0, s), tile, dtype=DType.I32),
+        load_ins(Operand(Space.DRAM, 0, (0, 0, 1)), Operand(Space.SPAD, 64, (0, 0, 1)), (1, 1, 4), dtype=DType.I32),
+        load_ins(Operand(Space.DRAM, d_off, s), Operand(Space.SPAD, 128, s), tile, dtype=DType.I8),
+        vector(VectorFunc.REQUANT, Operand(Space.SPAD, 128, s), Operand(Space.SPAD, 0, s),
+               Operand(Space.SPAD, 64, (0, 0, 0)), tile, acc=AccMode.ADD, dtype=DType.I32, out_dtype=DType.I8),
+        store(Operand(Space.DRAM, out_off, s), Operand(Space.SPAD, 128, s), tile, dtype=DType.I8),
+    ]
+    p = program(ins, [TensorRef("x", x_off, DType.I32, (n,)), TensorRef("d", d_off, DType.I8, (n,))],
+                [TensorRef("out", out_off, DType.I8, (n,))], record.tobytes())
+    x = np.array([-9, -3, 0, 1, 5, 100, 250, -250], np.int32)
+    d = np.array([1, 2, -3, 4, 120, -128, 10, 0], np.int8)
+    halves = np.array([-4, -1, 0, 1, 3, 50, 125, -125]) + 3        # round(x / 2), ties away from zero, + 3
+    expect = (d.astype(np.int64) + np.clip(halves, -128, 127)).astype(np.int8)   # the int8 adder wraps
+    np.testing.assert_array_equal(reference(p, [x, d])[0], expect)
+    np.testing.assert_array_equal(execute(p, [x, d])[0], expect)
+
+
+def test_an_int8_vector_chain_wraps_as_the_int8_adder():
+    """Three int8 COPYs accumulating into one destination (a chain the executor sums at once): the sum
+    wraps in int8, as each add does (the batched executor summed in int32 and crashed storing it)."""
+    s, tile = (0, 0, 1), (1, 1, 4)
+    copies = [vector(VectorFunc.COPY, Operand(Space.SPAD, 64, s), Operand(Space.SPAD, 0, s), None, tile,
+                     acc=AccMode.ADD if k else AccMode.OVERWRITE, dtype=DType.I8) for k in range(3)]
+    ins = [load_ins(Operand(Space.DRAM, 512, s), Operand(Space.SPAD, 0, s), tile, dtype=DType.I8), *copies,
+           store(Operand(Space.DRAM, 1024, s), Operand(Space.SPAD, 64, s), tile, dtype=DType.I8)]
+    p = program(ins, [TensorRef("x", 512, DType.I8, (4,))], [TensorRef("y", 1024, DType.I8, (4,))], b"")
+    x = np.array([100, -100, 50, 1], np.int8)
+    expect = np.array([44, -44, -106, 3], np.int8)   # 3 * x mod 256
+    np.testing.assert_array_equal(reference(p, [x])[0], expect)
+    np.testing.assert_array_equal(execute(p, [x])[0], expect)

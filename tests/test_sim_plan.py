@@ -224,7 +224,7 @@ def test_a_chain_whose_operands_come_from_several_groups_reads_their_union():
     program = _program(ins, [("x", 1024, 22)], [("out", 2048, 2)])
     plan = build_plan(program)
     (chain,) = [g for g in plan.groups if g.kind == "matmul"]
-    assert chain.sig[0] == 2 and plan.groups[chain.reads["b"].src].kind == "join"
+    assert chain.sig.chain == 2 and plan.groups[chain.reads["b"].src].kind == "join"
     x = np.linspace(-1, 1, 22, dtype=np.float32)
     want = x[0:3] @ x[6:12].reshape(3, 2) + x[3:6] @ x[12:18].reshape(3, 2)
     (got,) = Executor(program).run([x])
