@@ -233,12 +233,3 @@ def _record(ins: Instruction) -> tuple:
 def encode(instructions: list[Instruction]) -> np.ndarray:
     """Instructions -> records of ENCODING."""
     return np.array([_record(ins) for ins in instructions], _FIELDS).view(ENCODING)
-
-
-def __getattr__(name: str):
-    # NOTE: the vector functions' flags live in their definitions (isa.opcodes); this keeps
-    # `from stagec.isa.instructions import TRANSCENDENTAL` (lower.vector, stagec.layers) working.
-    if name == "TRANSCENDENTAL":
-        from .opcodes import TRANSCENDENTAL
-        return TRANSCENDENTAL
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

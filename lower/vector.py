@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from stagec.errors import LoweringError
-from stagec.isa.instructions import TRANSCENDENTAL, AccMode, DType, Operand, Space, VectorFunc
+from stagec.isa.instructions import AccMode, DType, Operand, Space, VectorFunc
+from stagec.isa.opcodes import TRANSCENDENTAL
 
 from . import tile_expr
 from .buffers import elementwise_buffers, gather_buffers, reduce_buffers

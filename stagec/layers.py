@@ -17,7 +17,8 @@ import numpy as np
 
 from stagec.costmodel.problem import LayerShape, layer_shape
 from stagec.isa import HardwareConfig, Program
-from stagec.isa.instructions import TRANSCENDENTAL, Space
+from stagec.isa.instructions import Space
+from stagec.isa.opcodes import TRANSCENDENTAL
 from stagec.lower import tile_expr
 from stagec.lower.buffers import epilogue_layout
 from stagec.lower.graph_ir import Graph, Node, OpKind
