@@ -174,3 +174,28 @@ def test_int8_that_cannot_keep_an_input_far_below_its_calibrated_ranges_is_not_w
     outcome = CHECKS["int8"](ref, expected, model, x, calibration)
     assert cosine(ref, expected) < COSINE_FLOOR and outcome.noise_cosine < NOISE_FLOOR
     assert outcome.outcome == "ok"
+
+
+def test_int8_that_loses_a_near_cancelling_sum_to_its_weights_rounding_is_not_wrong():
+    """Case 201719: a gate's second linear sums two terms that nearly cancel on x (-1 of a calibrated range
+    of 16); its int8 weights, 39 and -127 steps, move that sum to -4.5 and hardsigmoid to 0, so the output
+    is 0 in the simulator and the integer reference alike.  PyTorch with int8 weights and rounding keeps
+    nothing either: the oracle's noise quantizes the weights too."""
+    outcome = run_case(make_case(201719))
+    assert outcome.cosine < 0.5 and outcome.noise_cosine < 0.5
+    assert outcome.outcome == "ok"
+
+
+def test_int8_output_that_matches_the_reference_but_not_pytorch_is_wrong(monkeypatch):
+    """A quantization bug the integer reference shares (a wrong scale, say) is caught by the cosine with
+    PyTorch where the model keeps its answer under int8 weights, rounding and noise."""
+    from stagec import int8_reference
+    from stagec.fuzz.campaign import CHECKS, NOISE_FLOOR
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    monkeypatch.setattr(int8_reference, "run", lambda graph, inputs, **kw: [np.zeros_like(expected)])
+    outcome = CHECKS["int8"](np.zeros_like(expected), expected, model, x, [(x,)])
+    assert outcome.noise_cosine >= NOISE_FLOOR and outcome.outcome == "wrong"

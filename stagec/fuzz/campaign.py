@@ -32,10 +32,11 @@ import torch
 import stagec
 from stagec import int8_reference
 from stagec.errors import QuantizationError, StagecError, TilingError
+from stagec.lower.quantize import quantize_weights
 from stagec.pipeline import build_graph
 
 from .hardware import HW_KINDS, describe, random_hardware
-from .models import ModelSpec, build_model, generate_model
+from .models import SCALED, ModelSpec, build_model, generate_model
 
 MODES = ("fp32", "int8")
 # of max |ref|: what fp32 chains of differently ordered sums keep to.  int8 is held to it against the
@@ -54,9 +55,10 @@ INT8_STEP = 1 / 127
 # output moves there when every quantized float moves TIE_NUDGE is tolerated too (nothing where none lies so near)
 TIE_NUDGE = 8 * 2.0**-23
 # int8 against PyTorch: below COSINE_FLOOR, a bug rather than quantization error -- where the model keeps
-# a cosine of NOISE_FLOOR or more with half an int8 step of the calibrated range added to every layer's
-# output (a layer norm over two values, say, turns the smallest noise into a sign: no quantization could
-# keep it; nor can int8 keep an input whose values are far below the ranges the calibration batches saw)
+# a cosine of NOISE_FLOOR or more with int8 weights and every layer's output rounded to, and noised by
+# half, an int8 step of its calibrated range (a layer norm over two values, say, turns the smallest noise
+# into a sign: no quantization could keep it; nor can int8 keep an input whose values are far below the
+# ranges the calibration batches saw)
 COSINE_FLOOR = 0.5
 NOISE_FLOOR = 0.9
 CALIBRATION_BATCHES = 3
@@ -183,7 +185,8 @@ def _check_int8(y, expected, model, x, calibration) -> Outcome:
         return Outcome("wrong", f"int8 output differs from the integer reference in {unequal} of {ref.size} "
                                 f"elements (max error {err:.3g} of max |ref|, tolerance {tolerance:.3g})",
                        err, tolerance, cos)
-    noise_cos = cosine(with_noise(model, x, INT8_STEP, calibration), expected)
+    noise_cos = min(cosine(with_noise(model, x, INT8_STEP, calibration, rounding), expected)
+                    for rounding in (False, True))
     if not cos >= COSINE_FLOOR and noise_cos >= NOISE_FLOOR:
         return Outcome("wrong", f"int8 output matches the integer reference but its cosine with PyTorch is "
                                 f"{cos:.3f} (with int8-sized noise, PyTorch keeps {noise_cos:.3f})",
@@ -208,13 +211,17 @@ def _tolerance(model, x, expected) -> float:
     return max(TOLERANCE, ROUNDING_GAIN * rel_err(with_noise(model, x, FP32_STEP), expected))
 
 
-def with_noise(model: torch.nn.Module, x: torch.Tensor, step: float, calibration=None) -> np.ndarray:
+def with_noise(model: torch.nn.Module, x: torch.Tensor, step: float, calibration=None,
+               rounding: bool = False) -> np.ndarray:
     """The model's output with uniform noise of +-step/2 of each layer's range added to that layer's
     output: how much of its answer the model keeps under rounding of that size.  Without `calibration`,
     fp32 rounding: at each leaf layer, of its own max |output| on x.  With `calibration` (batches of
     inputs), int8 rounding: each tensor in steps of the range those batches gave it, however far below it
     x's own values lie, and at every layer, composites too (int8 quantizes a residual's sum or a gate's
-    product where a matmul reads it; not a Sequential's output, its last layer's)."""
+    product where a matmul reads it; not a Sequential's output, its last layer's), with weights in int8
+    steps per output channel (case 201719: a gate's linear whose output is a near-cancelling sum of two
+    terms loses it all to its weights' rounding); with `rounding`, each output rounded to the nearest
+    step rather than noised (int8's error is not random: a mean over many elements does not average it out)."""
     if calibration:
         layers = [m for m in model.modules() if not isinstance(m, torch.nn.Sequential)]
         ranges = _output_ranges(model, layers, calibration)
@@ -223,10 +230,27 @@ def with_noise(model: torch.nn.Module, x: torch.Tensor, step: float, calibration
     g = torch.Generator().manual_seed(0)
 
     def noise(module, args, y):
-        amax = ranges[module] if ranges else y.abs().max()
-        return y + (torch.rand(y.shape, generator=g) - 0.5) * (step * amax)
-    with _hooked(layers, noise), torch.no_grad():
+        size = step * (ranges[module] if ranges else y.abs().max())
+        if rounding:
+            return torch.round(y / size) * size if size > 0 else y
+        return y + (torch.rand(y.shape, generator=g) - 0.5) * size
+    weights = _int8_weights(model) if calibration else contextlib.nullcontext()
+    with weights, _hooked(layers, noise), torch.no_grad():
         return model(x).numpy()
+
+
+@contextlib.contextmanager
+def _int8_weights(model: torch.nn.Module):
+    """The model's conv and linear weights rounded as `lower.quantize` rounds them, restored after."""
+    saved = [(m.weight, m.weight.detach().clone()) for m in model.modules() if isinstance(m, SCALED)]
+    for weight, w in saved:
+        q, scale = quantize_weights(w.numpy(), axis=0)
+        weight.data = torch.from_numpy((q * scale.reshape((-1,) + (1,) * (w.dim() - 1))).astype(np.float32))
+    try:
+        yield
+    finally:
+        for weight, w in saved:
+            weight.data = w
 
 
 def _output_ranges(model: torch.nn.Module, layers, batches) -> dict:
