@@ -13,6 +13,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from stagec.lower.nest import Exact
+
 
 def _exact(smooth) -> bool:
     """A temperature known to be 0 when tracing: the relaxed branch need not be computed at all."""
@@ -52,10 +54,10 @@ def maximum(values, smooth):
     return jnp.where(smooth > 0, soft, _hard_max(values))
 
 
-class Relaxed:
+class Relaxed(Exact):
     """lower.nest's ops namespace over jax.numpy at temperature `smooth`: ceilings, tile counts and
     the maximum over units relaxed; floors and the positional minima and maxima (which tiles
-    reach into the padding) left hard, piecewise linear."""
+    reach into the padding, lower.nest.Exact's) left hard, piecewise linear."""
 
     xp = jnp
 
@@ -77,14 +79,6 @@ class Relaxed:
         ratio = dim / tile
         full = jax.lax.stop_gradient(jnp.floor(ratio))
         return [(tile, full), (dim - full * tile, step_up(ratio - full, self.smooth))]
-
-    @staticmethod
-    def max(*xs):
-        return functools.reduce(jnp.maximum, xs)
-
-    @staticmethod
-    def min(*xs):
-        return functools.reduce(jnp.minimum, xs)
 
     def smax(self, *xs):
         return maximum(jnp.stack(jnp.broadcast_arrays(*xs), -1), self.smooth)

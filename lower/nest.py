@@ -295,15 +295,18 @@ class Exact:
         rem = dim - full * tile
         return [(tile, full), (rem, (rem > 0) * 1)]
 
-    @staticmethod
-    def max(*xs):
-        return functools.reduce(np.maximum, xs)
+    @classmethod
+    def max(cls, *xs):
+        return functools.reduce(cls.xp.maximum, xs)
 
-    @staticmethod
-    def min(*xs):
-        return functools.reduce(np.minimum, xs)
+    @classmethod
+    def min(cls, *xs):
+        return functools.reduce(cls.xp.minimum, xs)
 
-    smax = max   # the maximum over units (relaxed in costmodel.smooth.Relaxed)
+    @classmethod
+    def smax(cls, *xs):
+        """The maximum over units (relaxed in costmodel.smooth.Relaxed)."""
+        return cls.max(*xs)
 
 
 def tile_grid(*dims):
