@@ -47,7 +47,7 @@ from stagec.costmodel.tuner import TuneSettings, tune_layers  # noqa: E402
 from stagec.isa import HardwareConfig  # noqa: E402
 from stagec.layers import measure  # noqa: E402
 from stagec.lower.buffers import Extras  # noqa: E402
-from stagec.lower.nest import ConvProblem, TileMapping  # noqa: E402
+from stagec.lower.nest import SWITCHES, ConvProblem, LayerShape, TileMapping, conflicts  # noqa: E402
 from stagec.lower.schedule import default_mapping  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -124,14 +124,14 @@ SMALL = [   # (kind, problem, epilogue): small enough to enumerate every mapping
 
 
 def all_mappings(kind: str, p: ConvProblem) -> TileMapping:
+    L = LayerShape.of(kind, p)
     cs = range(1, p.c + 1) if kind == "matrix" else [1]
-    res = (0, 1) if kind == "matrix" else (0,)
-    turned = (0, 1) if kind == "matrix" and p.turns else (0,)
-    stacked = (0, 1) if kind == "matrix" and p.stacks else (0,)
-    grid = np.array([g for g in itertools.product(range(1, p.oh + 1), range(1, p.ow + 1), range(1, p.o + 1), cs,
-                                                  (0, 1), res, res, turned, stacked) if not (g[-1] and g[-2])],
+    switches = [(0, 1) if s.exists(L) else (0,) for s in SWITCHES]
+    grid = np.array(list(itertools.product(range(1, p.oh + 1), range(1, p.ow + 1), range(1, p.o + 1), cs, *switches)),
                     np.float32)
-    return TileMapping(*grid.T)
+    m = TileMapping(*grid.T)
+    keep = ~conflicts(m, L)
+    return jax.tree.map(lambda v: v[keep], m)
 
 
 def search_quality(settings: TuneSettings) -> list[dict]:
