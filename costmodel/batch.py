@@ -10,7 +10,7 @@ XLA_FLAGS=--xla_force_host_platform_device_count=N) each evaluates its share.
     >>> from stagec.costmodel.hardware import hardware_point
     >>> from stagec.costmodel.problem import layer_shape, mapping_arrays, stack
     >>> from stagec.isa import HardwareConfig
-    >>> from stagec.lower.schedule import ConvProblem, TileMapping
+    >>> from stagec.lower.nest import ConvProblem, TileMapping
     >>> layers = stack([layer_shape("matrix", ConvProblem(1, 16, 8, 8, 32))] * 3)
     >>> maps = stack([mapping_arrays(TileMapping(8, 8, t, 16)) for t in (8, 16, 32)])
     >>> evaluate(layers, maps, hardware_point(HardwareConfig())).cycles.shape
@@ -25,9 +25,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from stagec.lower.nest import LayerShape, TileMapping
+
 from .hardware import HardwarePoint
 from .model import DEFAULT_CONSTANTS, CostConstants, LayerCost, layer_cost
-from .problem import LayerShape, MappingArrays
 
 
 @partial(jax.jit, static_argnames=("smooth",))
@@ -36,7 +37,7 @@ def exact_cost(layers, mappings, hw, constants=DEFAULT_CONSTANTS, smooth: float 
     return jax.vmap(lambda L, m: layer_cost(L, m, hw, constants, smooth))(layers, mappings)
 
 
-def evaluate(layers: LayerShape, mappings: MappingArrays, hw: HardwarePoint,
+def evaluate(layers: LayerShape, mappings: TileMapping, hw: HardwarePoint,
              constants: CostConstants = DEFAULT_CONSTANTS, devices=None, smooth: float = 0.0) -> LayerCost:
     """The cost of each of a batch of pairs (fields of shape (n,)), as numpy arrays, evaluated on
     `devices` (default: all local devices) in equal shares."""

@@ -15,10 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from stagec.lower.nest import LayerShape, TileMapping
+
 from .batch import exact_cost
 from .hardware import HardwarePoint
 from .model import DEFAULT_CONSTANTS, CostConstants
-from .problem import LayerShape, MappingArrays
 
 # where each constant may go: shares in [0, 2], the overhead in [0, 64] cycles
 BOUNDS = CostConstants(fill=(0.0, 2.0), overlap=(0.0, 2.0), per_instruction=(0.0, 64.0))
@@ -42,13 +43,13 @@ def _clip(c: CostConstants) -> CostConstants:
     return jax.tree.map(lambda v, b: jnp.clip(v, *b), c, BOUNDS, is_leaf=lambda x: isinstance(x, tuple))
 
 
-def median_error(layers: LayerShape, mappings: MappingArrays, hw: HardwarePoint, measured,
+def median_error(layers: LayerShape, mappings: TileMapping, hw: HardwarePoint, measured,
                  constants: CostConstants) -> float:
     predicted = np.asarray(exact_cost(layers, mappings, hw, constants).cycles)
     return float(np.median(np.abs(predicted / np.asarray(measured) - 1.0)))
 
 
-def calibrate(layers: LayerShape, mappings: MappingArrays, hw: HardwarePoint, measured_cycles,
+def calibrate(layers: LayerShape, mappings: TileMapping, hw: HardwarePoint, measured_cycles,
               start: CostConstants = DEFAULT_CONSTANTS, steps: int = 300, learning_rate: float = 0.05) -> Calibration:
     """Fit the constants to `measured_cycles` (n,) of the (layer, mapping) pairs (fields (n,)) on `hw`."""
     target = jnp.log(jnp.asarray(measured_cycles, jnp.float32))
@@ -61,7 +62,7 @@ def calibrate(layers: LayerShape, mappings: MappingArrays, hw: HardwarePoint, me
             return jnp.mean((jnp.log(predicted) - target) ** 2)
         grad = jax.grad(loss)(c)
         updates, state = optimizer.update(grad, state)
-        return optax.apply_updates(c, updates), state
+        return _clip(optax.apply_updates(c, updates)), state   # projected: a bound does not trap it
 
     c = jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), start)
     state = optimizer.init(c)

@@ -1,14 +1,19 @@
-"""Relaxations of the model's discrete steps, with a temperature `smooth` where 0 is exact.
+"""Relaxations of the loop nest's discrete steps, with a temperature `smooth` where 0 is exact.
 
-The exact and the relaxed cost model are one code path: every ceil, max and tile-count sum
-in `costmodel.model` goes through these, so at `smooth=0` the model is the exact closed form
-and at `smooth>0` it is continuous in the tile sizes and hardware fields (for gradients).
+The exact and the relaxed cost model are one code path: lower.nest's formulas take their ceil,
+tile counts and the maximum over units from an ops namespace, `Relaxed` here, so at `smooth=0`
+the model is the exact closed form (the mapper's, lower.nest.Exact, in float32) and at
+`smooth>0` it is continuous in the tile sizes and hardware fields (for gradients).
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+
+from stagec.lower.nest import Exact
 
 
 def _exact(smooth) -> bool:
@@ -32,23 +37,48 @@ def ceil(x, smooth):
     return floor + step_up(x - floor, smooth)
 
 
-def tile_sizes(dim, tile, smooth):
-    """The tiles of `dim` by `tile` as (sizes, counts), two of each along a new last axis:
-    floor(dim / tile) full tiles and one remainder tile (weighted by how much it exists when
-    relaxed).  A sum over tiles of f(size) is sum(counts * f(sizes)), exact at smooth 0 and
-    continuous in `tile` (the remainder shrinks to nothing as the full tiles reach `dim`)."""
-    ratio = dim / tile
-    full = jax.lax.stop_gradient(jnp.floor(ratio))
-    rem = dim - full * tile
-    part = step_up(ratio - full, smooth)
-    return jnp.stack([tile, rem], -1), jnp.stack([full, part], -1)
+def _hard_max(values):
+    """max over the last axis as a chain of pairwise maxima: its gradient goes to one operand, where a
+    reduction's splits over the operands equal to the maximum, and under jit, when recomputing them
+    differs in the last bit from the forward pass, finds none and divides by zero."""
+    return functools.reduce(jnp.maximum, jnp.moveaxis(values, -1, 0))
 
 
 def maximum(values, smooth):
     """max over the last axis; a log-sum-exp at a temperature relative to the values' scale."""
     if _exact(smooth):
-        return jnp.max(values, -1)
+        return _hard_max(values)
     scale = jax.lax.stop_gradient(jnp.maximum(jnp.max(jnp.abs(values), -1, keepdims=True), 1.0))
     s = jnp.maximum(smooth, 1e-6) * scale
     soft = s[..., 0] * jax.nn.logsumexp(values / s, -1)
-    return jnp.where(smooth > 0, soft, jnp.max(values, -1))
+    return jnp.where(smooth > 0, soft, _hard_max(values))
+
+
+class Relaxed(Exact):
+    """lower.nest's ops namespace over jax.numpy at temperature `smooth`: ceilings, tile counts and
+    the maximum over units relaxed; floors and the positional minima and maxima (which tiles
+    reach into the padding, lower.nest.Exact's) left hard, piecewise linear."""
+
+    xp = jnp
+
+    def __init__(self, smooth=0.0):
+        self.smooth = smooth
+
+    def cdiv(self, a, b):
+        return ceil(a / b, self.smooth)
+
+    @staticmethod
+    def fdiv(a, b):
+        return jnp.floor(a / b)
+
+    def tiles(self, dim, tile):
+        """The tiles of `dim` by `tile` as (size, count) pairs: floor(dim / tile) full tiles and one
+        remainder tile, weighted by how much it exists when relaxed: a sum over tiles is exact at
+        smooth 0 and continuous in `tile` (the remainder shrinks to nothing as the full tiles
+        reach `dim`)."""
+        ratio = dim / tile
+        full = jax.lax.stop_gradient(jnp.floor(ratio))
+        return [(tile, full), (dim - full * tile, step_up(ratio - full, self.smooth))]
+
+    def smax(self, *xs):
+        return maximum(jnp.stack(jnp.broadcast_arrays(*xs), -1), self.smooth)

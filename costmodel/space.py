@@ -1,10 +1,11 @@
 """The mapping space of a layer: bounds, the relaxed parameters, random legal points, projection.
 
-A relaxed mapping is eight numbers per layer: the log of each tile size (oh, ow, o, c) and the
-logits of double buffering, weight residency, a single accumulator tile and transposed operands.
+A relaxed mapping is a few numbers per layer: the log of each tile size (oh, ow, o, c) and the
+logit of each switch the tuner relaxes (lower.nest.SWITCHES: double buffering, weight residency,
+a single accumulator tile, transposed operands), each zero where the layer has no such switch.
 `project` turns any of them into the nearest legal mapping: the floor and ceiling of every tile
-size (in log space) crossed with the four switches, evaluated with the exact model, the cheapest
-one that fits kept; a layer none of whose neighbours fit falls back to the grid search's mapping
+size (in log space) crossed with the switches, evaluated with the exact model, the cheapest one
+that fits kept; a layer none of whose neighbours fit falls back to the grid search's mapping
 (lower.schedule), always legal.
 """
 
@@ -17,46 +18,44 @@ import jax.numpy as jnp
 import numpy as np
 
 from stagec.errors import InputError
-from stagec.lower.schedule import MAX_HALO, strides_turn
+from stagec.lower.emitter import MAX_COUNT
+from stagec.lower.nest import SWITCHES, TILE_FIELDS, LayerShape, TileMapping
 
 from .batch import exact_cost
 from .hardware import HardwarePoint
 from .model import DEFAULT_CONSTANTS, MATRIX, CostConstants, layer_cost
-from .problem import LayerShape, MappingArrays
 
-TILE_FIELDS = ("tile_oh", "tile_ow", "tile_o", "tile_c")
+TUNED = tuple(sw for sw in SWITCHES if sw.tuned)
+PARAMETERS = len(TILE_FIELDS) + len(TUNED)
 
 
 def tile_bounds(L: LayerShape):
     """(..., 4) upper bounds of (tile_oh, tile_ow, tile_o, tile_c): the dims, within the 16-bit
     counts (a MATMUL's k is kw * tile_c when column dilation is 1); window ops have tile_c 1."""
     fold = jnp.where(L.dilation_w == 1, L.kw, 1.0)
-    c = jnp.where(L.kind == MATRIX, jnp.minimum(L.c, jnp.floor(MAX_HALO / fold)), 1.0)
-    return jnp.stack([jnp.minimum(L.oh, MAX_HALO), jnp.minimum(L.ow, MAX_HALO), jnp.minimum(L.o, MAX_HALO), c], -1)
+    c = jnp.where(L.kind == MATRIX, jnp.minimum(L.c, jnp.floor(MAX_COUNT / fold)), 1.0)
+    return jnp.stack([jnp.minimum(L.oh, MAX_COUNT), jnp.minimum(L.ow, MAX_COUNT), jnp.minimum(L.o, MAX_COUNT), c], -1)
 
 
-def matrix_switches(L: LayerShape):
-    """Where weight residency and a single accumulator tile, and where transposed operands, exist:
-    on the matrix unit; transposed only where a tile's pixels lie on one line (lower.schedule's
-    strides_turn)."""
-    matrix = L.kind == MATRIX
-    return matrix, matrix & strides_turn((L.stride_h, L.stride_w))
+def _mapping(tiles, switches, L: LayerShape) -> TileMapping:
+    """A TileMapping of (..., 4) tile sizes and (..., len(TUNED)) switch values, each switch zero where
+    the layer has none and those the tuner does not relax off."""
+    on = {sw.name: switches[..., i] * sw.exists(L) for i, sw in enumerate(TUNED)}
+    off = jnp.zeros_like(tiles[..., 0])
+    return TileMapping(*(tiles[..., i] for i in range(len(TILE_FIELDS))), *(on.get(sw.name, off) for sw in SWITCHES))
 
 
-def to_mapping(theta, L: LayerShape) -> MappingArrays:
-    """Relaxed parameters (..., 8) -> a MappingArrays of fractional tiles within their bounds
-    and switch probabilities (window ops never hold weights resident nor a single accumulator)."""
-    tiles = jnp.clip(jnp.exp(theta[..., :4]), 1.0, tile_bounds(L))
-    db = jax.nn.sigmoid(theta[..., 4])
-    matrix, turns = matrix_switches(L)
-    res, single, turned = (jax.nn.sigmoid(theta[..., i]) * on for i, on in ((5, matrix), (6, matrix), (7, turns)))
-    return MappingArrays(*(tiles[..., i] for i in range(4)), db, res, single, turned, jnp.zeros_like(db))
+def to_mapping(theta, L: LayerShape) -> TileMapping:
+    """Relaxed parameters (..., PARAMETERS) -> a TileMapping of fractional tiles within their bounds
+    and switch probabilities."""
+    tiles = jnp.clip(jnp.exp(theta[..., :len(TILE_FIELDS)]), 1.0, tile_bounds(L))
+    return _mapping(tiles, jax.nn.sigmoid(theta[..., len(TILE_FIELDS):]), L)
 
 
-def from_mapping(m: MappingArrays):
+def from_mapping(m: TileMapping):
     """A (legal, integer) mapping as relaxed parameters: a start for gradient descent."""
-    switches = jnp.stack([m.double_buffer, m.weights_resident, m.single_acc, m.transposed], -1)
-    tiles = jnp.stack([m.tile_oh, m.tile_ow, m.tile_o, m.tile_c], -1)
+    switches = jnp.stack([getattr(m, sw.name) for sw in TUNED], -1)
+    tiles = jnp.stack([getattr(m, f) for f in TILE_FIELDS], -1)
     return jnp.concatenate([jnp.log(tiles), jnp.where(switches > 0.5, 3.0, -3.0)], -1)
 
 
@@ -64,32 +63,29 @@ def random_theta(key, L: LayerShape, count: int):
     """`count` relaxed points, tile sizes log-uniform within the bounds, switches uniform."""
     k1, k2 = jax.random.split(key)
     hi = jnp.log(tile_bounds(L))
-    tiles = jax.random.uniform(k1, (count, 4)) * hi
-    # the transposed switch draws from its own key, so the other seven numbers stay as they were drawn
-    # before it existed (the same seed, the same starts)
-    switches = [jax.random.uniform(k, (count, n), minval=-3.0, maxval=3.0)
-                for k, n in ((k2, 3), (jax.random.fold_in(k2, 1), 1))]
+    tiles = jax.random.uniform(k1, (count, len(TILE_FIELDS))) * hi
+    # the first three switches draw from one key, each later one from its own, so the numbers drawn
+    # before a switch existed stay as they were (the same seed, the same starts)
+    keys = [(k2, 3)] + [(jax.random.fold_in(k2, j), 1) for j in range(1, len(TUNED) - 2)]
+    switches = [jax.random.uniform(k, (count, n), minval=-3.0, maxval=3.0) for k, n in keys]
     return jnp.concatenate([tiles, *switches], -1)
 
 
-# the 16 floor/ceil corners of four tile sizes, times the 16 switch settings
-_CORNERS = np.array(list(itertools.product((0, 1), repeat=4)), np.float32)
-_SWITCHES = np.array(list(itertools.product((0, 1), repeat=4)), np.float32)
+# the floor/ceil corners of the four tile sizes, times every setting of the relaxed switches
+_CORNERS = np.array(list(itertools.product((0, 1), repeat=len(TILE_FIELDS))), np.float32)
+_SWITCHES = np.array(list(itertools.product((0, 1), repeat=len(TUNED))), np.float32)
 NEIGHBOURS = len(_CORNERS) * len(_SWITCHES)
 
 
-def neighbours(m: MappingArrays, L: LayerShape) -> MappingArrays:
+def neighbours(m: TileMapping, L: LayerShape) -> TileMapping:
     """The NEIGHBOURS integer mappings around a relaxed one (a new last axis)."""
     tiles = jnp.stack([getattr(m, f) for f in TILE_FIELDS], -1)
     lo = jnp.clip(jnp.floor(tiles), 1.0, tile_bounds(L))
     hi = jnp.clip(jnp.ceil(tiles), 1.0, tile_bounds(L))
     corner = lo[..., None, :] + _CORNERS * (hi - lo)[..., None, :]          # (..., 16, 4)
-    corner = jnp.repeat(corner, len(_SWITCHES), -2)                           # (..., 256, 4)
-    switch = jnp.broadcast_to(jnp.tile(_SWITCHES, (len(_CORNERS), 1)), corner.shape[:-1] + (4,))
-    matrix, turns = matrix_switches(L)
-    res, single, turned = (switch[..., i] * on[..., None] for i, on in ((1, matrix), (2, matrix), (3, turns)))
-    return MappingArrays(*(corner[..., i] for i in range(4)), switch[..., 0], res, single, turned,
-                         jnp.zeros_like(res))
+    corner = jnp.repeat(corner, len(_SWITCHES), -2)                           # (..., NEIGHBOURS, 4)
+    switch = jnp.broadcast_to(jnp.tile(_SWITCHES, (len(_CORNERS), 1)), corner.shape[:-1] + (len(TUNED),))
+    return _mapping(corner, switch, jax.tree.map(lambda v: v[..., None], L))
 
 
 def objective_of(cycles, energy_pj, objective: str):
@@ -103,7 +99,7 @@ def objective_of(cycles, energy_pj, objective: str):
     raise InputError(f"unknown objective {objective!r}; expected 'latency', 'energy' or 'edp'")
 
 
-def project(m: MappingArrays, L: LayerShape, hw: HardwarePoint, fallback: MappingArrays,
+def project(m: TileMapping, L: LayerShape, hw: HardwarePoint, fallback: TileMapping,
             constants: CostConstants = DEFAULT_CONSTANTS, objective: str = "latency"):
     """The cheapest legal integer neighbour of relaxed mapping `m` (one layer, scalar fields), or
     `fallback` when none fits; returns (mapping, its exact objective)."""
@@ -120,14 +116,11 @@ def project(m: MappingArrays, L: LayerShape, hw: HardwarePoint, fallback: Mappin
 
 
 def random_legal(key, L: LayerShape, hw: HardwarePoint, count: int, max_instructions: float = np.inf,
-                 oversample: int = 8) -> MappingArrays:
+                 oversample: int = 8) -> TileMapping:
     """Up to `count` random legal integer mappings of one layer (log-uniform tile sizes, random
     switches) whose loop nest has at most `max_instructions` instructions, exact model's count."""
     theta = random_theta(key, L, count * oversample)
-    m = to_mapping(theta, L)
-    m = MappingArrays(*(jnp.round(getattr(m, f)) for f in TILE_FIELDS), jnp.round(m.double_buffer),
-                      jnp.round(m.weights_resident), jnp.round(m.single_acc), jnp.round(m.transposed),
-                      m.stacked)
+    m = jax.tree.map(jnp.round, to_mapping(theta, L))
     cost = exact_cost(jax.tree.map(lambda v: jnp.broadcast_to(v, m.tile_oh.shape), L), m, hw)
     keep = np.flatnonzero(np.asarray((cost.violation == 0) & (cost.instructions <= max_instructions)))[:count]
     return jax.tree.map(lambda a: np.asarray(a)[keep], m)

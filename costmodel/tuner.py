@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from stagec.lower.nest import LayerShape, TileMapping
+
 from .batch import exact_cost
 from .hardware import HardwarePoint
 from .model import DEFAULT_CONSTANTS, CostConstants, layer_cost
-from .problem import LayerShape, MappingArrays
 from .space import NEIGHBOURS, from_mapping, objective_of, project, random_theta, to_mapping
 
 
@@ -51,7 +52,7 @@ class TuneOutcome:
     `evaluations`: exact-model evaluations spent (projections), `steps`: relaxed gradient steps
     summed over starts."""
 
-    mappings: MappingArrays
+    mappings: TileMapping
     values: np.ndarray
     fallback_values: np.ndarray
     evaluations: int
@@ -103,7 +104,7 @@ def _keep_best(cand, values, best_m, best_v):
     return jax.tree.map(lambda a, b: jnp.where(better, a, b), round_m, best_m), jnp.minimum(round_v, best_v)
 
 
-def tune_layers(layers: LayerShape, fallback: MappingArrays, hw: HardwarePoint, objective: str = "latency",
+def tune_layers(layers: LayerShape, fallback: TileMapping, hw: HardwarePoint, objective: str = "latency",
                 constants: CostConstants = DEFAULT_CONSTANTS, settings: TuneSettings = DEFAULT_SETTINGS,
                 progress: Callable | None = print_progress) -> TuneOutcome:
     """Tune every layer of a batch (LayerShape with fields of shape (n,)); `fallback` (n,) are legal

@@ -41,12 +41,14 @@ from timing_utils import median_time  # noqa: E402
 from stagec.costmodel.batch import evaluate, exact_cost  # noqa: E402
 from stagec.costmodel.calibrate import calibrate  # noqa: E402
 from stagec.costmodel.hardware import hardware_point  # noqa: E402
-from stagec.costmodel.problem import MappingArrays, layer_shape, mapping_arrays, stack, to_tile_mapping  # noqa: E402
+from stagec.costmodel.problem import layer_shape, mapping_arrays, stack, to_tile_mapping  # noqa: E402
 from stagec.costmodel.space import random_legal, random_theta, to_mapping  # noqa: E402
 from stagec.costmodel.tuner import TuneSettings, tune_layers  # noqa: E402
 from stagec.isa import HardwareConfig  # noqa: E402
 from stagec.layers import measure  # noqa: E402
-from stagec.lower.schedule import ConvProblem, default_mapping  # noqa: E402
+from stagec.lower.buffers import Extras  # noqa: E402
+from stagec.lower.nest import SWITCHES, ConvProblem, LayerShape, TileMapping, conflicts  # noqa: E402
+from stagec.lower.schedule import default_mapping  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HW = HardwareConfig()
@@ -68,7 +70,7 @@ def fidelity(workloads, count: int, max_instructions: int, seed: int = 0) -> dic
             m = jax.tree.map(lambda a, j=j: a[j], maps)
             cycles, energy = measure(graph, layer, to_tile_mapping(m), HW)
             rows.append(dict(layer=name, index=i, mapping=str(to_tile_mapping(m)), **{
-                f: float(getattr(m, f)) for f in MappingArrays.__dataclass_fields__},
+                f: float(getattr(m, f)) for f in TileMapping.__dataclass_fields__},
                 simulated_cycles=cycles, simulated_energy_pj=energy))
         log(f"  fidelity: {i + 1}/{len(workloads)} layers, {len(rows)} mappings, {time.perf_counter() - t0:.0f}s")
     layers, maps = _batch(rows, [layer.shape() for _, _, layer in workloads], range(len(rows)))
@@ -81,8 +83,8 @@ def fidelity(workloads, count: int, max_instructions: int, seed: int = 0) -> dic
 def _batch(rows, shapes, idx):
     """The (layers, mappings) of some measured rows, as batches."""
     layers = stack([shapes[rows[i]["index"]] for i in idx])
-    return layers, MappingArrays(*(np.array([rows[i][f] for i in idx], np.float32)
-                                   for f in MappingArrays.__dataclass_fields__))
+    return layers, TileMapping(*(np.array([rows[i][f] for i in idx], np.float32)
+                                   for f in TileMapping.__dataclass_fields__))
 
 
 def agreement(predicted, simulated) -> dict:
@@ -111,29 +113,31 @@ def calibration(rows, shapes) -> dict:
             "seconds": time.perf_counter() - t0}
 
 
-SMALL = [   # (kind, problem, extras, epilogue, tile loads): small enough to enumerate every mapping
-    ("matrix", ConvProblem(1, 16, 8, 8, 32, 3, 3, padding=((1, 1), (1, 1))), (0, 1), (2, 0), 0),
-    ("matrix", ConvProblem(1, 24, 1, 40, 32), (0, 1), (1, 0), 0),
-    ("matrix", ConvProblem(1, 32, 6, 6, 24, 1, 1), (1, 1), (2, 0), 1),
-    ("depthwise", ConvProblem(1, 24, 10, 10, 24, 3, 3, padding=((1, 1), (1, 1))), (0, 1), (2, 0), 0),
+BIAS = dict(channel_words=1, channel_loads=1, channel_load_bytes=4)          # a per-channel fp32 vector
+RESIDUAL = dict(tiles=1, tile_loads=1, tile_load_bytes=(0,) * 7 + (4,))     # a whole fp32 tile
+SMALL = [   # (kind, problem, epilogue): small enough to enumerate every mapping
+    ("matrix", ConvProblem(1, 16, 8, 8, 32, 3, 3, padding=((1, 1), (1, 1))), Extras(**BIAS, plain=2)),
+    ("matrix", ConvProblem(1, 24, 1, 40, 32), Extras(**BIAS, plain=1)),
+    ("matrix", ConvProblem(1, 32, 6, 6, 24, 1, 1), Extras(**BIAS, **RESIDUAL, plain=2)),
+    ("depthwise", ConvProblem(1, 24, 10, 10, 24, 3, 3, padding=((1, 1), (1, 1))), Extras(**BIAS, plain=2)),
 ]
 
 
-def all_mappings(kind: str, p: ConvProblem) -> MappingArrays:
+def all_mappings(kind: str, p: ConvProblem) -> TileMapping:
+    L = LayerShape.of(kind, p)
     cs = range(1, p.c + 1) if kind == "matrix" else [1]
-    res = (0, 1) if kind == "matrix" else (0,)
-    turned = (0, 1) if kind == "matrix" and p.turns else (0,)
-    stacked = (0, 1) if kind == "matrix" and p.stacks else (0,)
-    grid = np.array([g for g in itertools.product(range(1, p.oh + 1), range(1, p.ow + 1), range(1, p.o + 1), cs,
-                                                  (0, 1), res, res, turned, stacked) if not (g[-1] and g[-2])],
+    switches = [(0, 1) if s.exists(L) else (0,) for s in SWITCHES]
+    grid = np.array(list(itertools.product(range(1, p.oh + 1), range(1, p.ow + 1), range(1, p.o + 1), cs, *switches)),
                     np.float32)
-    return MappingArrays(*grid.T)
+    m = TileMapping(*grid.T)
+    keep = ~conflicts(m, L)
+    return jax.tree.map(lambda v: v[keep], m)
 
 
 def search_quality(settings: TuneSettings) -> list[dict]:
     out = []
-    for kind, p, extras, epilogue, loads in SMALL:
-        L = layer_shape(kind, p, extras, epilogue, 1, loads)
+    for kind, p, extras in SMALL:
+        L = layer_shape(kind, p, extras)
         maps = all_mappings(kind, p)
         n = len(maps.tile_oh)
         t0 = time.perf_counter()
@@ -195,7 +199,7 @@ def throughput(workloads, batch: int = 1 << 20) -> dict:
     layers = jax.tree.map(lambda *xs: np.stack(xs)[which], *shapes)
     hi = np.stack([[float(s.oh), float(s.ow), float(s.o), float(s.c)] for s in shapes])[which]
     tiles = np.maximum(1, np.floor(np.exp(rng.uniform(0, 1, (batch, 4)) * np.log(hi)))).astype(np.float32)
-    maps = MappingArrays(*tiles.T, *rng.integers(0, 2, (4, batch)).astype(np.float32), np.zeros(batch, np.float32))
+    maps = TileMapping(*tiles.T, *rng.integers(0, 2, (4, batch)).astype(np.float32), np.zeros(batch, np.float32))
     layers, maps = jax.device_put((layers, maps))
 
     def run():

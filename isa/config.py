@@ -99,6 +99,10 @@ class HardwareConfig:
     def peak_macs_per_cycle(self) -> int:
         return self.array_rows * self.array_cols
 
+    @property
+    def weight_stationary(self) -> bool:
+        return self.dataflow == "weight_stationary"
+
     def replace(self, **changes) -> HardwareConfig:
         return dataclasses.replace(self, **changes)
 

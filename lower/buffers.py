@@ -1,7 +1,8 @@
 """What a loop nest holds in local memory, described once.
 
 Each nest kind has one function listing its buffers (`Buffer`: a name, a memory, bytes, how
-many) as expressions of its tile sizes.  The mapper evaluates that list over arrays of candidate
+many) as expressions of its tile sizes: the conv-shaped nests' in lower.nest_cost, the vector
+unit's elementwise, reduce and gather nests' here.  The mapper evaluates that list over arrays of candidate
 tilings (numpy) and keeps the ones whose `local_bytes` fit; the cost model evaluates it over
 jax.numpy as its capacity term; the emitter evaluates it for the chosen tiling and `allocate`s
 exactly those buffers (lower.emitter.Emitter.allocate), in their order but for the buffers
@@ -21,13 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
-
 from stagec.errors import LoweringError
-from stagec.isa.instructions import REQUANT_RECORD_BYTES, Space
+from stagec.isa.instructions import REQUANT_RECORD_BYTES, TRANSCENDENTAL, Space
 
 from . import tile_expr
 from .graph_ir import Node, OpKind, record_inputs
+from .tensors import DTYPE_OF
 
 FP32 = 4
 WORD = 4   # every local buffer is a whole number of 4-byte words
@@ -53,19 +53,33 @@ def local_bytes(buffers: list[Buffer]) -> tuple[object, object]:
 
 def words(nbytes, itemsize: int):
     """`nbytes` of elements of `itemsize` bytes, rounded up to whole words (int8 buffers)."""
-    return nbytes if itemsize % WORD == 0 else -(-nbytes // WORD) * WORD
+    return nbytes + (itemsize % WORD != 0) * (-nbytes % WORD)
 
 
 class Extras(NamedTuple):
-    """An epilogue's buffers in aggregate (what the mapper and the cost model need): full output
-    tiles per buffer set (tile inputs and temporaries), 4-byte words per output channel (a requant
-    record is RECORD_WORDS), bytes held once whatever the tiling (scalars, per-tensor records), and
-    whether requant records are among them (EPILOGUE_VECTORS is then 16-byte aligned)."""
+    """An epilogue in aggregate, what the mapper and the cost model need of it.
+
+    Its buffers: full output tiles per buffer set (tile inputs and temporaries), 4-byte words per
+    output channel (a requant record is RECORD_WORDS), bytes held once whatever the tiling
+    (scalars, per-tensor records), whether requant records are among them (EPILOGUE_VECTORS is
+    then 16-byte aligned).  Its LOADs: tile inputs per output tile and their bytes per element by
+    the tile axes they span (index rows * 4 + cols * 2 + channels: a tile input LOADs the tile's
+    extent along those, one element along the rest), channel inputs and their bytes per channel
+    (loaded once, or a channel tile per output tile), scalars and their bytes (loaded once).  Its
+    VECTOR instructions per output tile, plain and transcendental."""
 
     tiles: int = 0
     channel_words: int = 0
     fixed_bytes: int = 0
     records: bool = False
+    tile_loads: int = 0
+    tile_load_bytes: tuple = (0,) * 8
+    channel_loads: int = 0
+    channel_load_bytes: int = 0
+    scalar_loads: int = 0
+    scalar_load_bytes: int = 0
+    plain: int = 0
+    hard: int = 0
 
 
 NO_EXTRAS = Extras()
@@ -80,6 +94,7 @@ class EpilogueInput:
     kind: str
     record: bool
     spans: tuple[bool, bool, bool]
+    itemsize: int = FP32   # bytes of one element as LOADed (a record: REQUANT_RECORD_BYTES)
 
     @property
     def item_bytes(self) -> int:
@@ -102,15 +117,27 @@ class EpilogueLayout:
 
     @property
     def extras(self) -> Extras:
-        return Extras(sum(i.kind == "tile" for i in self.inputs) + self.plan.temps,
-                      sum(i.item_bytes for i in self.inputs if i.kind == "channel") // WORD,
-                      sum(i.item_bytes for i in self.inputs if i.kind == "scalar"),
-                      any(i.record for i in self.inputs))
+        kinds = {kind: [i for i in self.inputs if i.kind == kind] for kind in ("tile", "channel", "scalar")}
+        span_bytes = [0] * 8
+        for i in kinds["tile"]:
+            span_bytes[i.spans[0] * 4 + i.spans[1] * 2 + i.spans[2]] += i.itemsize
+        return Extras(len(kinds["tile"]) + self.plan.temps, sum(i.item_bytes for i in kinds["channel"]) // WORD,
+                      sum(i.item_bytes for i in kinds["scalar"]), any(i.record for i in self.inputs),
+                      len(kinds["tile"]), tuple(span_bytes), len(kinds["channel"]),
+                      sum(i.itemsize for i in kinds["channel"]), len(kinds["scalar"]),
+                      sum(i.itemsize for i in kinds["scalar"]), *self.vector_ops)
 
     @property
-    def tile_loads(self) -> int:
-        """Inputs LOADed per output tile."""
-        return sum(i.kind == "tile" for i in self.inputs)
+    def vector_ops(self) -> tuple[int, int]:
+        """(plain, transcendental) VECTOR instructions per output tile: what lower.tile_expr emits (a
+        select is two, a copy onto itself none), counted by running it on a counting emitter."""
+        n, counts = len(self.inputs) + 1, (2, 2, 2)
+        tiles = [tile_expr.LocalTile(Space.ACC if k == 0 else Space.SPAD, 64 * k, counts) for k in range(n)]
+        temps = [tile_expr.LocalTile(Space.SPAD, 64 * (n + k), counts) for k in range(self.plan.temps)]
+        em = _CountingEmitter()
+        tile_expr.emit(em, self.expr, self.plan, tiles, temps, counts)
+        hard = sum(f in TRANSCENDENTAL for f in em.funcs)
+        return len(em.funcs) - hard, hard
 
     def vector_offsets(self, channels: int, copies: int) -> dict[int, list[int]]:
         """{input: offset of each copy} in EPILOGUE_VECTORS, holding `copies` of each channel input
@@ -124,6 +151,16 @@ class EpilogueLayout:
                     offsets[k] = [at + j * size for j in range(n)]
                     at += n * size
         return offsets
+
+
+class _CountingEmitter:
+    """Stands in for lower.emitter.Emitter: records the function of each VECTOR instruction."""
+
+    def __init__(self):
+        self.funcs = []
+
+    def vector(self, func, *args, **kwargs):
+        self.funcs.append(func)
 
 
 # (the output axes a nest tiles as pixels, the output axes of the tile's (rows, cols, channels))
@@ -153,7 +190,9 @@ def epilogue_layout(node: Node) -> EpilogueLayout | None:
         if record and kind == "tile":
             raise LoweringError(f"{node.name}: requant records vary over rows or columns; they are per channel or "
                                 f"per tensor")
-        inputs.append(EpilogueInput(kind, record, tuple(a is None or padded[a] == out[a] for a in tile_axes)))
+        spans = tuple(a is None or padded[a] == out[a] for a in tile_axes)
+        item = REQUANT_RECORD_BYTES if record else DTYPE_OF[v.dtype].itemsize
+        inputs.append(EpilogueInput(kind, record, spans, item))
     writable = frozenset({0} | {k + 1 for k, i in enumerate(inputs) if i.kind == "tile" and all(i.spans)})
     return EpilogueLayout(expr, tuple(inputs), tile_expr.plan(expr, len(inputs) + 1, writable))
 
@@ -163,85 +202,13 @@ def epilogue_extras(node: Node) -> Extras:
     return layout.extras if layout else NO_EXTRAS
 
 
-# --- the nests ---------------------------------------------------------------------------------
-
-def tile_line(p, th, tw):
-    """(B's columns, row pitch) of a transposed tile of `p` (a ConvProblem or what has its stride,
-    dilation and kw): the line from the tile's first pixel to its last, the columns between its rows
-    (halo columns no output reads) computed and dropped.  Works on arrays of candidates."""
-    pitch = p.stride[0] // p.stride[1] * ((tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1)
-    return (th - 1) * pitch + tw, pitch
-
-
-def one_spatial_tile(p, th, tw, stacked=0, xp=np):
-    """Whether a matrix-unit nest has one spatial tile: it then loads its input halo once (one
-    buffer, when the channels are not tiled either) and visits each output-channel tile once, so
-    its per-channel epilogue vectors are loaded a tile at a time, double-buffered like the weights,
-    instead of whole.  Works on arrays of candidates."""
-    return (p.n == 1) & (th >= p.oh) & (tw >= p.ow) & (xp.asarray(stacked) == 0)
-
-
-def halo_buffers(p, th, tw, tc, stacked, bufs, xp=np):
-    """Input-halo buffers of a matrix-unit nest: one where the halo is loaded once (one spatial
-    tile, the channels whole), else `bufs`.  Works on arrays of candidates."""
-    return xp.where(one_spatial_tile(p, th, tw, stacked, xp) & (tc >= p.c), 1, bufs)
-
-
-def _halo(p, th, tw):
-    return ((th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1,
-            (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1)
-
-
-def _epilogue_vectors(extras: Extras, channels) -> Buffer:
+def epilogue_vectors(extras: Extras, channels) -> Buffer:
     """EPILOGUE_VECTORS of an epilogue whose channel inputs span `channels` (all copies)."""
     return Buffer(EPILOGUE_VECTORS, Space.SPAD, extras.channel_words * WORD * channels + extras.fixed_bytes,
-                  align=REQUANT_RECORD_BYTES if extras.records else WORD)
+                  align=extras.records * REQUANT_RECORD_BYTES + (1 - extras.records) * WORD)
 
 
-def conv_buffers(p, th, tw, to, tc, double_buffer, resident, extras: Extras, single_acc=0, transposed=0, stacked=0,
-                 xp=np) -> list[Buffer]:
-    """A matrix-unit nest (lower.matrix.emit_conv): input halos, weights (tiles, or all of them
-    resident), the epilogue's vectors (whole, or a channel tile per buffer set in a nest of one
-    spatial tile) and tiles, the result tile of `single_acc` or the turned tiles of `transposed`;
-    accumulator tiles (one with `single_acc`), a transposed tile's as wide as its line."""
-    bufs = 1 + double_buffer
-    acc_bufs = bufs - double_buffer * single_acc
-    ih, iw = _halo(p, th, tw)
-    one = one_spatial_tile(p, th, tw, stacked, xp)
-    out_tile = th * tw * to * FP32
-    halo_rows = stacked * th * p.kh + (1 - stacked) * ih   # stacked: each output row's kernel rows
-    return [
-        Buffer("halo", Space.SPAD, words(halo_rows * iw * tc * p.itemsize, p.itemsize),
-               halo_buffers(p, th, tw, tc, stacked, bufs, xp)),
-        Buffer("weights", Space.SPAD, words(p.kh * p.kw * xp.where(resident, p.c * p.o, tc * to) * p.itemsize,
-                                            p.itemsize), xp.where(resident, 1, bufs)),
-        _epilogue_vectors(extras, xp.where(one, bufs * to, p.o)),
-        Buffer(EPILOGUE_TILES, Space.SPAD, out_tile, bufs * extras.tiles),
-        Buffer("result", Space.SPAD, out_tile, single_acc * (1 - transposed)),
-        Buffer("turned", Space.SPAD, out_tile, transposed * acc_bufs),
-        Buffer("accumulator", Space.ACC,
-               (transposed * tile_line(p, th, tw)[0] + (1 - transposed) * th * tw) * to * FP32, acc_bufs),
-    ]
-
-
-def window_buffers(p, th, tw, to, double_buffer, extras: Extras, weighted: bool, xp=np) -> list[Buffer]:
-    """A depthwise or pooling nest on the vector unit (lower.window.emit_window): input halos and
-    (depthwise) weights, each with an int32 copy where int8 sums widen them, the epilogue's vectors
-    and tiles; accumulator tiles (int32 or float32, or int8 for an int8 max pool)."""
-    bufs = 1 + double_buffer
-    ih, iw = _halo(p, th, tw)
-    taps = p.kh * p.kw
-    acc_item = FP32 if p.widened else p.itemsize
-    return [
-        Buffer("halo", Space.SPAD, words(ih * iw * to * p.itemsize, p.itemsize), bufs),
-        Buffer("widened halo", Space.SPAD, ih * iw * to * FP32, bufs * p.widened),
-        Buffer("weights", Space.SPAD, words(taps * to * p.itemsize, p.itemsize), bufs * weighted),
-        Buffer("widened weights", Space.SPAD, taps * to * FP32, bufs * weighted * p.widened),
-        _epilogue_vectors(extras, p.o),
-        Buffer(EPILOGUE_TILES, Space.SPAD, th * tw * to * FP32, bufs * extras.tiles),
-        Buffer("accumulator", Space.ACC, words(th * tw * to * acc_item, acc_item), bufs),
-    ]
-
+# --- the vector unit's nests (the conv-shaped ones: lower.nest_cost) ---------------------------
 
 def elementwise_buffers(loaded: int, temps: int, records: int, scalars: int):
     """An elementwise nest (lower.vector.emit_elementwise) over tiles (t0, t1, t2): per buffer set,

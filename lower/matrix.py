@@ -18,22 +18,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from stagec.errors import LoweringError
 from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space, VectorFunc
 
 from . import tile_expr
-from .buffers import (
-    EPILOGUE_TILES,
-    EPILOGUE_VECTORS,
-    NO_EXTRAS,
-    EpilogueLayout,
-    conv_buffers,
-    one_spatial_tile,
-    tile_line,
-)
+from .buffers import EPILOGUE_TILES, EPILOGUE_VECTORS, NO_EXTRAS, EpilogueLayout
 from .emitter import ACC_DTYPE
 from .graph_ir import RECORD_WORDS
-from .schedule import ConvProblem, TileMapping, row_tiles, tiles
+from .nest import ConvProblem, LayerShape, TileMapping, row_tiles, tile_line, tiles
+from .nest_work import matrix_buffers, one_spatial_tile
 from .tensors import DramTensor
 
 # Tile axes of an NCHW output: rows (H), cols (W), channels (O).
@@ -128,10 +123,9 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
     (pt, _), (pl, _) = p.padding
     sh, sw = p.stride
     dh, dw = p.dilation
-    one = bool(one_spatial_tile(p, m.tile_oh, m.tile_ow, m.stacked))
-    bases = em.allocate(conv_buffers(p, m.tile_oh, m.tile_ow, m.tile_o, m.tile_c, int(m.double_buffer),
-                                     m.weights_resident, epilogue.extras if epilogue else NO_EXTRAS,
-                                     int(m.single_acc), int(m.transposed), int(m.stacked)))
+    shape = LayerShape.of("matrix", p, epilogue.extras if epilogue else NO_EXTRAS)
+    one = bool(one_spatial_tile(shape, m, np))
+    bases = em.allocate(matrix_buffers(shape, m, np))
     halo_buf = bases["halo"]
     taps = p.kh * p.kw
     # the weights' k order: (kernel row, kernel column, channel), stacked (kernel column, kernel row, channel).
@@ -186,7 +180,7 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
         for oh0, th in row_tiles(p, m):
             for ow0, tw in tiles(p.ow, m.tile_ow):
                 shared = load_halo(n, oh0, th, ow0, tw, 0, p.c) if len(c_tiles) == 1 else None
-                line, pitch = tile_line(p, th, tw)   # transposed: C[o][line position], else C[row][col][o]
+                line, pitch = tile_line(shape, th, tw)   # transposed: C[o][line position], else C[row][col][o]
                 for o0, to in tiles(p.o, m.tile_o):
                     c_base = acc_buf[n_out % m.acc_buffers]
                     c_op = Operand(Space.ACC, c_base, (0, line, 1) if m.transposed else (tw * to, to, 1))

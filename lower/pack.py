@@ -21,8 +21,9 @@ from stagec.errors import TilingError
 from stagec.isa.config import HardwareConfig
 
 from .graph_ir import Graph, Node, OpKind, Value
+from .nest import ConvProblem
 from .passes import dce
-from .schedule import ConvProblem, layer_label, map_conv, map_window, node_problem
+from .schedule import layer_label, map_conv, map_window, node_problem
 
 
 def packing(p: ConvProblem, extras, hw: HardwareConfig, layer: str) -> int:

@@ -17,7 +17,8 @@ from . import tile_expr
 from .buffers import elementwise_buffers, gather_buffers, reduce_buffers
 from .emitter import MAX_COUNT
 from .graph_ir import RECORD_WORDS, Expr, Step, record_inputs
-from .schedule import map_vector, tiles
+from .nest import tiles
+from .schedule import map_vector
 from .tensors import DramTensor, coalesce
 
 COPY: Expr = (Step("copy", (0,)),)

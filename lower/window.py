@@ -11,14 +11,17 @@ tile [rows, cols, channels] that reads a strided window of the input halo:
 
 from __future__ import annotations
 
+import numpy as np
+
 from stagec.errors import LoweringError
 from stagec.isa.instructions import AccMode, DType, Operand, PadValue, Space, VectorFunc
 
 from . import tile_expr
-from .buffers import NO_EXTRAS, EpilogueLayout, window_buffers
+from .buffers import NO_EXTRAS, EpilogueLayout
 from .emitter import dense_strides
 from .matrix import Epilogue
-from .schedule import ConvProblem, TileMapping, tiles
+from .nest import ConvProblem, LayerShape, TileMapping, tiles
+from .nest_work import window_buffers
 from .tensors import DramTensor
 
 _REDUCE = {"sum": (VectorFunc.COPY, AccMode.ADD, PadValue.ZERO),
@@ -41,8 +44,8 @@ def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, ou
     (pt, _), (pl, _) = p.padding
     sh, sw = p.stride
     dh, dw = p.dilation
-    bases = em.allocate(window_buffers(p, m.tile_oh, m.tile_ow, m.tile_o, int(m.double_buffer),
-                                       epilogue.extras if epilogue else NO_EXTRAS, w is not None))
+    shape = LayerShape.of("depthwise" if w is not None else "pool", p, epilogue.extras if epilogue else NO_EXTRAS)
+    bases = em.allocate(window_buffers(shape, m, np))
     halo_buf = bases["halo"]
     wide_buf = bases["widened halo"] if widen else halo_buf
     w_buf = bases["weights"]

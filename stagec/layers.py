@@ -17,10 +17,7 @@ import numpy as np
 
 from stagec.costmodel.problem import LayerShape, layer_shape
 from stagec.isa import HardwareConfig, Program
-from stagec.isa.instructions import Space
-from stagec.isa.opcodes import TRANSCENDENTAL
-from stagec.lower import tile_expr
-from stagec.lower.buffers import epilogue_layout
+from stagec.lower.buffers import Extras
 from stagec.lower.graph_ir import Graph, Node, OpKind
 from stagec.lower.schedule import ConvProblem, TileMapping, node_problem
 from stagec.sim.energy import counts_of, energy_pj
@@ -33,25 +30,21 @@ from .pipeline import build_graph, lower_graph
 class Layer:
     """A node that runs as a convolution, with what its emitted loop nest depends on besides the mapping.
 
-    kind: 'matrix', 'depthwise' or 'pool' (lower.schedule.node_problem); extras: epilogue buffers
-    (full tiles, per-channel vectors); tile_loads: epilogue operands LOADed per output tile;
-    epilogue: (plain, transcendental) VECTOR instructions the fused
-    epilogue emits per output tile; repeat: how many times the loop nest runs (a batched matmul's
-    batch, a grouped conv's groups, a pooling's leading dims).
+    kind: 'matrix', 'depthwise' or 'pool' (lower.schedule.node_problem); extras: its epilogue
+    (lower.buffers.Extras: buffers, loads, vector instructions); repeat: how many times the loop
+    nest runs (a batched matmul's batch, a grouped conv's groups, a pooling's leading dims).
     """
 
     name: str
     kind: str
     problem: ConvProblem
-    extras: tuple[int, int]
-    tile_loads: int
-    epilogue: tuple[int, int]
+    extras: Extras
     repeat: int
     node: Node
 
     def shape(self) -> LayerShape:
         """The layer as the cost model's LayerShape."""
-        return layer_shape(self.kind, self.problem, self.extras, self.epilogue, self.repeat, self.tile_loads)
+        return layer_shape(self.kind, self.problem, self.extras, self.repeat)
 
 
 def model_graph(model_or_fn, example_args, kwargs=None, **options) -> Graph:
@@ -67,9 +60,7 @@ def model_layers(graph: Graph) -> list[Layer]:
         found = node_problem(node)
         if found is not None:
             kind, p, extras = found
-            epilogue = epilogue_layout(node)
-            loads = epilogue.tile_loads if epilogue else 0
-            out.append(Layer(node.name, kind, p, extras, loads, _epilogue_ops(node), _repeat(node), node))
+            out.append(Layer(node.name, kind, p, extras, _repeat(node), node))
     return out
 
 
@@ -80,33 +71,6 @@ def _repeat(node: Node) -> int:
         return int(np.prod(node.inputs[0].shape[:-3], dtype=np.int64))
     groups = node.attr("groups")
     return 1 if node_problem(node)[0] == "depthwise" else groups
-
-
-class _CountingEmitter:
-    """Stands in for lower.emitter.Emitter: records the function of each VECTOR instruction."""
-
-    def __init__(self):
-        self.funcs = []
-
-    def vector(self, func, *args, **kwargs):
-        self.funcs.append(func)
-
-
-def _epilogue_ops(node: Node) -> tuple[int, int]:
-    """(plain, transcendental) VECTOR instructions per output tile: lower.tile_expr emits them (a
-    select is two, a copy onto itself none), counted by running it on a counting emitter."""
-    epilogue = epilogue_layout(node)
-    if not epilogue:
-        return 0, 0
-    n = len(epilogue.inputs) + 1
-    counts = (2, 2, 2)
-    tiles = [tile_expr.LocalTile(Space.ACC, 0, counts)] + [tile_expr.LocalTile(Space.SPAD, 64 * (k + 1), counts)
-                                                           for k in range(n - 1)]
-    temps = [tile_expr.LocalTile(Space.SPAD, 64 * (n + k), counts) for k in range(epilogue.plan.temps)]
-    em = _CountingEmitter()
-    tile_expr.emit(em, epilogue.expr, epilogue.plan, tiles, temps, counts)
-    hard = sum(f in TRANSCENDENTAL for f in em.funcs)
-    return len(em.funcs) - hard, hard
 
 
 def layer_graph(graph: Graph, layer: Layer) -> Graph:

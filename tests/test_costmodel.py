@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -22,11 +23,13 @@ from stagec.costmodel.batch import evaluate, exact_cost
 from stagec.costmodel.calibrate import calibrate
 from stagec.costmodel.hardware import hardware_point
 from stagec.costmodel.model import CostConstants, layer_cost
-from stagec.costmodel.problem import MappingArrays, layer_shape, mapping_arrays, stack, to_tile_mapping
+from stagec.costmodel.problem import layer_shape, mapping_arrays, stack, to_tile_mapping
 from stagec.costmodel.space import project, random_legal, to_mapping
 from stagec.isa import HardwareConfig
 from stagec.layers import measure, model_graph, model_layers
-from stagec.lower.schedule import ConvProblem, TileMapping, default_mapping, fits, footprint
+from stagec.lower.buffers import Extras
+from stagec.lower.nest import ConvProblem, TileMapping
+from stagec.lower.schedule import default_mapping, fits, footprint
 
 HW = HardwareConfig()
 POINT = hardware_point(HW)
@@ -78,7 +81,8 @@ def test_relaxed_equals_exact_at_integer_points():
     assert np.allclose(sm.ceil(x, 0.0), jnp.ceil(x))
     assert np.allclose(sm.ceil(x, 1e-3), jnp.ceil(x), atol=1e-3)
     assert float(sm.ceil(jnp.array(3.5), 50.0)) == pytest.approx(3.5, abs=0.01)   # hot: the identity
-    L = layer_shape("matrix", ConvProblem(1, 24, 13, 11, 40, 3, 3, padding=((1, 1), (1, 1))), (1, 1), (2, 1))
+    L = layer_shape("matrix", ConvProblem(1, 24, 13, 11, 40, 3, 3, padding=((1, 1), (1, 1))),
+                    Extras(1, 1, tile_loads=1, tile_load_bytes=(0,) * 7 + (4,), plain=2, hard=1))
     for m in (TileMapping(5, 4, 16, 7, True, False), TileMapping(13, 11, 40, 24, False, True)):
         exact = layer_cost_jit(L, mapping_arrays(m), POINT, smooth=0.0)
         relaxed = layer_cost_jit(L, mapping_arrays(m), POINT, smooth=1e-4)
@@ -86,8 +90,7 @@ def test_relaxed_equals_exact_at_integer_points():
             assert float(b) == pytest.approx(float(a), rel=1e-3)
     def cycles(tile_o):     # relaxed: continuous, with a gradient, in a tile size
         m = mapping_arrays(TileMapping(5, 4, 16, 7))
-        m = MappingArrays(m.tile_oh, m.tile_ow, tile_o, m.tile_c, m.double_buffer, m.weights_resident, m.single_acc,
-                         m.transposed, m.stacked)
+        m = dataclasses.replace(m, tile_o=tile_o)
         return layer_cost(L, m, POINT, smooth=0.3).cycles
 
     grad = jax.jit(jax.grad(cycles))(12.5)
@@ -105,7 +108,7 @@ def test_projection_always_yields_a_legal_mapping(c, o, hw_, k, stride, kind, th
     p = ConvProblem(1, c, hw_ + k, hw_ + k, o, k, k, (stride, stride), ((k // 2,) * 2,) * 2)
     extras = (1, 1) if kind != "pool" else (0, 0)
     fallback = default_mapping(kind, p, HW, extras)
-    L = layer_shape(kind, p, extras, (1, 0), 1, 1 if kind != "pool" else 0)
+    L = layer_shape(kind, p, Extras(*extras, tile_loads=extras[0], plain=1))
     t = jnp.array(theta, jnp.float32)
     m, value = _project(to_mapping(t, L), L, fallback=mapping_arrays(fallback))
     tm = to_tile_mapping(m)
@@ -116,7 +119,8 @@ def test_projection_always_yields_a_legal_mapping(c, o, hw_, k, stride, kind, th
 
 
 def test_calibration_recovers_constants_and_reduces_error():
-    L = stack([layer_shape("matrix", ConvProblem(1, 32, 16, 16, 64, 3, 3, padding=((1, 1), (1, 1))), (0, 1), (1, 0))]
+    L = stack([layer_shape("matrix", ConvProblem(1, 32, 16, 16, 64, 3, 3, padding=((1, 1), (1, 1))),
+                           Extras(0, 1, channel_loads=1, channel_load_bytes=4, plain=1))]
               * 6)
     maps = stack([mapping_arrays(TileMapping(t, 16, o, 16, db, False))
                   for t, o, db in [(4, 16, True), (8, 32, False), (16, 64, True), (2, 8, False), (4, 64, True),
@@ -135,7 +139,7 @@ def test_sharded_evaluation_equals_unsharded():
         from stagec.costmodel.hardware import hardware_point
         from stagec.costmodel.problem import layer_shape, mapping_arrays, stack
         from stagec.isa import HardwareConfig
-        from stagec.lower.schedule import ConvProblem, TileMapping
+        from stagec.lower.nest import ConvProblem, TileMapping
         assert len(jax.local_devices()) == 8
         layers = stack([layer_shape("matrix", ConvProblem(1, 16 + i, 8, 8, 32, 3, 3)) for i in range(13)])
         maps = stack([mapping_arrays(TileMapping(1 + i % 6, 6, 1 + 2 * i, 8)) for i in range(13)])
@@ -158,21 +162,3 @@ def test_evaluate_on_one_device_matches_layer_cost():
     m = mapping_arrays(TileMapping(4, 8, 16, 8))
     batch = evaluate(stack([L]), stack([m]), POINT)
     assert batch.cycles[0] == pytest.approx(float(layer_cost_jit(L, m, POINT, smooth=0.0).cycles))
-
-
-@given(kind=st.sampled_from(["matrix", "depthwise", "pool"]), c=st.integers(1, 40), o=st.integers(1, 40),
-       size=st.integers(1, 12), k=st.sampled_from([1, 2, 3]), stride=st.integers(1, 2), dilation=st.integers(1, 2),
-       batch=st.integers(1, 2), extras=st.tuples(st.integers(0, 3), st.integers(0, 9), st.sampled_from([0, 4, 16, 36])),
-       tiles=st.tuples(*(st.floats(0, 1),) * 4), switches=st.tuples(*(st.booleans(),) * 5))
-def test_cost_model_footprint_is_the_mappers(kind, c, o, size, k, stride, dilation, batch, extras, tiles, switches):
-    """The cost model's capacity term holds the bytes lower.buffers lists for the nest, which the
-    mapper checks and the emitter allocates: every epilogue buffer (tiles, channel vectors, scalars)."""
-    o = c if kind != "matrix" else o
-    extras = extras if kind != "pool" else (0, 0, 0)
-    p = ConvProblem(batch, c, size + (k - 1) * dilation, size + 1, o, k, k, (stride, stride), dilation=(dilation, 1))
-    db, res, sa, tr, st_ = switches
-    m = TileMapping(*(1 + int(t * (d - 1)) for t, d in zip(tiles, (p.oh, p.ow, p.o, p.c), strict=True)), db,
-                    res and kind == "matrix", sa and db and kind == "matrix", tr and kind == "matrix" and p.turns,
-                    st_ and kind == "matrix" and p.stacks and not tr)
-    cost = layer_cost_jit(layer_shape(kind, p, extras), mapping_arrays(m), POINT, smooth=0.0)
-    assert (float(cost.spad_bytes), float(cost.acc_bytes)) == footprint(kind, p, m, extras)

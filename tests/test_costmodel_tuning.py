@@ -10,7 +10,7 @@ from stagec.costmodel.codesign import CodesignSettings
 from stagec.report import make_report
 from stagec.sim.energy import area_mm2
 
-QUICK = stagec.TuneSettings(starts=8, steps=40, chunk=20, seed=0)
+QUICK = stagec.TuneSettings(starts=8, steps=60, chunk=20, seed=0)
 
 
 class TwoConvs(torch.nn.Module):
@@ -33,16 +33,19 @@ def example():
 def tuned(example):
     calls = []
     result = stagec.tune(*example, settings=QUICK, progress=lambda *a: calls.append(a))
-    assert calls and calls[-1][0] == calls[-1][1] == 40          # progress reported, to the end
+    assert calls and calls[-1][0] == calls[-1][1] == 60          # progress reported, to the end
     return result
 
 
-def test_tuner_beats_the_default_mapper(example, tuned):
+def test_tuner_beats_the_default_mapper_by_its_cost_and_never_loses_to_it(example, tuned):
+    """The default mapper ranks its grid by the cost the tuner descends (lower.nest_cost), so the
+    tuner wins off the grid only, by a little, and a mapping the simulator measures worse gives
+    way to the default's."""
     model, args = example
-    assert tuned.predicted < 0.95 * tuned.default_predicted
+    assert tuned.predicted < tuned.default_predicted
     default = make_report(stagec.compile(model, args))
     ours = make_report(stagec.compile(model, args, mappings=tuned.mappings))
-    assert ours.cycles < default.cycles                          # confirmed by the simulator
+    assert ours.cycles <= default.cycles                         # confirmed by the simulator
     # layer by layer too: a tuned mapping the simulator measures worse gives way to the default
     from stagec.layers import measure, model_graph, model_layers
     from stagec.lower.schedule import default_mapping

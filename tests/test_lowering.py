@@ -300,7 +300,7 @@ def test_stacked_mapping_of_a_dilated_kernel_is_rejected():
                                                                     (True, False, True), (False, False, False)])
 def test_a_nest_of_one_spatial_tile_loads_its_halo_once_and_channel_vectors_per_tile(transposed, single_acc,
                                                                                      double_buffer):
-    """One spatial tile: one halo buffer, and the bias loaded a channel tile at a time (schedule.one_spatial_tile),
+    """One spatial tile: one halo buffer, and the bias loaded a channel tile at a time (nest_work.one_spatial_tile),
     with the residual and ReLU in the epilogue, against PyTorch."""
     from stagec.isa.instructions import Opcode
     from stagec.layers import model_graph, model_layers
@@ -326,7 +326,8 @@ def test_mapper_keeps_a_whole_layer_in_one_spatial_tile_and_the_simulator_agrees
     halo buffer and the bias a tile at a time, all 196 pixels fit one tile, so each fold streams 196
     rows and the weights are read once, against 98 rows and twice."""
     from stagec.layers import measure, model_graph, model_layers
-    from stagec.lower.buffers import one_spatial_tile
+    from stagec.lower.nest import LayerShape
+    from stagec.lower.nest_work import one_spatial_tile
     from stagec.lower.schedule import map_conv
     torch.manual_seed(0)
     module = _ConvResidual(256, 1024, 1, (1, 1), 0, 1).eval()
@@ -335,6 +336,6 @@ def test_mapper_keeps_a_whole_layer_in_one_spatial_tile_and_the_simulator_agrees
     (layer,) = model_layers(graph)
     hw = stagec.HardwareConfig()
     chosen = map_conv(layer.problem, hw, layer.extras)
-    assert one_spatial_tile(layer.problem, chosen.tile_oh, chosen.tile_ow, chosen.stacked)
+    assert one_spatial_tile(LayerShape.of("matrix", layer.problem), chosen, np)
     halves = dataclasses.replace(chosen, tile_oh=7)
     assert measure(graph, layer, chosen, hw)[0] < 0.9 * measure(graph, layer, halves, hw)[0]

@@ -1,0 +1,395 @@
+"""What a loop nest (lower.nest) holds and does: tile counts, halos, buffers, DMA traffic, and each
+unit's instructions and cycles, written once over an ops namespace (lower.nest.Exact, or
+costmodel.smooth.Relaxed) for every nest kind.
+
+The counts are the emitter's: one LOAD per input halo (per output row of a stacked mapping),
+per weight tile (per channel tile when resident), per epilogue input; one MATMUL per kernel row
+(per kernel tap when columns are dilated, per reduction step when stacked); one VECTOR per
+window tap and per epilogue step; one STORE per output tile.  Every halo is assumed to read
+the input (padding below the kernel's extent, as frameworks pad); a halo all padding (the
+emitter fills it instead) is counted as a load.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from stagec.isa.instructions import Space
+from stagec.sim.costs import matmul_fold_cycles
+
+from .buffers import (
+    EPILOGUE_TILES,
+    FP32,
+    Buffer,
+    epilogue_vectors,
+    local_bytes,
+    words,
+)
+from .emitter import MAX_COUNT
+from .nest import DEPTHWISE, MATRIX, LayerShape, TileMapping, count, halo, stacked_edges, tile_line, tile_sum
+
+
+class Dims(NamedTuple):
+    """A nest's tiles along rows, columns, output and input channels, each as (size, count) pairs,
+    and the counts of each."""
+
+    rows: list
+    cols: list
+    outs: list
+    ins: list
+    n_h: object
+    n_w: object
+    n_o: object
+    n_c: object
+
+
+class Folds(NamedTuple):
+    """The array's folds summed over a nest's tiles (SCALE-Sim's, sim.costs): of a MATMUL's k over
+    the rows (per channel tile), of its output channels over the columns and the rows (per
+    output-channel tile), of its pixels over the rows (per spatial tile); transposed, of each
+    tile's line (lower.nest.tile_line) over the columns, and the lines' length."""
+
+    k: object
+    cols: object
+    outs: object
+    pixels: object
+    lines: object
+    line_cols: object
+
+
+class Work(NamedTuple):
+    """One run of a nest: the LOADs before the first tile (`startup`: resident weights, what the
+    epilogue holds whole), in the pipeline (`halo`: input halos, `weights`: weight tiles, `extra`: the
+    epilogue's per-tile inputs), the STOREs, as (instructions, bytes) each; MATMUL and VECTOR
+    instructions; the cycles of the unit each reduction step computes on (`compute`: the array's
+    MATMULs, or a window's taps on the vector unit) and of the vector unit after it (`epilogue`);
+    and the structure the latency composes: reduction steps (an output tile's channel tiles, on
+    the array), output tiles, the output tiles whose first step loads a halo; its tiles, the
+    array's folds (zero for a window nest) and the vector unit's lane groups of one pass over the
+    output tiles (what the latency and the actions are composed of)."""
+
+    startup: tuple
+    halo: tuple
+    halo_padded: object
+    weights: tuple
+    extra: tuple
+    store: tuple
+    matmuls: object
+    vectors: object
+    compute: object
+    epilogue: object
+    steps: object
+    tiles: object
+    halo_tiles: object
+    dims: Dims
+    folds: Folds
+    groups: object
+
+    @property
+    def loads(self) -> tuple:
+        """(LOADs, bytes) of the pipeline."""
+        return tuple(h + w + e for h, w, e in zip(self.halo, self.weights, self.extra, strict=True))
+
+    @property
+    def instructions(self):
+        return self.startup[0] + self.loads[0] + self.store[0] + self.matmuls + self.vectors
+
+
+def dims(L: LayerShape, m: TileMapping, ops, stacked=0, channel_tiles=True) -> Dims:
+    """The tiles of a nest: stacked rows whose kernel reaches into the padding are tiles of one row
+    (lower.nest.row_tiles); without `channel_tiles` the input channels are one tile (a window op's
+    channel tile is its output tile)."""
+    top, bottom = stacked_edges(L, ops)
+    edges = stacked * (top + L.oh - bottom)
+    rows = ops.tiles(L.oh - edges, m.tile_oh) + [(1, edges)]
+    cols, outs = ops.tiles(L.ow, m.tile_ow), ops.tiles(L.o, m.tile_o)
+    ins = ops.tiles(L.c, m.tile_c) if channel_tiles else [(L.c, 1)]
+    return Dims(rows, cols, outs, ins, count(rows), count(cols), count(outs), count(ins))
+
+
+def valid_extent(dim, out, pairs, tile, stride, ext, pad_lo, ops):
+    """(Input rows (or columns) the halos of one pass over `pairs` (tiles of `tile` along an output
+    dim of `out`) read, padding included): every halo's extent less what lies before the input
+    (tile i starts at i * tile * stride - pad_lo) and past it."""
+    n = count(pairs)
+    halos = (out - n) * stride + n * ext                  # every tile's, (size - 1) * stride + ext
+    k = ops.min(n, ops.cdiv(pad_lo, tile * stride))
+    low = k * pad_lo - tile * stride * k * (k - 1) / 2
+    # full tile j (from 1) ends j * tile * stride + over past the input; the remainder, at the last row
+    over = ext - pad_lo - dim - stride
+    full, part = pairs[0][1], pairs[1][1]
+    j0 = ops.max(ops.fdiv(-over, tile * stride) + 1, 1)
+    past = ops.max(full - j0 + 1, 0)
+    high = past * over + tile * stride * (j0 + full) * past / 2 + part * ops.max(out * stride + over, 0)
+    return halos - low - high, halos
+
+
+def kernel_rows(L: LayerShape, ops):
+    """Kernel rows inside the input, summed over the output rows (what a stacked nest LOADs per column
+    and channel): output row r reads input rows r * sh - pad_top + (0 .. kh - 1)."""
+    sh, pt = L.stride_h, L.pad_top
+    above = ops.min(ops.cdiv(pt, sh), L.oh)
+    top = above * pt - sh * above * (above - 1) / 2
+    first = ops.max(ops.fdiv(pt + L.h - L.kh, sh) + 1, 0)
+    below = ops.max(L.oh - first, 0)
+    bottom = below * (L.kh - pt - L.h) + sh * below * (first + L.oh - 1) / 2
+    return L.oh * L.kh - top - bottom
+
+
+def epilogue_loads(L: LayerShape, d: Dims, tiles_out, per_tile_channels):
+    """(DMAs, bytes) of the epilogue's per-tile LOADs: each tile input's extent (the tile's along the
+    axes it spans), and the channel vectors a tile at a time where `per_tile_channels`."""
+    e = L.epilogue
+    extent = ((L.oh, d.n_h), (L.ow, d.n_w), (L.o, d.n_o))   # summed over the tiles: spanned, or one each
+    nbytes = sum(b * L.n * extent[0][not p >> 2 & 1] * extent[1][not p >> 1 & 1] * extent[2][not p & 1]
+                 for p, b in enumerate(e.tile_load_bytes))
+    return (tiles_out * (e.tile_loads + per_tile_channels * e.channel_loads),
+            nbytes + per_tile_channels * L.o * e.channel_load_bytes)
+
+
+def held_loads(L: LayerShape, per_tile_channels):
+    """(DMAs, bytes) of what the epilogue LOADs once for the whole nest: scalars, channel vectors."""
+    e = L.epilogue
+    held = 1 - per_tile_channels
+    return e.scalar_loads + held * e.channel_loads, e.scalar_load_bytes + held * L.o * e.channel_load_bytes
+
+
+def one_spatial_tile(L: LayerShape, m: TileMapping, xp):
+    """Whether a matrix-unit nest has one spatial tile: it then loads its input halo once (one
+    buffer, when the channels are not tiled either) and visits each output-channel tile once, so
+    its per-channel epilogue vectors are loaded a tile at a time, double-buffered like the weights,
+    instead of whole."""
+    return (L.n == 1) & (m.tile_oh >= L.oh) & (m.tile_ow >= L.ow) & (xp.asarray(m.stacked) == 0)
+
+
+def _reloads(d: Dims, xp):
+    """Halo passes per spatial tile: one shared by every output-channel tile when the input channels
+    are one tile, else one per (output, input) channel tile."""
+    split = xp.clip(d.n_c - 1, 0, 1)
+    return 1 + (d.n_o - 1) * split, 1 + (d.n_o * d.n_c - 1) * split
+
+
+def matrix_halos(L: LayerShape, m: TileMapping, d: Dims, ops):
+    """(LOADs, bytes, bytes with the padding the DMA fills) of a matrix-unit nest's input halos: per
+    spatial tile, one shared by every output-channel tile when the input channels are one tile,
+    else one per (output, input) channel tile; a stacked halo is a LOAD per output row of the
+    kernel rows inside the input."""
+    st = m.stacked
+    ih_ext, iw_ext = halo(L, 1, 1)
+    rows, padded_rows = valid_extent(L.h, L.oh, ops.tiles(L.oh, m.tile_oh), m.tile_oh, L.stride_h, ih_ext,
+                                     L.pad_top, ops)
+    cols, padded_cols = valid_extent(L.w, L.ow, d.cols, m.tile_ow, L.stride_w, iw_ext, L.pad_left, ops)
+    reload, passes = _reloads(d, ops.xp)
+    per_column = L.n * L.c * reload * L.itemsize
+    return (L.n * (st * L.oh + (1 - st) * d.n_h) * d.n_w * passes,
+            per_column * ((1 - st) * rows + st * kernel_rows(L, ops)) * cols,
+            per_column * ((1 - st) * padded_rows + st * L.oh * L.kh) * padded_cols)
+
+
+def matrix_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
+    """The matrix-unit nest (lower.matrix.emit_conv)."""
+    xp = ops.xp
+    res = m.weights_resident
+    d = dims(L, m, ops, m.stacked)
+    f = folds(L, m, d, hw, ops)
+    groups = lane_groups(L, d, hw, ops)
+    n_sp = L.n * d.n_h * d.n_w
+    tiles_out = n_sp * d.n_o
+    steps = tiles_out * d.n_c
+    one = one_spatial_tile(L, m, xp) * 1
+    halo_dmas, halo_bytes, padded = matrix_halos(L, m, d, ops)
+    w_bytes = L.kh * L.kw * L.c * L.o * L.itemsize
+    epi_dmas, epi_bytes = epilogue_loads(L, d, tiles_out, one)
+    held_dmas, held_bytes = held_loads(L, one)
+    per_step = matmuls_per_step(L, m, xp)
+    halo_tiles = n_sp * (1 + (d.n_o - 1) * ops.xp.clip(d.n_c - 1, 0, 1))
+    return Work(startup=(res * d.n_c + held_dmas, res * w_bytes + held_bytes), halo=(halo_dmas, halo_bytes),
+                halo_padded=padded, weights=((1 - res) * steps, (1 - res) * n_sp * w_bytes),
+                extra=(epi_dmas, epi_bytes),
+                store=(tiles_out, L.n * L.oh * L.ow * L.o * L.out_itemsize),
+                matmuls=steps * per_step, vectors=tiles_out * (epilogue_ops(L, m) + m.transposed),
+                compute=per_step * array_cycles(L, m, d, f, hw, xp), epilogue=groups * epilogue_per_group(L, m, hw),
+                steps=steps, tiles=tiles_out, halo_tiles=halo_tiles, dims=d, folds=f, groups=groups)
+
+
+def folds(L: LayerShape, m: TileMapping, d: Dims, hw, ops) -> Folds:
+    r, c = hw.array_rows, hw.array_cols
+    k = taps_per_matmul(L, m, ops.xp)
+    xp = ops.xp
+    outs = tile_sum(lambda o: xp.stack([ops.cdiv(o, c), ops.cdiv(o, r)]), d.outs)
+    spatial = L.n * tile_sum(lambda a, b: xp.stack([ops.cdiv(a * b, r), tile_line(L, a, b)[0] + 0 * a * b,
+                                                     ops.cdiv(tile_line(L, a, b)[0], c) + 0 * a * b]), d.rows, d.cols)
+    return Folds(tile_sum(lambda t: ops.cdiv(k * t, r), d.ins), outs[0], outs[1], *spatial)
+
+
+def array_cycles(L: LayerShape, m: TileMapping, d: Dims, f: Folds, hw, xp):
+    """sim.costs' cycles of one reduction step's MATMUL, summed over every step: folds x (a fixed
+    part + the streamed length), which is linear in the length, so the sum separates by dim."""
+    r, c = hw.array_rows, hw.array_cols
+    tr = m.transposed
+    n_sp = L.n * d.n_h * d.n_w
+    fixed_ws = matmul_fold_cycles(0, 0, 0, r, c, "weight_stationary")
+    ws = f.k * ((1 - tr) * f.cols * (n_sp * fixed_ws + L.n * L.oh * L.ow) + tr * f.line_cols * (d.n_o * fixed_ws + L.o))
+    fixed_os = matmul_fold_cycles(0, 0, 0, r, c, "output_stationary")
+    k = taps_per_matmul(L, m, xp)
+    os_ = ((1 - tr) * f.pixels * f.cols + tr * f.outs * f.line_cols) * (d.n_c * fixed_os + k * L.c)
+    return hw.weight_stationary * ws + (1 - hw.weight_stationary) * os_
+
+
+def matmul_cycles(rows, k, n, hw, ops):
+    """sim.costs.matmul_cycles of a MATMUL streaming `rows` (weight stationary) or `k` (output
+    stationary) through the array, with the nest's ceiling (relaxed in the cost model)."""
+    r, c = hw.array_rows, hw.array_cols
+    ws = ops.cdiv(k, r) * ops.cdiv(n, c) * (matmul_fold_cycles(0, 0, 0, r, c, "weight_stationary") + rows)
+    os_ = ops.cdiv(rows, r) * ops.cdiv(n, c) * (matmul_fold_cycles(0, 0, 0, r, c, "output_stationary") + k)
+    return hw.weight_stationary * ws + (1 - hw.weight_stationary) * os_
+
+
+def step_compute(L: LayerShape, m: TileMapping, th, tw, to, tc, hw, ops):
+    """Cycles of one reduction step's MATMULs over an output tile of th x tw x to and tc channels:
+    the pixels streamed past to output channels, or transposed the channels past the tile's line."""
+    k = taps_per_matmul(L, m, ops.xp) * tc
+    plain = matmul_cycles(th * tw, k, to, hw, ops)
+    turned = matmul_cycles(to, k, tile_line(L, th, tw)[0], hw, ops)
+    return matmuls_per_step(L, m, ops.xp) * ((1 - m.transposed) * plain + m.transposed * turned)
+
+
+def epilogue_ops(L: LayerShape, m: TileMapping):
+    """VECTOR instructions per output tile after the MATMULs: the epilogue's steps, or with a single
+    accumulator tile and no epilogue a COPY out of it (a transposed tile's turning COPY apart)."""
+    e = L.epilogue
+    return e.plain + e.hard + (1 - m.transposed) * m.single_acc * (e.plain + e.hard == 0)
+
+
+def lane_groups(L: LayerShape, d: Dims, hw, ops):
+    """Lane groups of one pass over every output tile: sum of ceil(th * tw * to / lanes)."""
+    return L.n * tile_sum(lambda a, b, o: ops.cdiv(a * b * o, hw.vector_lanes), d.rows, d.cols, d.outs)
+
+
+def epilogue_per_group(L: LayerShape, m: TileMapping, hw):
+    """Vector cycles of the epilogue (and the turning COPY) per lane group of an output tile."""
+    e = L.epilogue
+    return (epilogue_ops(L, m) - e.hard) + e.hard * hw.vector_cycles_per_transcendental + m.transposed
+
+
+def window_halos(L: LayerShape, d: Dims, m: TileMapping, ops):
+    """(LOADs, bytes, bytes with the padding the DMA fills) of a window nest's halos: one per output tile."""
+    ih_ext, iw_ext = halo(L, 1, 1)
+    rows, padded_rows = valid_extent(L.h, L.oh, d.rows, m.tile_oh, L.stride_h, ih_ext, L.pad_top, ops)
+    cols, padded_cols = valid_extent(L.w, L.ow, d.cols, m.tile_ow, L.stride_w, iw_ext, L.pad_left, ops)
+    per_column = L.n * L.o * L.itemsize
+    return L.n * d.n_h * d.n_w * d.n_o, per_column * rows * cols, per_column * padded_rows * padded_cols
+
+
+def window_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
+    """The vector-unit nest of a depthwise conv or a pooling (lower.window.emit_window): per channel
+    tile its weights (widened to int32 by a COPY for int8 sums), per output tile its halo (widened
+    too), a VECTOR per kernel tap, the epilogue and a STORE."""
+    xp = ops.xp
+    d = dims(L, m, ops, channel_tiles=False)
+    tiles_out, halo_bytes, padded = window_halos(L, d, m, ops)
+    weighted = (L.kind == DEPTHWISE) * 1
+    taps = L.kh * L.kw
+    epi_dmas, epi_bytes = epilogue_loads(L, d, tiles_out, 0)
+    held_dmas, held_bytes = held_loads(L, 0)
+    e = L.epilogue
+    groups = lane_groups(L, d, hw, ops)
+    wide_halos = L.widened * L.n * tile_sum(
+        lambda a, b, o: ops.cdiv(halo(L, a, b)[0] * halo(L, a, b)[1] * o, hw.vector_lanes), d.rows, d.cols, d.outs)
+    wide_weights = L.widened * weighted * tile_sum(lambda o: ops.cdiv(taps * o, hw.vector_lanes), d.outs)
+    return Work(startup=(held_dmas, held_bytes), halo=(tiles_out, halo_bytes), halo_padded=padded,
+                weights=(weighted * d.n_o, weighted * taps * L.o * L.itemsize), extra=(epi_dmas, epi_bytes),
+                store=(tiles_out, L.n * L.oh * L.ow * L.o * L.out_itemsize), matmuls=xp.zeros_like(groups),
+                vectors=tiles_out * (taps + e.plain + e.hard + L.widened) + L.widened * weighted * d.n_o,
+                compute=groups * taps + wide_halos + wide_weights,
+                epilogue=groups * (e.plain + e.hard * hw.vector_cycles_per_transcendental),
+                steps=tiles_out, tiles=tiles_out, halo_tiles=tiles_out, dims=d,
+                folds=Folds(*(xp.zeros_like(groups),) * len(Folds._fields)), groups=groups)
+
+
+# --- the buffers it holds (lower.buffers) --------------------------------------------------------
+
+def matrix_buffers(L: LayerShape, m: TileMapping, xp) -> list[Buffer]:
+    """A matrix-unit nest: input halos (one where the halo is loaded once: one spatial tile, the
+    channels whole), weights (tiles, or all of them resident), the epilogue's vectors (whole, or a
+    channel tile per buffer set in a nest of one spatial tile) and tiles, the result tile of
+    `single_acc` or the turned tiles of `transposed`; accumulator tiles (one with `single_acc`), a
+    transposed tile's as wide as its line."""
+    th, tw, to, tc = (getattr(m, f) for f in ("tile_oh", "tile_ow", "tile_o", "tile_c"))
+    st, tr, sa, res = m.stacked, m.transposed, m.single_acc, m.weights_resident
+    bufs = 1 + m.double_buffer
+    acc_bufs = bufs - m.double_buffer * sa
+    ih, iw = halo(L, th, tw)
+    one = one_spatial_tile(L, m, xp)
+    out_tile = th * tw * to * FP32
+    halo_rows = st * th * L.kh + (1 - st) * ih   # stacked: each output row's kernel rows
+    return [
+        Buffer("halo", Space.SPAD, words(halo_rows * iw * tc * L.itemsize, L.itemsize),
+               xp.where(one & (tc >= L.c), 1, bufs)),
+        Buffer("weights", Space.SPAD, words(L.kh * L.kw * (res * L.c * L.o + (1 - res) * tc * to) * L.itemsize,
+                                            L.itemsize), res + (1 - res) * bufs),
+        epilogue_vectors(L.epilogue, xp.where(one, bufs * to, L.o)),
+        Buffer(EPILOGUE_TILES, Space.SPAD, out_tile, bufs * L.epilogue.tiles),
+        Buffer("result", Space.SPAD, out_tile, sa * (1 - tr)),
+        Buffer("turned", Space.SPAD, out_tile, tr * acc_bufs),
+        Buffer("accumulator", Space.ACC, (tr * tile_line(L, th, tw)[0] + (1 - tr) * th * tw) * to * FP32, acc_bufs),
+    ]
+
+
+def window_buffers(L: LayerShape, m: TileMapping, xp) -> list[Buffer]:
+    """A depthwise or pooling nest: input halos and (depthwise) weights, each with an int32 copy where
+    int8 sums widen them, the epilogue's vectors and tiles; accumulator tiles (int32 or float32, or
+    int8 for an int8 max pool)."""
+    th, tw, to = m.tile_oh, m.tile_ow, m.tile_o
+    bufs = 1 + m.double_buffer
+    weighted = (L.kind == DEPTHWISE) * 1
+    ih, iw = halo(L, th, tw)
+    taps = L.kh * L.kw
+    acc_item = L.widened * FP32 + (1 - L.widened) * L.itemsize
+    return [
+        Buffer("halo", Space.SPAD, words(ih * iw * to * L.itemsize, L.itemsize), bufs),
+        Buffer("widened halo", Space.SPAD, ih * iw * to * FP32, bufs * L.widened),
+        Buffer("weights", Space.SPAD, words(taps * to * L.itemsize, L.itemsize), bufs * weighted),
+        Buffer("widened weights", Space.SPAD, taps * to * FP32, bufs * weighted * L.widened),
+        epilogue_vectors(L.epilogue, L.o),
+        Buffer(EPILOGUE_TILES, Space.SPAD, th * tw * to * FP32, bufs * L.epilogue.tiles),
+        Buffer("accumulator", Space.ACC, words(th * tw * to * acc_item, acc_item), bufs),
+    ]
+
+
+def footprint(L: LayerShape, m: TileMapping, xp):
+    """(scratchpad, accumulator) bytes of the nest's buffers, its kind's."""
+    return local_bytes(matrix_buffers(L, m, xp) if L.kind == MATRIX else window_buffers(L, m, xp))
+
+
+def matmuls_per_step(L: LayerShape, m: TileMapping, xp):
+    """MATMULs per reduction step: one per kernel row (per tap, columns dilated), one stacked."""
+    return m.stacked + (1 - m.stacked) * (L.kh * L.kw // xp.where(L.dilation_w == 1, L.kw, 1))
+
+
+def matmul_k(L: LayerShape, m: TileMapping, xp):
+    """A MATMUL's reduction, its taps over the channel tile (0 for a window op)."""
+    return (L.kind == MATRIX) * taps_per_matmul(L, m, xp) * m.tile_c
+
+
+def limits(L: LayerShape, m: TileMapping, spad, acc, hw, xp):
+    """Each limit's relative overshoot (<= 0 where within): the memories, the halo's extent and a
+    MATMUL's k and n (16-bit counts)."""
+    ih, iw = halo(L, m.tile_oh, m.tile_ow)
+    return (spad / hw.scratchpad_bytes - 1, acc / hw.accumulator_bytes - 1, xp.maximum(ih, iw) / MAX_COUNT - 1,
+            matmul_k(L, m, xp) / MAX_COUNT - 1, m.tile_o / MAX_COUNT - 1)
+
+
+def waits(L: LayerShape, m: TileMapping, w: Work, hw):
+    """Vector cycles per run the array waits for before an output tile's accumulator is free again,
+    with a single accumulator tile: the epilogue (whose last step writes the result to the
+    scratchpad), or a transposed tile's turning COPY."""
+    e = L.epilogue
+    epilogue = w.groups * ((epilogue_ops(L, m) - e.hard) + e.hard * hw.vector_cycles_per_transcendental)
+    return m.single_acc * ((1 - m.transposed) * epilogue + m.transposed * w.groups)
+
+
+def taps_per_matmul(L: LayerShape, m: TileMapping, xp):
+    """Kernel taps one MATMUL reduces over: a kernel row's (one tap's, columns dilated; the whole
+    kernel's, stacked)."""
+    return m.stacked * L.kh * L.kw + (1 - m.stacked) * xp.where(L.dilation_w == 1, L.kw, 1)

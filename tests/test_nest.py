@@ -1,0 +1,163 @@
+"""A loop nest is described once (lower.nest): for random layers and mappings, every switch included,
+the mapper's description, the program the emitter makes of it and the cost model's exact mode
+agree on the tile counts, the bytes every queue moves, each unit's cycles and the footprint."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from stagec.costmodel.hardware import hardware_point
+from stagec.costmodel.model import layer_cost
+from stagec.costmodel.problem import layer_shape, mapping_arrays
+from stagec.isa import HardwareConfig
+from stagec.isa.access import accesses
+from stagec.isa.instructions import Opcode, Queue, Space
+from stagec.layers import layer_program, model_graph, model_layers
+from stagec.lower.nest import SWITCHES, Exact, LayerShape, TileMapping, row_tiles
+from stagec.lower.nest_cost import nest_cost
+from stagec.lower.nest_work import dims
+from stagec.lower.schedule import fits, map_nest
+from stagec.sim.costs import ITEMSIZE, instruction_shapes, unit_cycles, unit_parameters
+from stagec.sim.energy import counts_of
+
+HW = HardwareConfig()
+exact_cost = jax.jit(layer_cost)
+
+
+def _conv(x, w, stride, padding, dilation, groups):
+    return jax.lax.conv_general_dilated(x, w, stride, padding, rhs_dilation=dilation, feature_group_count=groups,
+                                        dimension_numbers=("NCHW", "OIHW", "NCHW"))
+
+
+# (layer kind, a switch every mapping drawn has on): each switch, every nest kind
+CASES = [("conv", "stacked"), ("conv", "transposed"), ("conv", None), ("matmul", None), ("depthwise", None),
+         ("pool", None)]
+
+
+@st.composite
+def layers(draw, kind: str, stacked: bool = False):
+    """(function, example args) of one conv-shaped layer of `kind` with a fused epilogue: a convolution
+    (grouped; one that stacks, `stacked`), a depthwise convolution, a batched matmul or a pooling,
+    small enough to emit in milliseconds."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    epilogue = draw(st.sampled_from(["none", "bias", "bias_relu", "residual", "row_scale"]))
+    if kind == "matmul":
+        batch, m, k, n = draw(st.integers(1, 2)), draw(st.integers(1, 24)), draw(st.integers(1, 40)), \
+            draw(st.integers(1, 40))
+        w = rng.standard_normal((k, n), np.float32)
+        args = [rng.standard_normal((batch, m, k), np.float32)]
+        shape = (batch, m, n)
+        core = lambda x: x @ w   # noqa: E731
+    else:
+        c = draw(st.integers(1, 12))
+        groups = c if kind == "depthwise" else draw(st.sampled_from([1, 2])) if c % 2 == 0 else 1
+        o = c if kind != "conv" else groups * draw(st.integers(1, 12))
+        k = draw(st.sampled_from([3, 2] if stacked else [3, 1, 2, 4]))
+        dilation = draw(st.integers(1, 2)) if kind == "conv" and not stacked else 1
+        extent = (k - 1) * dilation + 1
+        pad = st.sampled_from(range(extent - 1, -1, -1))
+        pads = tuple((draw(pad), draw(pad)) for _ in range(2))
+        stride = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+        n, h, wd = draw(st.integers(1, 2)), draw(st.integers(extent, 14)), draw(st.integers(extent, 14))
+        args = [rng.standard_normal((n, c, h, wd), np.float32)]
+        if kind == "pool":
+            core = lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, k, k), (1, 1, *stride),   # noqa: E731
+                                                   ((0, 0), (0, 0), *pads))
+            epilogue = "none"
+        else:
+            w = rng.standard_normal((o, c // groups, k, k), np.float32)
+            core = lambda x: _conv(x, w, stride, pads, (dilation, dilation), groups)   # noqa: E731
+        shape = jax.eval_shape(core, *args).shape
+    bias = rng.standard_normal(shape[-1] if kind == "matmul" else (1, shape[1], 1, 1), np.float32)
+    if epilogue == "residual":
+        args.append(rng.standard_normal(shape, np.float32))
+    scale = rng.standard_normal(shape[:-1] + (1,), np.float32)
+    steps = {"none": lambda y: y, "bias": lambda y: y + bias, "bias_relu": lambda y: jax.nn.relu(y + bias),
+             "residual": lambda y, r: jax.nn.relu(y + r), "row_scale": lambda y: y * scale}[epilogue]
+    return (lambda x, *rest: steps(core(x), *rest)), tuple(args)
+
+
+def _mapping(draw, L: LayerShape, switch: str | None) -> TileMapping:
+    """Any mapping of the layer: tile sizes within its dims, every switch where it exists (`switch` on)."""
+    tiles = [draw(st.integers(1, d)) for d in (L.oh, L.ow, L.o, L.c if L.kind == 0 else 1)]
+    on = {s.name: (s.name == switch or draw(st.booleans())) and bool(s.exists(L)) for s in SWITCHES}
+    if on["stacked"] and on["transposed"]:
+        on["transposed" if switch == "stacked" else "stacked"] = False
+    return TileMapping(*tiles, **on)
+
+
+def _program_counts(program):
+    """What the emitted program does: instructions and bytes per queue, cycles of each unit."""
+    code = program.code
+    op = code["opcode"]
+    n = code["n"].astype(np.int64)
+    moved = n[:, 0] * n[:, 1] * n[:, 2] * ITEMSIZE[code["dtype"]]
+    occupancy, _ = unit_cycles(instruction_shapes(code), unit_parameters(program.hw))
+    queue = instruction_shapes(code).queue
+    return {"loads": int(np.sum(op == Opcode.LOAD)), "load_bytes": int(moved[op == Opcode.LOAD].sum()),
+            "stores": int(np.sum(op == Opcode.STORE)), "store_bytes": int(moved[op == Opcode.STORE].sum()),
+            "matmuls": int(np.sum(op == Opcode.MATMUL)), "vectors": int(np.sum(op == Opcode.VECTOR)),
+            "array_cycles": float(occupancy[queue == Queue.MATRIX].sum()),
+            "vector_cycles": float(occupancy[queue == Queue.VECTOR].sum())}
+
+
+def _nest_counts(L: LayerShape, cost):
+    w, runs = cost.work, L.repeat
+    on_array = L.kind == 0
+    return {"loads": runs * (w.startup[0] + w.loads[0]), "load_bytes": runs * (w.startup[1] + w.loads[1]),
+            "stores": runs * w.store[0], "store_bytes": runs * w.store[1], "matmuls": runs * w.matmuls,
+            "vectors": runs * w.vectors, "array_cycles": runs * on_array * w.compute,
+            "vector_cycles": runs * (w.epilogue + (not on_array) * w.compute)}
+
+
+def _touched(program, space):
+    """The highest byte of `space` any instruction reads or writes."""
+    return max((int(np.max(np.where(a.valid & (a.space == space), a.extent()[1], 0))) for a in accesses(program.code)),
+               default=0)
+
+
+@pytest.mark.parametrize("kind, switch", CASES)
+@given(data=st.data())
+def test_mapper_emitter_and_cost_model_describe_one_nest(kind, switch, data):
+    fn, args = data.draw(layers(kind, switch == "stacked"))
+    graph = model_graph(fn, args)
+    (found,) = model_layers(graph)
+    L = LayerShape.of(found.kind, found.problem, found.extras, found.repeat)
+    m = _mapping(data.draw, L, switch)
+    cost = nest_cost(L, m, HW, Exact)
+    assume(fits(found.problem, cost.spad_bytes, cost.acc_bytes, m.tile_oh, m.tile_ow, HW))
+    program = layer_program(graph, found, m, HW)
+
+    # the emitter walks the nest's tiles and allocates its buffers
+    assert _program_counts(program) == pytest.approx(_nest_counts(L, cost), rel=1e-12, abs=1e-9), str(m)
+    assert program.metadata["local_peak_bytes"][found.name] == [cost.spad_bytes, cost.acc_bytes]
+    assert _touched(program, Space.SPAD) <= cost.spad_bytes and _touched(program, Space.ACC) <= cost.acc_bytes
+    d = dims(L, m, Exact, m.stacked)
+    assert d.n_h == len(row_tiles(found.problem, m))
+    actions = counts_of(program).total()
+    for name in ("macs_int8", "macs_fp32", "dram_read_bytes", "dram_write_bytes", "vector_ops"):
+        assert getattr(actions, name) == pytest.approx(getattr(cost.actions, name), rel=1e-12), name
+
+    # the cost model's exact mode is the same function, over jax.numpy in float32
+    relaxed = exact_cost(layer_shape(found.kind, found.problem, found.extras, found.repeat), mapping_arrays(m),
+                         hardware_point(HW), smooth=0.0)
+    for name, value in (("cycles", cost.cycles), ("spad_bytes", cost.spad_bytes), ("acc_bytes", cost.acc_bytes),
+                        ("instructions", cost.instructions)):
+        assert float(getattr(relaxed, name)) == pytest.approx(float(value), rel=1e-5), name
+    assert float(relaxed.violation) == 0
+
+
+@pytest.mark.parametrize("kind", ["conv", "depthwise"])
+@given(data=st.data())
+def test_the_mapper_ranks_by_the_nest_cost(kind, data):
+    """The mapper's estimate of the mapping it picks is the nest's exact cost of that mapping."""
+    fn, args = data.draw(layers(kind))
+    (found,) = model_layers(model_graph(fn, args))
+    chosen, estimate = map_nest(found.kind, found.problem, HW, found.extras, found.name, with_cost=True)
+    assert estimate == float(nest_cost(LayerShape.of(found.kind, found.problem, found.extras), chosen, HW,
+                                       Exact).cycles)
