@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from stagec.errors import LoweringError
-from stagec.isa.instructions import REQUANT_RECORD_BYTES, TRANSCENDENTAL, Space
+from stagec.isa.instructions import REQUANT_RECORD_BYTES, Space
+from stagec.isa.opcodes import TRANSCENDENTAL
 
 from . import tile_expr
 from .graph_ir import Node, OpKind, record_inputs
