@@ -1,4 +1,4 @@
-"""PyTorch and JAX -> ClosedJaxpr (DESIGN.md, stage 1).
+"""PyTorch and JAX -> ClosedJaxpr (docs/architecture.md, the frontend stage).
 
 torch.export and core-ATen decompositions, then one small JAX rule per ATen op (aten.py lists the
 families); scaled-dot-product attention stays one call. The result keeps the model's input and
