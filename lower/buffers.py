@@ -210,28 +210,42 @@ def epilogue_vectors(extras: Extras, channels) -> Buffer:
 
 
 # --- the vector unit's nests (the conv-shaped ones: lower.nest_cost) ---------------------------
+# Each is a frozen record of what its buffers depend on besides the tiling, called with the tiling
+# (t0, t1, t2, buffer sets): a lower.vector.VectorNest holds one, and compares and prints by value.
 
-def elementwise_buffers(loaded: int, temps: int, records: int, scalars: int):
-    """An elementwise nest (lower.vector.emit_elementwise) over tiles (t0, t1, t2): per buffer set,
-    a tile per loaded input and per temporary; once, each requant record and broadcast scalar."""
-    def buffers(t0, t1, t2, bufs):
-        return [Buffer("records", Space.SPAD, REQUANT_RECORD_BYTES, records, align=REQUANT_RECORD_BYTES),
-                Buffer("scalars", Space.SPAD, WORD, scalars),
-                Buffer("tiles", Space.SPAD, t0 * t1 * t2 * FP32, bufs * (loaded + temps))]
-    return buffers
+@dataclass(frozen=True)
+class ElementwiseBuffers:
+    """An elementwise nest (lower.vector.Elementwise) over tiles (t0, t1, t2): per buffer set, a
+    tile per loaded input and per temporary; once, each requant record and broadcast scalar."""
+
+    loaded: int
+    temps: int
+    records: int
+    scalars: int
+
+    def __call__(self, t0, t1, t2, bufs) -> list[Buffer]:
+        return [Buffer("records", Space.SPAD, REQUANT_RECORD_BYTES, self.records, align=REQUANT_RECORD_BYTES),
+                Buffer("scalars", Space.SPAD, WORD, self.scalars),
+                Buffer("tiles", Space.SPAD, t0 * t1 * t2 * FP32, bufs * (self.loaded + self.temps))]
 
 
-def reduce_buffers(widen: bool):
-    """A reduction (lower.vector.emit_reduce) over tiles (t0, t1, t2), t2 reduced: per buffer set,
-    the input tile, its int32 copy (int8 sums), and the t0 x t1 sums."""
-    def buffers(t0, t1, t2, bufs):
+@dataclass(frozen=True)
+class ReduceBuffers:
+    """A reduction (lower.vector.Reduce) over tiles (t0, t1, t2), t2 reduced: per buffer set, the
+    input tile, its int32 copy (int8 sums), and the t0 x t1 sums."""
+
+    widen: bool
+
+    def __call__(self, t0, t1, t2, bufs) -> list[Buffer]:
         return [Buffer("input", Space.SPAD, t0 * t1 * t2 * FP32, bufs),
-                Buffer("widened", Space.SPAD, t0 * t1 * t2 * FP32, bufs * widen),
+                Buffer("widened", Space.SPAD, t0 * t1 * t2 * FP32, bufs * self.widen),
                 Buffer("sums", Space.SPAD, t0 * t1 * FP32, bufs)]
-    return buffers
 
 
-def gather_buffers(t0, t1, t2, bufs) -> list[Buffer]:
-    """A gather (lower.vector.emit_gather) of t0 rows of t2 elements: per buffer set, the indices
-    and the rows."""
-    return [Buffer("indices", Space.SPAD, t0 * FP32, bufs), Buffer("rows", Space.SPAD, t0 * t2 * FP32, bufs)]
+@dataclass(frozen=True)
+class GatherBuffers:
+    """A gather (lower.vector.Gather) of t0 rows of t2 elements: per buffer set, the indices and
+    the rows."""
+
+    def __call__(self, t0, t1, t2, bufs) -> list[Buffer]:
+        return [Buffer("indices", Space.SPAD, t0 * FP32, bufs), Buffer("rows", Space.SPAD, t0 * t2 * FP32, bufs)]

@@ -84,7 +84,6 @@ class Emitter:
         self.layer = -1
         self.consts = ConstPool()
         self.layer_name = ""
-        self.layer_label = ""   # the layer's name and op, as errors name it (schedule.layer_label)
         self.local_peaks: dict[str, list[int]] = {}   # layer -> [scratchpad, accumulator] bytes it used
 
     # --- local memory -----------------------------------------------------------------------

@@ -32,6 +32,10 @@ class Layout:
     placements: MappingProxyType      # value id -> Placement
     copies: frozenset                 # names of view-kind nodes that must copy instead
 
+    def emits(self, node: Node) -> bool:
+        """Whether `node` runs as instructions: a view op only where it must copy."""
+        return node.op not in ALWAYS_VIEWS | {OpKind.RESHAPE} or node.name in self.copies
+
     def __str__(self) -> str:
         lines = []
         for vid, pl in self.placements.items():

@@ -23,13 +23,13 @@ from stagec.rule_tables import registrar
 from .buffers import epilogue_layout
 from .emitter import Emitter
 from .graph_ir import RECORD_WORDS, Graph, Node, OpKind, Value, record_inputs
-from .layout import ALWAYS_VIEWS, Layout, view_of
+from .layout import Layout
 from .matrix import as_conv, emit_conv
 from .memory import Interval, align, allocate_by_liveness
-from .schedule import Schedule, layer_label, node_problem
+from .schedule import Schedule, node_problem
 from .tensors import DTYPE_OF, DramRegion, DramTensor
 from .tokens import insert_tokens
-from .vector import COPY, emit_elementwise, emit_gather, emit_reduce
+from .vector import VECTOR_JOBS, vector_jobs
 from .window import emit_window
 
 LOWERINGS: dict[OpKind, Callable[[LowerContext, Node], None]] = {}
@@ -59,9 +59,13 @@ class LowerContext:
         arr = self.graph.constants.get(v.id)
         return self.em.consts.tensor(v.id, arr, order) if arr is not None else self.tensor(v)
 
+    def scalar(self, value: float, dtype: DType = DType.F32) -> DramTensor:
+        """One constant element, placed in the constant blob."""
+        return self.em.consts.scalar(value, dtype)
+
     def fill(self, dst: Operand, counts, value: float, dtype: DType = DType.F32) -> None:
         """Fill a local tile with a constant (a stride-0 LOAD of one constant element)."""
-        scalar = self.em.consts.scalar(value, dtype)
+        scalar = self.scalar(value, dtype)
         self.em.load(DramTensor(scalar.region, scalar.offset, (1,), (0,), dtype), (0,), (0, 0, 0), counts, dst)
 
 
@@ -75,7 +79,7 @@ def _extras(ctx: LowerContext, node: Node, first: int, shape) -> list[DramTensor
 @register(OpKind.CONV)
 def lower_conv(ctx: LowerContext, node: Node) -> None:
     kind, p, _ = node_problem(node)
-    m = ctx.schedule[node.name]
+    m = ctx.schedule[node.name].mapping
     x, out = ctx.tensor(node.inputs[0]), ctx.tensor(node.output)
     extras = _extras(ctx, node, 2, node.output.shape)
     epilogue = epilogue_layout(node)
@@ -99,7 +103,7 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
 @register(OpKind.MATMUL)
 def lower_matmul(ctx: LowerContext, node: Node) -> None:
     _, p, _ = node_problem(node)
-    m = ctx.schedule[node.name]
+    m = ctx.schedule[node.name].mapping
     a, b, out = ctx.tensor(node.inputs[0]), ctx.weights(node.inputs[1], None), ctx.tensor(node.output)
     extras = _extras(ctx, node, 2, node.output.shape)
     epilogue = epilogue_layout(node)
@@ -116,7 +120,7 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
 @register(OpKind.POOL)
 def lower_pool(ctx: LowerContext, node: Node) -> None:
     _, p, _ = node_problem(node)
-    m = ctx.schedule[node.name]
+    m = ctx.schedule[node.name].mapping
     x, out = ctx.tensor(node.inputs[0]), ctx.tensor(node.output)
     for idx in np.ndindex(*x.shape[:-3]):
         xs, os = x, out
@@ -129,55 +133,14 @@ def _unsqueeze(t: DramTensor) -> DramTensor:
     return DramTensor(t.region, t.offset, (1,) + t.shape, (0,) + t.strides, t.dtype)
 
 
-@register(OpKind.ELEMENTWISE)
-def lower_elementwise(ctx: LowerContext, node: Node) -> None:
-    emit_elementwise(ctx.em, node.attr("expr"), [ctx.tensor(v) for v in node.inputs], ctx.tensor(node.output))
-
-
-@register(OpKind.GATHER)
-def lower_gather(ctx: LowerContext, node: Node) -> None:
-    emit_gather(ctx.em, ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1]), ctx.tensor(node.output))
-
-
-@register(OpKind.REDUCE)
-def lower_reduce(ctx: LowerContext, node: Node) -> None:
-    emit_reduce(ctx.em, node.attr("func"), ctx.tensor(node.inputs[0]), node.attr("axes"), ctx.tensor(node.output))
-
-
-@register(*ALWAYS_VIEWS, OpKind.RESHAPE)
-def lower_view_copy(ctx: LowerContext, node: Node) -> None:
-    """A view op that must materialize (a graph output, or a reshape no strides express)."""
-    src, out = ctx.tensor(node.inputs[0]), ctx.tensor(node.output)
-    if node.op == OpKind.RESHAPE:
-        emit_elementwise(ctx.em, COPY, [src], out.reshape(src.shape))
-    else:
-        emit_elementwise(ctx.em, COPY, [view_of(node, src)], out)
-
-
-@register(OpKind.PAD)
-def lower_pad(ctx: LowerContext, node: Node) -> None:
-    out = ctx.tensor(node.output)
-    emit_elementwise(ctx.em, COPY, [ctx.em.consts.scalar(node.attr("value"), out.dtype)], out)
-    lo, src = node.attr("lo"), ctx.tensor(node.inputs[0])
-    emit_elementwise(ctx.em, COPY, [src], out.slice(lo, [a + d for a, d in zip(lo, src.shape, strict=True)],
-                                                     (1,) * out.rank))
-
-
-@register(OpKind.CONCAT)
-def lower_concat(ctx: LowerContext, node: Node) -> None:
-    out, axis, at = ctx.tensor(node.output), node.attr("axis"), 0
-    for v in node.inputs:
-        start, limit = [0] * out.rank, list(out.shape)
-        start[axis], limit[axis] = at, at + v.shape[axis]
-        emit_elementwise(ctx.em, COPY, [ctx.tensor(v)], out.slice(start, limit, (1,) * out.rank))
-        at += v.shape[axis]
+@register(*VECTOR_JOBS)
+def lower_vector(ctx: LowerContext, node: Node) -> None:
+    """A vector node's nests (lower.vector.vector_jobs), each tiled as the schedule decided."""
+    for job, m in zip(vector_jobs(ctx, node), ctx.schedule[node.name].mappings, strict=True):
+        job.emit(ctx.em, m)
 
 
 # --- the driver -------------------------------------------------------------------------------
-
-def _emits(node: Node, layout: Layout) -> bool:
-    return node.op not in ALWAYS_VIEWS | {OpKind.RESHAPE} or node.name in layout.copies
-
 
 def plan_dram(graph: Graph, layout: Layout):
     """Data-region offsets: inputs, then outputs, then intermediates reusing space by liveness."""
@@ -209,13 +172,13 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
     ctx = LowerContext(em, graph, layout, schedule, offsets)
     layers = []
     for node in graph.nodes:
-        if not _emits(node, layout):
+        if not layout.emits(node):
             continue
-        em.layer, em.layer_name, em.layer_label = len(layers), node.name, layer_label(node)
+        em.layer, em.layer_name = len(layers), node.name
         if node.op not in LOWERINGS:
             raise LoweringError(f"no lowering rule for graph op {node.op.value} ({node.name})")
         LOWERINGS[node.op](ctx, node)
-        mapping = str(schedule[node.name]) if node_problem(node) else ""
+        mapping = str(schedule[node.name].mapping) if node_problem(node) else ""
         layers.append(Layer(node.name, node.op.value, [v.shape for v in node.inputs], node.output.shape,
                             node_macs(node), mapping))
     blob = em.consts.blob()

@@ -1,25 +1,34 @@
-"""The schedule: a mapping (tile sizes, switches) for every op.
+"""The schedule: a mapping (tile sizes, switches) for every nest of every op, decided here once.
+
+A node runs as loop nests: a conv-shaped node (conv, matmul, pooling) one, over output tiles
+(lower.nest); a vector node (elementwise, reduction, copy, gather) one or several, over its
+coalesced iteration space (lower.vector).  `make_schedule` maps each, and the emitter walks the
+tiles of the mapping it finds in the Schedule; the `schedule` dump shows every one.
 
 The default mapper searches a small grid of candidate tile sizes per dim (powers of two, the
 whole dim, balanced splits) crossed with every switch, keeps what fits the scratchpad and
-accumulator, and ranks it by the nest's own cost (lower.nest_cost: what the cost model relaxes),
-plus a charge per instruction.  What fits is the buffers lower.nest_work lists for the nest, the
-buffers the emitter then allocates.  When nothing fits, the TilingError names the layer, the
-memory, the bytes the smallest tiling needs there and the memory's capacity.
+accumulator, and ranks it by the nest's own cost (lower.nest_cost: what the cost model relaxes;
+a vector nest's: a pipeline estimate), plus a charge per instruction.  What fits is the buffers
+lower.nest_work and lower.buffers list for the nest, the buffers the emitter then allocates.  When
+nothing fits, the TilingError names the layer, the memory, the bytes the smallest tiling needs
+there and the memory's capacity.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import numpy as np
 
 from stagec.errors import InputError, TilingError
 from stagec.isa.config import HardwareConfig
 
-from .buffers import FP32, NO_EXTRAS, Extras, epilogue_extras, local_bytes
+from .buffers import FP32, NO_EXTRAS, Extras, epilogue_extras
 from .emitter import MAX_COUNT
+from .graph_ir import OpKind
+from .layout import Layout
 from .nest import (
     MATRIX,
     SWITCHES,
@@ -33,6 +42,7 @@ from .nest import (
 from .nest_cost import bound, dma_cycles, nest_cost
 from .nest_work import footprint as nest_footprint
 from .nest_work import matmul_k
+from .vector import LayoutViews, VectorNest, vector_jobs
 
 INSTRUCTION_CHARGE = 8.0   # cycles the mappers charge an instruction: compile time and program size
 FIRST_COMPOSED = 256       # candidates map_nest composes the latency of before it prunes by the bound
@@ -182,18 +192,16 @@ def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras):
     return grid.candidate(int(first[best])), float(est[best])
 
 
-def map_vector(shape: tuple[int, ...], buffers, hw: HardwareConfig, layer: str = "vector", loads: int = 1,
-               passes: float = 1.0) -> TileMapping:
-    """Elementwise/reduce/copy tiles over a (<= 3-D) iteration space [d0, d1, d2], whose nest holds
-    `buffers(t0, t1, t2, buffer sets)` (lower.buffers); per tile, `loads` LOADs of a whole tile,
-    `passes` vector cycles per lane group and one STORE.  Ranked by a pipeline estimate: the busiest of load
-    queue, store queue, DRAM channel and vector unit, plus one tile's load, passes and store (the
-    pipeline's fill and drain), so a tensor is cut into enough tiles to overlap, plus a charge per
-    instruction (compile time, and issue); long innermost runs break ties (DMA bursts)."""
-    d0, d1, d2 = (1,) * (3 - len(shape)) + tuple(shape)[-3:]
-    m = _axes(_sizes(d0), _sizes(d1), _sizes(d2), [1], [1, 0], [0], [0], [0], [0])
+VECTOR_SWITCHES = ("double_buffer",)   # the switches a vector-unit nest has (lower.vector): tiles, c=1
+
+
+def _vector_estimate(nest: VectorNest, m: TileMapping, hw: HardwareConfig):
+    """(scratchpad bytes, accumulator bytes, estimated cycles) of tilings `m` (numbers or arrays)
+    of a vector-unit nest: what map_vector ranks and a caller's mapping is checked by."""
+    d0, d1, d2 = nest.space
+    loads, passes = nest.loads, nest.passes
     tile = m.tile_oh * m.tile_ow * m.tile_o
-    spad, acc = local_bytes(buffers(m.tile_oh, m.tile_ow, m.tile_o, 1 + m.double_buffer))
+    spad, acc = nest.footprint(m)
     tiles = -(-d0 // m.tile_oh) * -(-d1 // m.tile_ow) * -(-d2 // m.tile_o)
     load = loads * dma_cycles(1, tile * FP32, hw)
     store = dma_cycles(1, tile * FP32, hw)
@@ -202,6 +210,18 @@ def map_vector(shape: tuple[int, ...], buffers, hw: HardwareConfig, layer: str =
     busiest = np.maximum(np.maximum(load, store), np.maximum(vec, channel))
     cost = (np.where(m.double_buffer == 1, tiles * busiest + load + vec + store, tiles * (load + vec + store))
             + INSTRUCTION_CHARGE * tiles * (loads + 1 + np.ceil(passes)) - 1e-6 * m.tile_o)
+    return spad, acc, cost
+
+
+def map_vector(nest: VectorNest, hw: HardwareConfig, layer: str = "vector") -> TileMapping:
+    """Tiles of a vector-unit nest (lower.vector.VectorNest: elementwise, reduce, copy, gather) over
+    its 3-D iteration space, ranked by a pipeline estimate: the busiest of load queue, store queue,
+    DRAM channel and vector unit, plus one tile's load, passes and store (the pipeline's fill and
+    drain), so a tensor is cut into enough tiles to overlap, plus a charge per instruction (compile
+    time, and issue); long innermost runs break ties (DMA bursts)."""
+    m = _axes(*(_sizes(d) for d in nest.space), [1],
+              *(s.grid if s.name in VECTOR_SWITCHES else (0,) for s in SWITCHES))
+    spad, acc, cost = _vector_estimate(nest, m, hw)
     grid = _Candidates(ConvProblem(1, 1, 1, 1, 1), m, True, spad, acc, cost)
     fit = grid.fit(hw)
     if not fit.any():
@@ -211,14 +231,26 @@ def map_vector(shape: tuple[int, ...], buffers, hw: HardwareConfig, layer: str =
 
 # --- the schedule stage -----------------------------------------------------------------------
 
-def node_problem(node) -> tuple[str, ConvProblem, Extras] | None:
-    """(kind, problem, epilogue buffers) of a node that runs as a convolution, else None.
+class ConvNest(NamedTuple):
+    """A node that runs as a convolution: its kind, 'matrix' (conv/matmul on the array),
+    'depthwise' or 'pool' (vector unit, per channel), its problem, and its epilogue's buffers
+    (lower.buffers.Extras)."""
 
-    kind is 'matrix' (conv/matmul on the array), 'depthwise' or 'pool' (vector unit, per channel);
-    the epilogue's buffers are lower.buffers.Extras.
-    """
-    from .graph_ir import OpKind
+    kind: str
+    problem: ConvProblem
+    extras: Extras
 
+    def __str__(self) -> str:
+        p = self.problem
+        return f"{self.kind} {p.oh}x{p.ow}x{p.o} ({p.kh}x{p.kw} over {p.c})"
+
+    def footprint(self, m: TileMapping) -> tuple[int, int]:
+        """(scratchpad, accumulator) bytes the nest holds under `m`."""
+        return footprint(self.kind, self.problem, m, self.extras)
+
+
+def node_problem(node) -> ConvNest | None:
+    """The ConvNest (kind, problem, epilogue buffers) of a node that runs as a convolution, else None."""
     x = node.inputs[0]
     itemsize = 1 if x.dtype == "int8" else FP32
     out_itemsize = 1 if node.output.dtype == "int8" else FP32
@@ -226,19 +258,30 @@ def node_problem(node) -> tuple[str, ConvProblem, Extras] | None:
         (n, c, h, w), (o, cg, kh, kw) = x.shape, node.inputs[1].shape
         g = node.attr("groups")
         kind = "depthwise" if cg == 1 and o == g else "matrix"
-        return kind, ConvProblem(n, c if kind == "depthwise" else cg, h, w, o if kind == "depthwise" else o // g,
-                                 kh, kw, node.attr("stride"), node.attr("padding"), node.attr("dilation"), itemsize,
-                                 kind == "depthwise" and itemsize == 1, out_itemsize), epilogue_extras(node)
+        return ConvNest(kind, ConvProblem(n, c if kind == "depthwise" else cg, h, w,
+                                          o if kind == "depthwise" else o // g, kh, kw, node.attr("stride"),
+                                          node.attr("padding"), node.attr("dilation"), itemsize,
+                                          kind == "depthwise" and itemsize == 1, out_itemsize), epilogue_extras(node))
     if node.op == OpKind.MATMUL:
         (m, k), nn = x.shape[-2:], node.inputs[1].shape[-1]
         problem = ConvProblem(1, k, 1, m, nn, itemsize=itemsize, out_itemsize=out_itemsize)
-        return "matrix", problem, epilogue_extras(node)
+        return ConvNest("matrix", problem, epilogue_extras(node))
     if node.op == OpKind.POOL:
         *_, c, h, w = x.shape
         (kh, kw), stride = node.attr("window"), node.attr("strides")
-        return "pool", ConvProblem(1, c, h, w, c, kh, kw, stride, node.attr("padding"), node.attr("dilation"),
-                                   itemsize, itemsize == 1 and node.attr("func") != "max", out_itemsize), NO_EXTRAS
+        return ConvNest("pool", ConvProblem(1, c, h, w, c, kh, kw, stride, node.attr("padding"),
+                                            node.attr("dilation"), itemsize,
+                                            itemsize == 1 and node.attr("func") != "max", out_itemsize), NO_EXTRAS)
     return None
+
+
+def layer_nests(node, views, hw: HardwareConfig) -> tuple:
+    """The nests a node runs, in order: a conv-shaped node's ConvNest; a vector node's
+    lower.vector.VectorNests (`views`: lower.vector.LayoutViews of the layout)."""
+    found = node_problem(node)
+    if found is not None:
+        return (found,)
+    return tuple(job.nest(hw, node.name) for job in vector_jobs(views, node))
 
 
 def layer_label(node) -> str:
@@ -254,49 +297,112 @@ def default_mapping(kind: str, p: ConvProblem, hw: HardwareConfig, extras=NO_EXT
     return map_window(p, hw, extras, kind == "depthwise", layer)
 
 
-def _check(kind: str, p: ConvProblem, extras, m: TileMapping, hw: HardwareConfig, label: str) -> None:
-    """A caller's mapping: its switches exist for the layer, do not conflict, and its buffers fit."""
-    L = LayerShape.of(kind, p, extras)
+def _default(nest, hw: HardwareConfig, label: str) -> TileMapping:
+    if isinstance(nest, VectorNest):
+        return map_vector(nest, hw, label)
+    return default_mapping(nest.kind, nest.problem, hw, nest.extras, label)
+
+
+def _given(given, nests: tuple, label: str) -> tuple:
+    """A caller's mappings of a layer's nests: one TileMapping for each, or a sequence of one per nest."""
+    if isinstance(given, TileMapping):
+        return (given,) * len(nests)
+    if not isinstance(given, (tuple, list)):
+        raise InputError(f"{label}: a mapping is a lower.nest.TileMapping (or a sequence of one per nest), "
+                         f"not {type(given).__name__}")
+    if len(given) != len(nests):
+        raise TilingError(f"{label}: {len(given)} mappings for a layer of {len(nests)} nests "
+                          f"({', '.join(map(str, nests))})")
+    return tuple(given)
+
+
+def _check(nest, m: TileMapping, hw: HardwareConfig, label: str) -> None:
+    """A caller's mapping of a nest: tile sizes within an instruction's counts, switches the nest
+    has (that do not conflict), and buffers that fit."""
+    if not isinstance(m, TileMapping):
+        raise InputError(f"{label}: a mapping is a lower.nest.TileMapping, not {type(m).__name__}")
+    if not all(1 <= getattr(m, f) <= MAX_COUNT for f in TILE_FIELDS):
+        raise TilingError(f"{label}: mapping {m} has a tile size outside 1..{MAX_COUNT}")
+    _check_switches(nest, m, label)
+    spad, acc = nest.footprint(m)
+    problem = nest.problem if isinstance(nest, ConvNest) else ConvProblem(1, 1, 1, 1, 1)   # a vector nest: no halo
+    if not fits(problem, spad, acc, m.tile_oh, m.tile_ow, hw):
+        raise TilingError(f"{label}: mapping {m} needs {int(spad)} bytes of scratchpad (has "
+                          f"{hw.scratchpad_bytes}) and {int(acc)} bytes of accumulator (has {hw.accumulator_bytes})")
+
+
+def _check_switches(nest, m: TileMapping, label: str) -> None:
+    """A conv-shaped nest has the switches that exist for its LayerShape and do not conflict; a
+    vector nest VECTOR_SWITCHES alone, and no channel tile."""
+    if isinstance(nest, VectorNest):
+        have, allowed = f"a vector-unit nest, {nest}", VECTOR_SWITCHES
+        if m.tile_c != 1:
+            raise TilingError(f"{label}: mapping {m} tiles c, which {have} does not have: c=1")
+    else:
+        p, L = nest.problem, LayerShape.of(*nest)
+        have = f"{nest.kind}, {p.kh}x{p.kw}, stride {p.stride}, dilation {p.dilation}"
+        allowed = {s.name for s in SWITCHES if s.exists(L) and not conflicts(m, L)}
     for s in SWITCHES:
-        if getattr(m, s.name) and not (s.exists(L) and not conflicts(m, L)):
-            raise TilingError(f"{label}: mapping {m} is {s.label}, which needs {s.needs} (have {kind}, "
-                              f"{p.kh}x{p.kw}, stride {p.stride}, dilation {p.dilation})")
-    spad, acc = footprint(kind, p, m, extras)
-    if not fits(p, spad, acc, m.tile_oh, m.tile_ow, hw):
-        raise TilingError(f"{label}: mapping {m} needs {spad} bytes of scratchpad (has "
-                          f"{hw.scratchpad_bytes}) and {acc} bytes of accumulator (has {hw.accumulator_bytes})")
+        if getattr(m, s.name) and s.name not in allowed:
+            raise TilingError(f"{label}: mapping {m} is {s.label}, which needs {s.needs} (have {have})")
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """One node's tiling: the nests it runs, in order (a conv-shaped node's ConvNest; a vector
+    node's lower.vector.VectorNests: a pad's two, a concat's one per input), and each one's mapping."""
+
+    nests: tuple
+    mappings: tuple[TileMapping, ...]
+
+    @property
+    def mapping(self) -> TileMapping:
+        """The mapping of a node of one nest (a conv-shaped node)."""
+        (m,) = self.mappings
+        return m
+
+    def lines(self, name: str) -> list[str]:
+        """The schedule dump's lines of the node called `name`: a nest's mapping [the nest] each."""
+        return [f"{f'{name}:' if k == 0 else ' ' * (len(name) + 1)} {m}  [{nest}]"
+                for k, (nest, m) in enumerate(zip(self.nests, self.mappings, strict=True))]
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """A mapping for every node that runs as a convolution; vector ops tile at emission."""
+    """The tiling of every node that emits instructions, in program order."""
 
-    mappings: tuple[tuple[str, TileMapping], ...]
+    tilings: tuple[tuple[str, Tiling], ...]
 
-    def __getitem__(self, name: str) -> TileMapping:
-        return dict(self.mappings)[name]
+    @functools.cached_property
+    def _by_name(self) -> dict[str, Tiling]:
+        return dict(self.tilings)
+
+    def __getitem__(self, name: str) -> Tiling:
+        return self._by_name[name]
 
     def __str__(self) -> str:
-        return "schedule {\n" + "\n".join(f"  {name}: {m}" for name, m in self.mappings) + "\n}"
+        return "schedule {\n" + "\n".join(f"  {line}" for name, t in self.tilings for line in t.lines(name)) + "\n}"
 
 
-def make_schedule(graph, hw: HardwareConfig, mappings: dict | None = None) -> Schedule:
-    """A mapping per conv-shaped node: `mappings[node name]` where given (checked to fit), else the
-    default mapper's."""
+def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | None = None) -> Schedule:
+    """The tiling of every node that emits instructions (lower.layout: a view op only where it
+    copies): `mappings[node name]` where given (a TileMapping, for each of the node's nests, or a
+    sequence of one per nest; checked to fit), else the default mapper's."""
     mappings = dict(mappings or {})
+    views = LayoutViews(layout)
     out = []
     for node in graph.nodes:
-        found = node_problem(node)
-        if found is None:
+        if not layout.emits(node):
             continue
-        kind, p, extras = found
-        label = layer_label(node)
+        nests, label = layer_nests(node, views, hw), layer_label(node)
         if node.name in mappings:
-            m = mappings.pop(node.name)
-            _check(kind, p, extras, m, hw, label)
+            chosen = _given(mappings.pop(node.name), nests, label)
+            for nest, m in zip(nests, chosen, strict=True):
+                _check(nest, m, hw, label)
         else:
-            m = default_mapping(kind, p, hw, extras, label)
-        out.append((node.name, m))
+            chosen = tuple(_default(nest, hw, label) for nest in nests)
+        out.append((node.name, Tiling(nests, chosen)))
     if mappings:
-        raise InputError(f"mappings for layers the graph does not have: {sorted(mappings)}")
+        raise InputError(f"mappings for layers the schedule does not have: {sorted(mappings)} (the schedule dump "
+                         f"names every layer it tiles)")
     return Schedule(tuple(out))

@@ -1,4 +1,12 @@
-"""Elementwise expressions, reductions and copies on the vector unit, tiled over DRAM views.
+"""Elementwise expressions, reductions, copies and gathers on the vector unit, tiled over DRAM views.
+
+A vector node runs as one nest or several (a pad: a fill, then a copy of its input; a concat: a
+copy per input), each a job (`Elementwise`, `Reduce`, `Gather`) over DRAM views of its operands.
+`vector_jobs(views, node)` builds them, one rule per op kind, for the schedule stage (operands as
+lower.layout places them, offsets relative to their buffers: `LayoutViews`) and for the emitter
+(placed) alike.  What the schedule maps, `job.nest(...)` (lower.schedule.map_vector ranks its
+tilings), depends on the operands' shapes and strides, not on where their buffers land;
+`job.emit(em, m)` walks the tiles of the mapping the schedule chose.
 
 An op's iteration space is its output shape, coalesced over every operand's
 strides (so contiguous runs become long DMA bursts); the last three dims are
@@ -7,23 +15,51 @@ tiled, any further leading dims are looped over.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import numpy as np
 
 from stagec.errors import LoweringError
 from stagec.isa.instructions import AccMode, DType, Operand, Space, VectorFunc
 from stagec.isa.opcodes import TRANSCENDENTAL
+from stagec.rule_tables import registrar
 
 from . import tile_expr
-from .buffers import elementwise_buffers, gather_buffers, reduce_buffers
-from .emitter import MAX_COUNT
-from .graph_ir import RECORD_WORDS, Expr, Step, record_inputs
-from .nest import tiles
-from .schedule import map_vector
+from .buffers import ElementwiseBuffers, GatherBuffers, ReduceBuffers, local_bytes
+from .emitter import MAX_COUNT, ConstPool
+from .graph_ir import RECORD_WORDS, Expr, Node, OpKind, Step, record_inputs
+from .layout import ALWAYS_VIEWS, Layout, view_of
+from .nest import TileMapping, tiles
 from .tensors import DramTensor, coalesce
 
 COPY: Expr = (Step("copy", (0,)),)
 _REDUCE = {"sum": (VectorFunc.RSUM, AccMode.ADD), "max": (VectorFunc.RMAX, AccMode.MAX),
            "min": (VectorFunc.RMIN, AccMode.MIN)}
+
+
+@dataclass(frozen=True)
+class VectorNest:
+    """A vector-unit nest as the schedule maps it (lower.schedule.map_vector): tiles over `space`
+    (3 dims), run `repeat` times (over the dims outside it), holding `buffers(t0, t1, t2, buffer
+    sets)` (lower.buffers); per tile, `loads` LOADs of a whole tile, `passes` vector cycles per
+    lane group and one STORE.  `what` names it in the schedule dump."""
+
+    what: str
+    space: tuple[int, int, int]
+    repeat: int
+    buffers: Callable
+    loads: int = 1
+    passes: float = 1.0
+
+    def __str__(self) -> str:
+        return f"{self.what} {'x'.join(map(str, self.space))}" + (f" x{self.repeat}" if self.repeat > 1 else "")
+
+    def footprint(self, m: TileMapping):
+        """(scratchpad, accumulator) bytes the nest holds under tilings `m` (numbers or arrays)."""
+        return local_bytes(self.buffers(m.tile_oh, m.tile_ow, m.tile_o, 1 + m.double_buffer))
 
 
 def _split3(shape, *strides):
@@ -40,50 +76,85 @@ def _at(t: DramTensor, lead_idx, lead_strides, inner_strides) -> DramTensor:
     return DramTensor(t.region, offset, (1 << 30,) * 3, tuple(inner_strides), t.dtype)
 
 
-def emit_elementwise(em, expr: Expr, inputs: list[DramTensor], out: DramTensor) -> None:
+# --- the jobs -----------------------------------------------------------------------------------
+
+class _ElementwisePlan(NamedTuple):
+    records: frozenset     # the inputs that are requant records (one for the whole tensor)
+    data: list             # the other inputs, in order
+    views: list            # each of those broadcast to the output's shape
+    lead: tuple            # the coalesced iteration space: looped-over dims, the tiled 3-D one,
+    lead_s: list           # and each operand's strides (the output's first) over both
+    inner: tuple
+    inner_s: list
+    scalars: frozenset     # broadcast scalars (a constant of the expression), loaded once
+    loaded: list           # positions in `data` of the inputs LOADed per tile
+    expr: tile_expr.ExprPlan
+    buffers: ElementwiseBuffers
+
+
+@dataclass(frozen=True)
+class Elementwise:
     """out = expr(inputs...), inputs broadcast numpy-style to out's shape; requant records (one
     record for the whole tensor) and broadcast scalars are loaded once."""
-    records = record_inputs(expr)
-    data = [k for k in range(len(inputs)) if k not in records]
-    views = [inputs[k].broadcast_to(out.shape) for k in data]
-    shape, strides = coalesce(out.shape, out.strides, *[v.strides for v in views])
-    lead, lead_s, inner, inner_s = _split3(shape, *strides)
-    n_in = len(inputs)
-    writable = frozenset(k for i, k in enumerate(data) if all(inner_s[i + 1][d] or inner[d] == 1 for d in range(3)))
-    # a broadcast scalar (a constant of the expression) is loaded once, not per tile
-    scalars = {k for i, k in enumerate(data) if not any(inner_s[i + 1]) and not any(lead_s[i + 1])}
-    p = tile_expr.plan(expr, n_in, writable)
-    loaded = [i for i, k in enumerate(data) if k not in scalars]
-    buffers = elementwise_buffers(len(loaded), p.temps, len(records), len(scalars))
-    m = map_vector(inner, buffers, em.hw, em.layer_label, loads=len(loaded), passes=_passes(expr, em.hw))
-    bufs = 2 if m.double_buffer else 1
-    bases = em.allocate(buffers(m.tile_oh, m.tile_ow, m.tile_o, bufs))
-    record_tiles = {k: _load_record(em, base, inputs[k])
-                    for k, base in zip(sorted(records), bases["records"], strict=True)}
-    record_tiles |= {k: _load_scalar(em, base, views[data.index(k)])
-                     for k, base in zip(sorted(scalars), bases["scalars"], strict=True)}
-    tiles_at = iter(bases["tiles"])
-    in_buf = [{i: next(tiles_at) for i in loaded} for _ in range(bufs)]
-    tmp_buf = [[next(tiles_at) for _ in range(p.temps)] for _ in range(bufs)]
-    k = 0
-    for idx in np.ndindex(*lead):
-        dst = _at(out, idx, lead_s[0], inner_s[0])
-        srcs = {i: _at(v, idx, lead_s[i + 1], inner_s[i + 1]) for i, v in enumerate(views) if data[i] not in scalars}
-        for a0, t0 in tiles(inner[0], m.tile_oh):
-            for a1, t1 in tiles(inner[1], m.tile_ow):
-                for a2, t2 in tiles(inner[2], m.tile_o):
-                    counts, start, buf = (t0, t1, t2), (a0, a1, a2), k % bufs
-                    k += 1
-                    loaded = {}
-                    for i, src in srcs.items():
-                        extent = tuple(c if s else 1 for c, s in zip(counts, src.strides, strict=True))
-                        tile = tile_expr.LocalTile(Space.SPAD, in_buf[buf][i], extent, src.dtype)
-                        em.load(src, start, (0, 1, 2), extent, tile.operand(extent))
-                        loaded[data[i]] = tile
-                    args = [loaded[j] if j in loaded else record_tiles[j] for j in range(n_in)]
-                    temps = [tile_expr.LocalTile(Space.SPAD, b, counts) for b in tmp_buf[buf]]
-                    result = tile_expr.emit(em, expr, p, args, temps, counts)
-                    em.store(dst, start, (0, 1, 2), counts, result.operand(counts))
+
+    expr: Expr
+    inputs: tuple[DramTensor, ...]
+    out: DramTensor
+
+    def _plan(self) -> _ElementwisePlan:
+        inputs, out = self.inputs, self.out
+        records = frozenset(record_inputs(self.expr))
+        data = [k for k in range(len(inputs)) if k not in records]
+        views = [inputs[k].broadcast_to(out.shape) for k in data]
+        shape, strides = coalesce(out.shape, out.strides, *[v.strides for v in views])
+        lead, lead_s, inner, inner_s = _split3(shape, *strides)
+        writable = frozenset(k for i, k in enumerate(data)
+                             if all(inner_s[i + 1][d] or inner[d] == 1 for d in range(3)))
+        # a broadcast scalar (a constant of the expression) is loaded once, not per tile
+        scalars = frozenset(k for i, k in enumerate(data) if not any(inner_s[i + 1]) and not any(lead_s[i + 1]))
+        p = tile_expr.plan(self.expr, len(inputs), writable)
+        loaded = [i for i, k in enumerate(data) if k not in scalars]
+        return _ElementwisePlan(records, data, views, lead, lead_s, inner, inner_s, scalars, loaded, p,
+                                ElementwiseBuffers(len(loaded), p.temps, len(records), len(scalars)))
+
+    def nest(self, hw, layer: str) -> VectorNest:
+        p = self._plan()
+        return VectorNest("copy" if self.expr == COPY else "elementwise", p.inner, math.prod(p.lead), p.buffers,
+                          len(p.loaded), _passes(self.expr, hw))
+
+    def emit(self, em, m: TileMapping) -> None:
+        inputs, out = self.inputs, self.out
+        p = self._plan()
+        bufs = 2 if m.double_buffer else 1
+        bases = em.allocate(p.buffers(m.tile_oh, m.tile_ow, m.tile_o, bufs))
+        record_tiles = {k: _load_record(em, base, inputs[k])
+                        for k, base in zip(sorted(p.records), bases["records"], strict=True)}
+        record_tiles |= {k: _load_scalar(em, base, p.views[p.data.index(k)])
+                         for k, base in zip(sorted(p.scalars), bases["scalars"], strict=True)}
+        tiles_at = iter(bases["tiles"])
+        in_buf = [{i: next(tiles_at) for i in p.loaded} for _ in range(bufs)]
+        tmp_buf = [[next(tiles_at) for _ in range(p.expr.temps)] for _ in range(bufs)]
+        inner, n_in = p.inner, len(inputs)
+        k = 0
+        for idx in np.ndindex(*p.lead):
+            dst = _at(out, idx, p.lead_s[0], p.inner_s[0])
+            srcs = {i: _at(v, idx, p.lead_s[i + 1], p.inner_s[i + 1])
+                    for i, v in enumerate(p.views) if p.data[i] not in p.scalars}
+            for a0, t0 in tiles(inner[0], m.tile_oh):
+                for a1, t1 in tiles(inner[1], m.tile_ow):
+                    for a2, t2 in tiles(inner[2], m.tile_o):
+                        counts, start, buf = (t0, t1, t2), (a0, a1, a2), k % bufs
+                        k += 1
+                        loaded = {}
+                        for i, src in srcs.items():
+                            extent = tuple(c if s else 1 for c, s in zip(counts, src.strides, strict=True))
+                            tile = tile_expr.LocalTile(Space.SPAD, in_buf[buf][i], extent, src.dtype)
+                            em.load(src, start, (0, 1, 2), extent, tile.operand(extent))
+                            loaded[p.data[i]] = tile
+                        args = [loaded[j] if j in loaded else record_tiles[j] for j in range(n_in)]
+                        temps = [tile_expr.LocalTile(Space.SPAD, b, counts) for b in tmp_buf[buf]]
+                        result = tile_expr.emit(em, self.expr, p.expr, args, temps, counts)
+                        em.store(dst, start, (0, 1, 2), counts, result.operand(counts))
 
 
 def _passes(expr: Expr, hw) -> float:
@@ -111,80 +182,200 @@ def _load_record(em, base: int, t: DramTensor) -> tile_expr.LocalTile:
     return tile_expr.LocalTile(Space.SPAD, base, (1, 1, 1), t.dtype)
 
 
-def emit_reduce(em, func: str, x: DramTensor, axes: tuple[int, ...], out: DramTensor) -> None:
+class _ReducePlan(NamedTuple):
+    widen: bool    # an int8 sum, widened to int32 per tile
+    kshape: tuple  # the kept dims, coalesced, and the input's and output's strides over them
+    kx: tuple
+    ko: tuple
+    rshape: tuple  # the reduced dims, coalesced, and the input's strides over them
+    rx: tuple
+    klead: int     # how many kept dims are looped over (the last two are tiled)
+    kin: tuple     # the tiled kept dims, and the input's and output's strides over them
+    kin_x: tuple
+    kin_o: tuple
+
+
+@dataclass(frozen=True)
+class Reduce:
     """out = reduce_func(x, axes); out has x's shape without `axes`.  An int8 sum widens each loaded
     tile to int32 (COPY) and sums in int32 (`out` is int32); int8 max and min stay int8."""
-    vfunc, acc_mode = _REDUCE[func]
-    widen = x.dtype != out.dtype
-    if widen and not (x.dtype == DType.I8 and out.dtype == DType.I32):
-        raise TypeError(f"{em.layer_name}: a reduction of {x.dtype.name} gives {x.dtype.name} or (int8 sums) "
-                        f"int32, not {out.dtype.name}")
-    kept = [d for d in range(x.rank) if d not in axes]
-    xk = DramTensor(x.region, x.offset, tuple(x.shape[d] for d in kept), tuple(x.strides[d] for d in kept), x.dtype)
-    kshape, (kx, ko) = coalesce(xk.shape, xk.strides, out.strides if out.rank else ())
-    rshape, (rx,) = coalesce(tuple(x.shape[d] for d in axes), tuple(x.strides[d] for d in axes))
-    klead = max(len(kshape) - 2, 0)
-    kin = (1,) * (2 - len(kshape[klead:])) + tuple(kshape[klead:])
-    kin_x = (0,) * (2 - len(kx[klead:])) + tuple(kx[klead:])
-    kin_o = (0,) * (2 - len(ko[klead:])) + tuple(ko[klead:])
-    buffers = reduce_buffers(widen)
-    m = map_vector(kin + (rshape[-1],), buffers, em.hw, em.layer_label, passes=1 + widen)
-    bufs = 2 if m.double_buffer else 1
-    bases = em.allocate(buffers(m.tile_oh, m.tile_ow, m.tile_o, bufs))
-    in_buf, out_buf = bases["input"], bases["sums"]
-    wide_buf = bases["widened"] if widen else in_buf
-    k = chunk = 0
-    for kidx in np.ndindex(*kshape[:klead]):
-        x_off = x.offset + x.dtype.itemsize * sum(i * s for i, s in zip(kidx, kx[:klead], strict=True))
-        o_off = out.offset + out.dtype.itemsize * sum(i * s for i, s in zip(kidx, ko[:klead], strict=True))
-        for a0, t0 in tiles(kin[0], m.tile_oh):
-            for a1, t1 in tiles(kin[1], m.tile_ow):
-                buf = k % bufs
-                k += 1
-                dst = Operand(Space.SPAD, out_buf[buf], (t1, 1, 0))
-                first = True
-                for ridx in np.ndindex(*rshape[:-1]):
-                    r_off = x.dtype.itemsize * sum(i * s for i, s in zip(ridx, rx[:-1], strict=True))
-                    for a2, t2 in tiles(rshape[-1], m.tile_o):
-                        src = DramTensor(x.region, x_off + r_off, (1 << 30,) * 3, kin_x + (rx[-1],), x.dtype)
-                        tile = Operand(Space.SPAD, in_buf[chunk % bufs], (t1 * t2, t2, 1))
-                        em.load(src, (a0, a1, a2), (0, 1, 2), (t0, t1, t2), tile)
-                        if widen:
-                            wide = Operand(Space.SPAD, wide_buf[chunk % bufs], tile.strides)
-                            em.vector(VectorFunc.COPY, wide, tile, None, (t0, t1, t2), dtype=x.dtype,
-                                      out_dtype=out.dtype)
-                            tile = wide
-                        chunk += 1
-                        em.vector(vfunc, dst, tile, None, (t0, t1, t2), acc=AccMode.OVERWRITE if first else acc_mode,
-                                  dtype=out.dtype)
-                        first = False
-                o = DramTensor(out.region, o_off, (1 << 30,) * 3, kin_o + (0,), out.dtype)
-                em.store(o, (a0, a1, 0), (0, 1, 2), (t0, t1, 1), dst)
+
+    func: str
+    x: DramTensor
+    axes: tuple[int, ...]
+    out: DramTensor
+
+    def _plan(self, layer: str) -> _ReducePlan:
+        x, axes, out = self.x, self.axes, self.out
+        widen = x.dtype != out.dtype
+        if widen and not (x.dtype == DType.I8 and out.dtype == DType.I32):
+            raise TypeError(f"{layer}: a reduction of {x.dtype.name} gives {x.dtype.name} or (int8 sums) "
+                            f"int32, not {out.dtype.name}")
+        kept = [d for d in range(x.rank) if d not in axes]
+        kshape, (kx, ko) = coalesce(tuple(x.shape[d] for d in kept), tuple(x.strides[d] for d in kept),
+                                    out.strides if out.rank else ())
+        rshape, (rx,) = coalesce(tuple(x.shape[d] for d in axes), tuple(x.strides[d] for d in axes))
+        klead = max(len(kshape) - 2, 0)
+        kin = (1,) * (2 - len(kshape[klead:])) + tuple(kshape[klead:])
+        kin_x = (0,) * (2 - len(kx[klead:])) + tuple(kx[klead:])
+        kin_o = (0,) * (2 - len(ko[klead:])) + tuple(ko[klead:])
+        return _ReducePlan(widen, kshape, kx, ko, rshape, rx, klead, kin, kin_x, kin_o)
+
+    def nest(self, hw, layer: str) -> VectorNest:
+        p = self._plan(layer)
+        return VectorNest(f"reduce {self.func}", p.kin + (p.rshape[-1],),
+                          math.prod(p.kshape[:p.klead]) * math.prod(p.rshape[:-1]), ReduceBuffers(p.widen),
+                          passes=1 + p.widen)
+
+    def emit(self, em, m: TileMapping) -> None:
+        x, out = self.x, self.out
+        p = self._plan(em.layer_name)
+        vfunc, acc_mode = _REDUCE[self.func]
+        bufs = 2 if m.double_buffer else 1
+        bases = em.allocate(ReduceBuffers(p.widen)(m.tile_oh, m.tile_ow, m.tile_o, bufs))
+        in_buf, out_buf = bases["input"], bases["sums"]
+        wide_buf = bases["widened"] if p.widen else in_buf
+        k = chunk = 0
+        for kidx in np.ndindex(*p.kshape[:p.klead]):
+            x_off = x.offset + x.dtype.itemsize * sum(i * s for i, s in zip(kidx, p.kx[:p.klead], strict=True))
+            o_off = out.offset + out.dtype.itemsize * sum(i * s for i, s in zip(kidx, p.ko[:p.klead], strict=True))
+            for a0, t0 in tiles(p.kin[0], m.tile_oh):
+                for a1, t1 in tiles(p.kin[1], m.tile_ow):
+                    buf = k % bufs
+                    k += 1
+                    dst = Operand(Space.SPAD, out_buf[buf], (t1, 1, 0))
+                    first = True
+                    for ridx in np.ndindex(*p.rshape[:-1]):
+                        r_off = x.dtype.itemsize * sum(i * s for i, s in zip(ridx, p.rx[:-1], strict=True))
+                        for a2, t2 in tiles(p.rshape[-1], m.tile_o):
+                            src = DramTensor(x.region, x_off + r_off, (1 << 30,) * 3, p.kin_x + (p.rx[-1],), x.dtype)
+                            tile = Operand(Space.SPAD, in_buf[chunk % bufs], (t1 * t2, t2, 1))
+                            em.load(src, (a0, a1, a2), (0, 1, 2), (t0, t1, t2), tile)
+                            if p.widen:
+                                wide = Operand(Space.SPAD, wide_buf[chunk % bufs], tile.strides)
+                                em.vector(VectorFunc.COPY, wide, tile, None, (t0, t1, t2), dtype=x.dtype,
+                                          out_dtype=out.dtype)
+                                tile = wide
+                            chunk += 1
+                            em.vector(vfunc, dst, tile, None, (t0, t1, t2),
+                                      acc=AccMode.OVERWRITE if first else acc_mode, dtype=out.dtype)
+                            first = False
+                    o = DramTensor(out.region, o_off, (1 << 30,) * 3, p.kin_o + (0,), out.dtype)
+                    em.store(o, (a0, a1, 0), (0, 1, 2), (t0, t1, 1), dst)
 
 
-def emit_gather(em, table: DramTensor, indices: DramTensor, out: DramTensor) -> None:
+@dataclass(frozen=True)
+class Gather:
     """out[i, ...] = table[indices[i], ...]: the indices into the scratchpad, then indirect DMA of
     the rows (the table's rows bound the indices, checked when they run)."""
-    rows = table.shape[0]
-    if rows > MAX_COUNT:
-        raise LoweringError(f"{em.layer_name}: a gather from a table of {rows} rows: GATHER indexes at most "
-                            f"{MAX_COUNT} rows (its 16-bit row count)")
-    row = table.reshape((rows, table.size // rows))
-    idx = indices.reshape((indices.size,))
-    dst = out.reshape((indices.size, table.size // rows))
-    if row is None or idx is None or dst is None:
-        raise ValueError(f"{em.layer_name}: gather operands must be row-contiguous views")
-    width = row.shape[1]
-    m = map_vector((indices.size, 1, width), gather_buffers, em.hw, em.layer_label, passes=0)
-    bufs = 2 if m.double_buffer else 1
-    bases = em.allocate(gather_buffers(m.tile_oh, m.tile_ow, m.tile_o, bufs))
-    idx_buf, row_buf = bases["indices"], bases["rows"]
-    k = 0
-    for a0, t0 in tiles(indices.size, m.tile_oh):
-        ib = idx_buf[k % bufs]
-        em.load(idx, (a0,), (None, None, 0), (1, 1, t0), Operand(Space.SPAD, ib, (0, 0, 1)))
-        for a2, t2 in tiles(width, m.tile_o):
-            rb = row_buf[k % bufs]
-            k += 1
-            em.gather(row, (0, a2), t0, t2, Operand(Space.SPAD, rb, (t2, 0, 1)), Operand(Space.SPAD, ib, (1, 0, 0)))
-            em.store(dst, (a0, a2), (0, None, 1), (t0, 1, t2), Operand(Space.SPAD, rb, (t2, 0, 1)))
+
+    table: DramTensor
+    indices: DramTensor
+    out: DramTensor
+
+    def _plan(self, layer: str) -> tuple[DramTensor, DramTensor, DramTensor]:
+        """(the table as rows, the indices as a vector, out as rows)."""
+        table, indices = self.table, self.indices
+        rows = table.shape[0]
+        if rows > MAX_COUNT:
+            raise LoweringError(f"{layer}: a gather from a table of {rows} rows: GATHER indexes at most "
+                                f"{MAX_COUNT} rows (its 16-bit row count)")
+        views = (table.reshape((rows, table.size // rows)), indices.reshape((indices.size,)),
+                 self.out.reshape((indices.size, table.size // rows)))
+        if None in views:
+            raise ValueError(f"{layer}: gather operands must be row-contiguous views")
+        return views
+
+    def nest(self, hw, layer: str) -> VectorNest:
+        row, idx, _ = self._plan(layer)
+        return VectorNest("gather", (idx.size, 1, row.shape[1]), 1, GatherBuffers(), passes=0)
+
+    def emit(self, em, m: TileMapping) -> None:
+        row, idx, dst = self._plan(em.layer_name)
+        width = row.shape[1]
+        bufs = 2 if m.double_buffer else 1
+        bases = em.allocate(GatherBuffers()(m.tile_oh, m.tile_ow, m.tile_o, bufs))
+        idx_buf, row_buf = bases["indices"], bases["rows"]
+        k = 0
+        for a0, t0 in tiles(idx.size, m.tile_oh):
+            ib = idx_buf[k % bufs]
+            em.load(idx, (a0,), (None, None, 0), (1, 1, t0), Operand(Space.SPAD, ib, (0, 0, 1)))
+            for a2, t2 in tiles(width, m.tile_o):
+                rb = row_buf[k % bufs]
+                k += 1
+                em.gather(row, (0, a2), t0, t2, Operand(Space.SPAD, rb, (t2, 0, 1)),
+                          Operand(Space.SPAD, ib, (1, 0, 0)))
+                em.store(dst, (a0, a2), (0, None, 1), (t0, 1, t2), Operand(Space.SPAD, rb, (t2, 0, 1)))
+
+
+# --- a node's jobs ------------------------------------------------------------------------------
+
+class LayoutViews:
+    """A node's operands as lower.layout places them, offsets relative to their buffers, and its
+    scalars as a program's constant pool holds them: what the schedule stage builds a node's jobs
+    over (lower.lowering.LowerContext is the same for the emitter, placed)."""
+
+    def __init__(self, layout: Layout):
+        self.placements, self.consts = layout.placements, ConstPool()
+
+    def tensor(self, v) -> DramTensor:
+        return self.placements[v.id].view
+
+    def scalar(self, value: float, dtype: DType) -> DramTensor:
+        return self.consts.scalar(value, dtype)
+
+
+VECTOR_JOBS: dict[OpKind, Callable] = {}
+_rule = registrar(VECTOR_JOBS)
+
+
+def vector_jobs(views, node: Node) -> list:
+    """The nests a vector node runs, in order, over `views` (`tensor(value)`, `scalar(value, dtype)`)."""
+    return VECTOR_JOBS[node.op](views, node)
+
+
+@_rule(OpKind.ELEMENTWISE)
+def _elementwise(views, node: Node) -> list:
+    return [Elementwise(node.attr("expr"), tuple(views.tensor(v) for v in node.inputs), views.tensor(node.output))]
+
+
+@_rule(OpKind.GATHER)
+def _gather(views, node: Node) -> list:
+    return [Gather(views.tensor(node.inputs[0]), views.tensor(node.inputs[1]), views.tensor(node.output))]
+
+
+@_rule(OpKind.REDUCE)
+def _reduce(views, node: Node) -> list:
+    return [Reduce(node.attr("func"), views.tensor(node.inputs[0]), node.attr("axes"), views.tensor(node.output))]
+
+
+@_rule(*ALWAYS_VIEWS, OpKind.RESHAPE)
+def _view_copy(views, node: Node) -> list:
+    """A view op that must materialize (a graph output, or a reshape no strides express)."""
+    src, out = views.tensor(node.inputs[0]), views.tensor(node.output)
+    if node.op == OpKind.RESHAPE:
+        return [Elementwise(COPY, (src,), out.reshape(src.shape))]
+    return [Elementwise(COPY, (view_of(node, src),), out)]
+
+
+@_rule(OpKind.PAD)
+def _pad(views, node: Node) -> list:
+    """The fill of the whole output, then the copy of the input into it."""
+    out = views.tensor(node.output)
+    fill = Elementwise(COPY, (views.scalar(node.attr("value"), out.dtype),), out)
+    lo, src = node.attr("lo"), views.tensor(node.inputs[0])
+    inside = out.slice(lo, [a + d for a, d in zip(lo, src.shape, strict=True)], (1,) * out.rank)
+    return [fill, Elementwise(COPY, (src,), inside)]
+
+
+@_rule(OpKind.CONCAT)
+def _concat(views, node: Node) -> list:
+    """A copy of each input into its part of the output."""
+    out, axis, at = views.tensor(node.output), node.attr("axis"), 0
+    jobs = []
+    for v in node.inputs:
+        start, limit = [0] * out.rank, list(out.shape)
+        start[axis], limit[axis] = at, at + v.shape[axis]
+        jobs.append(Elementwise(COPY, (views.tensor(v),), out.slice(start, limit, (1,) * out.rank)))
+        at += v.shape[axis]
+    return jobs

@@ -171,9 +171,9 @@ def _tune(c: Compilation) -> Compilation:
 
 
 def _schedule(c: Compilation) -> Compilation:
-    """A mapping per conv-shaped layer: the caller's, else the tuner's, else the default mapper's."""
+    """A tiling per layer: the caller's, else the tuner's, else the default mapper's."""
     mappings = {**(c.tuning.mappings if c.tuning is not None else {}), **c.request.mappings}
-    return replace(c, schedule=make_schedule(c.graph, c.request.hw, mappings))
+    return replace(c, schedule=make_schedule(c.graph, c.layout, c.request.hw, mappings))
 
 
 def _lower(c: Compilation) -> Compilation:
@@ -230,7 +230,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("tune", _tune, show=lambda c: c.tuning, when=lambda r: r.tuner is not None, collects=True),
     # buffer layouts (NHWC for activations)
     Stage("layout", lambda c: replace(c, layout=assign_layout(c.graph)), show=lambda c: c.layout),
-    # a mapping per conv-shaped layer: the caller's, the tuner's, else the default mapper's
+    # every layer's tiling, vector ops' too: the caller's, the tuner's, else the default mapper's
     Stage("schedule", _schedule, show=lambda c: c.schedule),
     # instructions, DRAM layout, constants (verified)
     Stage("program", _lower, show=lambda c: disassemble(c.program)),

@@ -18,8 +18,10 @@ import stagec
 from stagec import int8_reference
 from stagec.errors import QuantizationError, TilingError
 from stagec.isa.verify import verify
+from stagec.lower.layout import assign_layout
 from stagec.lower.pack import pack_depthwise
-from stagec.lower.schedule import TileMapping, footprint, make_schedule, node_problem
+from stagec.lower.schedule import TileMapping, layer_nests, make_schedule
+from stagec.lower.vector import LayoutViews, VectorNest
 from stagec.pipeline import build_graph, lower_graph
 from stagec.sim import reference
 
@@ -174,7 +176,7 @@ def compiles_legally_or_says_why(model, shapes, hw, precision, choose=None):
     """The invariant, for one model: a program whose every nest's local buffers fit, as many bytes
     as the mapper's footprint of its mapping, and whose outputs are PyTorch's (int8: the integer
     reference's); or a TilingError that says where and why.  `choose(graph)` may give mappings
-    of its own for the conv-shaped layers (checked to fit, else the error says by how much)."""
+    of its own for its layers (checked to fit, else the error says by how much)."""
     gen = torch.Generator().manual_seed(0)
     args = [torch.randn(*s, generator=gen) for s in shapes]
     options = {"quantize": "int8", "calibration": [tuple(torch.randn(*s, generator=gen) for s in shapes)
@@ -198,13 +200,13 @@ def compiles_legally_or_says_why(model, shapes, hw, precision, choose=None):
         capacity = hw.scratchpad_bytes if found["memory"] == "scratchpad" else hw.accumulator_bytes
         assert int(found["capacity"]) == capacity < int(found["need"])
         return None
-    schedule = make_schedule(graph, hw, mappings)
+    schedule = make_schedule(graph, assign_layout(graph), hw, mappings)
     peaks = program.metadata["local_peak_bytes"]
     assert all(spad <= hw.scratchpad_bytes and acc <= hw.accumulator_bytes for spad, acc in peaks.values())
-    for node in graph.nodes:
-        if found := node_problem(node):
-            kind, p, extras = found
-            assert tuple(peaks[node.name]) == footprint(kind, p, schedule[node.name], extras), node.name
+    assert [name for name, _ in schedule.tilings] == list(peaks)   # every layer of the program, vector ops too
+    for name, tiling in schedule.tilings:   # each layer's high-water marks: its largest nest's
+        footprints = [nest.footprint(m) for nest, m in zip(tiling.nests, tiling.mappings, strict=True)]
+        assert tuple(peaks[name]) == tuple(max(int(f[i]) for f in footprints) for i in range(2)), name
     # the ISA's reference interpreter, after the verifier (addresses in bounds among its checks): the
     # definition the batched simulator is tested against, and a hundred times faster on programs this size
     verify(program)
@@ -217,11 +219,14 @@ def compiles_legally_or_says_why(model, shapes, hw, precision, choose=None):
     return program
 
 
-def any_mapping(data, kind: str, p) -> TileMapping:
-    """A mapping of a layer of `kind` drawn from all it may be: tile sizes up to the dims, every
-    switch its nest supports."""
+def any_mapping(data, nest) -> TileMapping:
+    """A mapping of a nest drawn from all it may be: tile sizes up to the dims, every switch it has
+    (a vector-unit nest: double buffering)."""
     def size(dim):
         return data.draw(st.integers(1, dim))
+    if isinstance(nest, VectorNest):
+        return TileMapping(*(size(d) for d in nest.space), 1, data.draw(st.booleans()))
+    kind, p, _ = nest
     th, tw, to, tc = size(p.oh), size(p.ow), size(p.o), size(p.c) if kind == "matrix" else 1
     db = data.draw(st.booleans())
     if kind != "matrix":
@@ -244,11 +249,14 @@ def test_vector_unit_layers_fit_or_raise_a_tiling_error(net, hw, precision):
 @given(epilogued(st.one_of(convs(), matmuls(), vector_ops())), hardware, st.sampled_from(["fp32", "int8"]), st.data())
 def test_every_mapping_runs_in_its_footprint_or_is_refused(net, hw, precision, data):
     """Mappings of every shape and switch (transposed, stacked, one accumulator tile, resident
-    weights, single-buffered), not only those the default mapper picks: each one the schedule
-    accepts allocates its footprint and computes the layer."""
+    weights, single-buffered), not only those the default mapper picks, of every nest (vector
+    ops' too: one mapping for a layer of one nest, one per nest for a pad or a concat): each one
+    the schedule accepts allocates its footprint and computes the layer."""
     def choose(graph):
-        return {node.name: any_mapping(data, found[0], found[1]) for node in graph.nodes
-                if (found := node_problem(node))}
+        layout, views = assign_layout(graph), LayoutViews(assign_layout(graph))
+        chosen = {node.name: tuple(any_mapping(data, nest) for nest in layer_nests(node, views, hw))
+                  for node in graph.nodes if layout.emits(node)}
+        return {name: ms[0] if len(ms) == 1 else ms for name, ms in chosen.items()}
     compiles_legally_or_says_why(*net, hw, precision, choose)
 
 
