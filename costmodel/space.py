@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stagec.errors import InputError
-from stagec.lower.emitter import MAX_COUNT
+from stagec.isa.instructions import MAX_COUNT
 from stagec.lower.nest import SWITCHES, TILE_FIELDS, LayerShape, TileMapping
 
 from .batch import exact_cost

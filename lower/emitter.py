@@ -14,6 +14,7 @@ import numpy as np
 
 from stagec.isa.config import HardwareConfig
 from stagec.isa.instructions import (
+    MAX_COUNT,
     AccMode,
     DType,
     Instruction,
@@ -32,7 +33,6 @@ from .buffers import Buffer, local_bytes
 from .memory import ALIGN, LocalAllocator, align
 from .tensors import DTYPE_OF, DramRegion, DramTensor, coalesce
 
-MAX_COUNT = 65535   # u16 iteration counts
 ACC_DTYPE = {DType.F32: DType.F32, DType.I8: DType.I32}   # a MATMUL's operand type -> its accumulator's
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from stagec.isa.instructions import Space
+from stagec.isa.instructions import MAX_COUNT, Space
 from stagec.sim.costs import matmul_fold_cycles
 
 from .buffers import (
@@ -25,7 +25,6 @@ from .buffers import (
     local_bytes,
     words,
 )
-from .emitter import MAX_COUNT
 from .nest import DEPTHWISE, MATRIX, LayerShape, TileMapping, count, halo, stacked_edges, tile_line, tile_sum
 
 

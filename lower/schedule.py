@@ -17,9 +17,9 @@ import numpy as np
 
 from stagec.errors import InputError, TilingError
 from stagec.isa.config import HardwareConfig
+from stagec.isa.instructions import MAX_COUNT
 
 from .buffers import FP32, NO_EXTRAS, Extras, epilogue_extras, local_bytes
-from .emitter import MAX_COUNT
 from .nest import (
     MATRIX,
     SWITCHES,

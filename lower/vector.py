@@ -10,12 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from stagec.errors import LoweringError
-from stagec.isa.instructions import AccMode, DType, Operand, Space, VectorFunc
+from stagec.isa.instructions import MAX_COUNT, AccMode, DType, Operand, Space, VectorFunc
 from stagec.isa.opcodes import TRANSCENDENTAL
 
 from . import tile_expr
 from .buffers import elementwise_buffers, gather_buffers, reduce_buffers
-from .emitter import MAX_COUNT
 from .graph_ir import RECORD_WORDS, Expr, Step, record_inputs
 from .nest import tiles
 from .schedule import map_vector
