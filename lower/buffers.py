@@ -27,7 +27,7 @@ from stagec.isa.instructions import REQUANT_RECORD_BYTES, Space
 from stagec.isa.opcodes import TRANSCENDENTAL
 
 from . import tile_expr
-from .graph_ir import Node, OpKind, record_inputs
+from .graph.graph_ir import Node, OpKind, record_inputs
 from .tensors import DTYPE_OF
 
 FP32 = 4

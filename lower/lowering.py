@@ -22,7 +22,7 @@ from stagec.rule_tables import registrar
 
 from .buffers import epilogue_layout
 from .emitter import Emitter
-from .graph_ir import RECORD_WORDS, Graph, Node, OpKind, Value, record_inputs
+from .graph.graph_ir import RECORD_WORDS, Graph, Node, OpKind, Value, record_inputs
 from .layout import ALWAYS_VIEWS, Layout, view_of
 from .matrix import as_conv, emit_conv
 from .memory import Interval, align, allocate_by_liveness

@@ -26,7 +26,7 @@ from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space,
 from . import tile_expr
 from .buffers import EPILOGUE_TILES, EPILOGUE_VECTORS, NO_EXTRAS, EpilogueLayout
 from .emitter import ACC_DTYPE
-from .graph_ir import RECORD_WORDS
+from .graph.graph_ir import RECORD_WORDS
 from .nest import ConvProblem, LayerShape, TileMapping, row_tiles, tile_line, tiles
 from .nest_work import matrix_buffers, one_spatial_tile
 from .tensors import DramTensor

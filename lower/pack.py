@@ -20,9 +20,9 @@ import numpy as np
 from stagec.errors import TilingError
 from stagec.isa.config import HardwareConfig
 
-from .graph_ir import Graph, Node, OpKind, Value
+from .graph.graph_ir import Graph, Node, OpKind, Value
+from .graph.passes import dce
 from .nest import ConvProblem
-from .passes import dce
 from .schedule import layer_label, map_conv, map_window, node_problem
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from stagec.isa.instructions import DType, Operand, Space, VectorFunc
 
-from .graph_ir import CONVERSIONS, RESULT_DTYPES, Expr
+from .graph.graph_ir import CONVERSIONS, RESULT_DTYPES, Expr
 from .tensors import DTYPE_OF
 
 

@@ -15,7 +15,7 @@ from stagec.isa.opcodes import TRANSCENDENTAL
 
 from . import tile_expr
 from .buffers import elementwise_buffers, gather_buffers, reduce_buffers
-from .graph_ir import RECORD_WORDS, Expr, Step, record_inputs
+from .graph.graph_ir import RECORD_WORDS, Expr, Step, record_inputs
 from .nest import tiles
 from .schedule import map_vector
 from .tensors import DramTensor, coalesce

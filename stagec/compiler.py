@@ -26,7 +26,7 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     `tune="gradient"` maps the other layers with stagec.tune (cost model, optax) for `objective`;
     a stagec.TuneSettings instead of "gradient" does so with those settings.
 
-    `quantize="int8"` quantizes after training (lower.quantize): int8 weights per output channel,
+    `quantize="int8"` quantizes after training (lower.graph.quantize): int8 weights per output channel,
     int8 activations per tensor with ranges from `calibration` (a list of batches, each a tuple of
     the model's positional inputs or a dict of its keyword inputs; default: the example inputs
     alone), the largest |x| seen or, with `percentile` (e.g. 99.99), that percentile of |x|.

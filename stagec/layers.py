@@ -18,7 +18,7 @@ import numpy as np
 from stagec.costmodel.problem import LayerShape, layer_shape
 from stagec.isa import HardwareConfig, Program
 from stagec.lower.buffers import Extras
-from stagec.lower.graph_ir import Graph, Node, OpKind
+from stagec.lower.graph.graph_ir import Graph, Node, OpKind
 from stagec.lower.schedule import ConvProblem, TileMapping, node_problem
 from stagec.sim.energy import counts_of, energy_pj
 from stagec.sim.timing import timeline

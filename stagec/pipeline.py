@@ -35,15 +35,15 @@ import torch
 from stagec.errors import InputError
 from stagec.frontend import TracedModel, flatten_inputs, trace_jax, trace_torch
 from stagec.isa import HardwareConfig, Program, disassemble, verify
-from stagec.lower.calibrate import calibrate
-from stagec.lower.canonicalize import canonicalize
-from stagec.lower.graph_ir import Graph
+from stagec.lower.graph.calibrate import calibrate
+from stagec.lower.graph.canonicalize import canonicalize
+from stagec.lower.graph.graph_ir import Graph
+from stagec.lower.graph.passes import dce, defer_row_scale, fold_affine, fuse_elementwise, fuse_epilogues, sink_reshapes
+from stagec.lower.graph.quantize import QuantParams
+from stagec.lower.graph.quantize import quantize as quantize_graph
 from stagec.lower.layout import Layout, assign_layout
 from stagec.lower.lowering import lower_to_program
 from stagec.lower.pack import pack_depthwise
-from stagec.lower.passes import dce, defer_row_scale, fold_affine, fuse_elementwise, fuse_epilogues, sink_reshapes
-from stagec.lower.quantize import QuantParams
-from stagec.lower.quantize import quantize as quantize_graph
 from stagec.lower.schedule import Schedule, make_schedule
 
 QUANTIZE_MODES = (None, "int8")
@@ -204,7 +204,7 @@ def _amax_table(c: Compilation) -> str:
 PIPELINE: tuple[Stage, ...] = (
     # the frontend: torch.export (a JAX function: make_jaxpr) -> ClosedJaxpr
     Stage("jaxpr", _trace, show=lambda c: c.traced.closed),
-    # jaxpr -> graph IR (lower.canonicalize)
+    # jaxpr -> graph IR (lower.graph.canonicalize)
     Stage("graph", lambda c: replace(c, graph=canonicalize(c.traced.closed))),
     # drop what no output needs
     Stage("dce", GraphPass(dce)),

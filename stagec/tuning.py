@@ -26,7 +26,7 @@ from stagec.costmodel.tuner import DEFAULT_SETTINGS, TuneSettings, print_progres
 
 __all__ = ["TuneSettings", "Tuning", "tune", "tune_graph", "tune_layer_list"]
 from stagec.isa import HardwareConfig
-from stagec.lower.graph_ir import Graph
+from stagec.lower.graph.graph_ir import Graph
 from stagec.lower.schedule import TileMapping, default_mapping
 
 from .layers import Layer, measure, model_graph, model_layers

@@ -11,9 +11,9 @@ from torch import nn
 import stagec
 from stagec import int8_reference
 from stagec.isa import HardwareConfig, semantics
-from stagec.lower.evaluate import evaluate
-from stagec.lower.graph_ir import OpKind
-from stagec.lower.requant import quantize_multiplier
+from stagec.lower.graph.evaluate import evaluate
+from stagec.lower.graph.graph_ir import OpKind
+from stagec.lower.graph.requant import quantize_multiplier
 from stagec.models import hand_keypoint_net
 from stagec.pipeline import build_graph
 

@@ -32,7 +32,7 @@ import torch
 import stagec
 from stagec import int8_reference
 from stagec.errors import QuantizationError, StagecError, TilingError
-from stagec.lower.quantize import quantize_weights
+from stagec.lower.graph.quantize import quantize_weights
 from stagec.pipeline import build_graph
 
 from .hardware import HW_KINDS, describe, random_hardware
@@ -241,7 +241,7 @@ def with_noise(model: torch.nn.Module, x: torch.Tensor, step: float, calibration
 
 @contextlib.contextmanager
 def _int8_weights(model: torch.nn.Module):
-    """The model's conv and linear weights rounded as `lower.quantize` rounds them, restored after."""
+    """The model's conv and linear weights rounded as `lower.graph.quantize` rounds them, restored after."""
     saved = [(m.weight, m.weight.detach().clone()) for m in model.modules() if isinstance(m, SCALED)]
     for weight, w in saved:
         q, scale = quantize_weights(w.numpy(), axis=0)

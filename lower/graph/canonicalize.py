@@ -1,7 +1,7 @@
 """jaxpr -> graph IR: one interpreter loop, one rule per jaxpr primitive (keyed by name).
 
 Equations whose inputs are all constants are evaluated on the spot (constant
-folding, `lower.fold`), unless that would blow a small constant up into a large one (a
+folding, `lower.graph.fold`), unless that would blow a small constant up into a large one (a
 broadcast stays a view of the small constant instead).  Calls (jit,
 custom_jvp/vjp, closed_call, remat) are inlined.
 """
