@@ -24,24 +24,24 @@ from stagec.errors import LoweringError
 from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space, VectorFunc
 
 from . import tile_expr
-from .buffers import EPILOGUE_TILES, EPILOGUE_VECTORS, NO_EXTRAS, EpilogueLayout
 from .emitter import ACC_DTYPE
 from .graph.graph_ir import RECORD_WORDS
-from .nest import ConvProblem, LayerShape, TileMapping, row_tiles, tile_line, tiles
-from .nest_work import matrix_buffers, one_spatial_tile
-from .tensors import DramTensor
+from .schedule.buffers import EPILOGUE_TILES, EPILOGUE_VECTORS, NO_EXTRAS, EpilogueLayout
+from .schedule.nest import ConvProblem, LayerShape, TileMapping, row_tiles, tile_line, tiles
+from .schedule.nest_work import matrix_buffers, one_spatial_tile
+from .schedule.tensors import DramTensor
 
 # Tile axes of an NCHW output: rows (H), cols (W), channels (O).
 OUT_AXES = (2, 3, 1)
 
 
 class Epilogue:
-    """A fused epilogue (lower.buffers.EpilogueLayout) over its extra inputs (views broadcast to the
+    """A fused epilogue (lower.schedule.buffers.EpilogueLayout) over its extra inputs (views broadcast to the
     output's NCHW shape; requant records [N, C, H, W, 4]), in the nest's buffers (`bases`, from
     Emitter.allocate).
 
     Channel vectors and scalars are loaded once for the whole nest, or, `channels_per_tile` (a
-    nest of one spatial tile, lower.buffers.one_spatial_tile), a channel tile (`tile_o` channels)
+    nest of one spatial tile, lower.schedule.nest_work.one_spatial_tile), a channel tile (`tile_o` channels)
     per output tile into one of `bufs` copies; tile inputs are loaded per output tile into a tile
     buffer each (x `bufs`).
     """

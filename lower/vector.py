@@ -14,11 +14,11 @@ from stagec.isa.instructions import MAX_COUNT, AccMode, DType, Operand, Space, V
 from stagec.isa.opcodes import TRANSCENDENTAL
 
 from . import tile_expr
-from .buffers import elementwise_buffers, gather_buffers, reduce_buffers
 from .graph.graph_ir import RECORD_WORDS, Expr, Step, record_inputs
-from .nest import tiles
-from .schedule import map_vector
-from .tensors import DramTensor, coalesce
+from .schedule.buffers import elementwise_buffers, gather_buffers, reduce_buffers
+from .schedule.mapper import map_vector
+from .schedule.nest import tiles
+from .schedule.tensors import DramTensor, coalesce
 
 COPY: Expr = (Step("copy", (0,)),)
 _REDUCE = {"sum": (VectorFunc.RSUM, AccMode.ADD), "max": (VectorFunc.RMAX, AccMode.MAX),

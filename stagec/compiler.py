@@ -21,7 +21,7 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
 
     `dump` prints the IR of the stages it names (or of all with True; a folder: one file per stage).
     `fuse=False` skips the fusion passes (every elementwise op then round-trips through DRAM),
-    to measure what fusion saves.  `mappings` ({layer name: lower.schedule.TileMapping}) replaces
+    to measure what fusion saves.  `mappings` ({layer name: lower.schedule.nest.TileMapping}) replaces
     the default mapper's choice for those layers (the names are the schedule dump's).
     `tune="gradient"` maps the other layers with stagec.tune (cost model, optax) for `objective`;
     a stagec.TuneSettings instead of "gradient" does so with those settings.

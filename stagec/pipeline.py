@@ -41,10 +41,10 @@ from stagec.lower.graph.graph_ir import Graph
 from stagec.lower.graph.passes import dce, defer_row_scale, fold_affine, fuse_elementwise, fuse_epilogues, sink_reshapes
 from stagec.lower.graph.quantize import QuantParams
 from stagec.lower.graph.quantize import quantize as quantize_graph
-from stagec.lower.layout import Layout, assign_layout
 from stagec.lower.lowering import lower_to_program
-from stagec.lower.pack import pack_depthwise
-from stagec.lower.schedule import Schedule, make_schedule
+from stagec.lower.schedule.layout import Layout, assign_layout
+from stagec.lower.schedule.mapper import Schedule, make_schedule
+from stagec.lower.schedule.pack import pack_depthwise
 
 QUANTIZE_MODES = (None, "int8")
 _PACKAGE = str(Path(__file__).parent)
@@ -224,7 +224,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("quantize", _quantize, show=lambda c: f"{c.graph}\n{c.quantization}", when=_quantizing),
     # int8: the boundaries -> their neighbours' expressions and epilogues
     Stage("fuse_quantized", GraphPass(lambda g: fuse_epilogues(fuse_elementwise(g)), fusion=True), when=_quantizing),
-    # depthwise convs that run cheaper packed on the array -> grouped convs (lower.pack)
+    # depthwise convs that run cheaper packed on the array -> grouped convs (lower.schedule.pack)
     Stage("pack", _pack),
     # tune=: mappings by gradient on the cost model (stagec.tune), with the collector on
     Stage("tune", _tune, show=lambda c: c.tuning, when=lambda r: r.tuner is not None, collects=True),

@@ -88,7 +88,7 @@ def test_transposed_mappings_match_integer_reference_bit_for_bit():
     """int8 x int8 -> int32 with the operands swapped: the COPY turns int32 tiles, requantization
     follows in the scratchpad."""
     from stagec.layers import model_layers
-    from stagec.lower.schedule import TileMapping
+    from stagec.lower.schedule.nest import TileMapping
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1), nn.ReLU(), nn.Conv2d(16, 24, 1), nn.ReLU(),
                           nn.Conv2d(24, 8, 3, 2, 1), nn.Flatten(), nn.Linear(128, 10)).eval()

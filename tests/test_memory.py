@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stagec.lower.memory import Interval, align, allocate_by_liveness
-from stagec.lower.tensors import DramRegion, DramTensor, coalesce
+from stagec.lower.schedule.tensors import DramRegion, DramTensor, coalesce
 
 
 def _elements(t: DramTensor) -> np.ndarray:

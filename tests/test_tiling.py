@@ -18,8 +18,9 @@ import stagec
 from stagec import int8_reference
 from stagec.errors import QuantizationError, TilingError
 from stagec.isa.verify import verify
-from stagec.lower.pack import pack_depthwise
-from stagec.lower.schedule import TileMapping, footprint, make_schedule, node_problem
+from stagec.lower.schedule.mapper import footprint, make_schedule, node_problem
+from stagec.lower.schedule.nest import TileMapping
+from stagec.lower.schedule.pack import pack_depthwise
 from stagec.pipeline import build_graph, lower_graph
 from stagec.sim import reference
 

@@ -217,7 +217,7 @@ def node_problem(node) -> tuple[str, ConvProblem, Extras] | None:
     kind is 'matrix' (conv/matmul on the array), 'depthwise' or 'pool' (vector unit, per channel);
     the epilogue's buffers are lower.buffers.Extras.
     """
-    from .graph.graph_ir import OpKind
+    from ..graph.graph_ir import OpKind
 
     x = node.inputs[0]
     itemsize = 1 if x.dtype == "int8" else FP32

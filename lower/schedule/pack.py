@@ -5,7 +5,7 @@ it runs on the systolic array as a grouped conv of C/G groups, each G channels i
 block-diagonal weights: one array pass reduces G channels' taps at once (K = G*kh*kw rows, G
 columns), so a 1/G share of its MACs are useful.  That wins where the array is wide and the vector
 unit narrow.  Per layer, the pass takes the cheapest of the vector mapping and every packing
-G | C, G <= array columns, by the default mapper's estimate (lower.schedule), which both sides
+G | C, G <= array columns, by the default mapper's estimate (lower.schedule.mapper), which both sides
 share.  Only fp32 layers pack: int8 depthwise keeps lower.window's integer sums.
 """
 
@@ -20,10 +20,10 @@ import numpy as np
 from stagec.errors import TilingError
 from stagec.isa.config import HardwareConfig
 
-from .graph.graph_ir import Graph, Node, OpKind, Value
-from .graph.passes import dce
+from ..graph.graph_ir import Graph, Node, OpKind, Value
+from ..graph.passes import dce
+from .mapper import layer_label, map_conv, map_window, node_problem
 from .nest import ConvProblem
-from .schedule import layer_label, map_conv, map_window, node_problem
 
 
 def packing(p: ConvProblem, extras, hw: HardwareConfig, layer: str) -> int:

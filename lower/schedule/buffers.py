@@ -1,7 +1,7 @@
 """What a loop nest holds in local memory, described once.
 
 Each nest kind has one function listing its buffers (`Buffer`: a name, a memory, bytes, how
-many) as expressions of its tile sizes: the conv-shaped nests' in lower.nest_cost, the vector
+many) as expressions of its tile sizes: the conv-shaped nests' in lower.schedule.nest_cost, the vector
 unit's elementwise, reduce and gather nests' here.  The mapper evaluates that list over arrays of candidate
 tilings (numpy) and keeps the ones whose `local_bytes` fit; the cost model evaluates it over
 jax.numpy as its capacity term; the emitter evaluates it for the chosen tiling and `allocate`s
@@ -26,8 +26,8 @@ from stagec.errors import LoweringError
 from stagec.isa.instructions import REQUANT_RECORD_BYTES, Space
 from stagec.isa.opcodes import TRANSCENDENTAL
 
-from . import tile_expr
-from .graph.graph_ir import Node, OpKind, record_inputs
+from .. import tile_expr
+from ..graph.graph_ir import Node, OpKind, record_inputs
 from .tensors import DTYPE_OF
 
 FP32 = 4
@@ -209,7 +209,7 @@ def epilogue_vectors(extras: Extras, channels) -> Buffer:
                   align=extras.records * REQUANT_RECORD_BYTES + (1 - extras.records) * WORD)
 
 
-# --- the vector unit's nests (the conv-shaped ones: lower.nest_cost) ---------------------------
+# --- the vector unit's nests (the conv-shaped ones: lower.schedule.nest_cost) ------------------
 
 def elementwise_buffers(loaded: int, temps: int, records: int, scalars: int):
     """An elementwise nest (lower.vector.emit_elementwise) over tiles (t0, t1, t2): per buffer set,
