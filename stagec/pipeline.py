@@ -35,13 +35,13 @@ import torch
 from stagec.errors import InputError
 from stagec.frontend import TracedModel, flatten_inputs, trace_jax, trace_torch
 from stagec.isa import HardwareConfig, Program, disassemble, verify
+from stagec.lower.codegen.lowering import lower_to_program
 from stagec.lower.graph.calibrate import calibrate
 from stagec.lower.graph.canonicalize import canonicalize
 from stagec.lower.graph.graph_ir import Graph
 from stagec.lower.graph.passes import dce, defer_row_scale, fold_affine, fuse_elementwise, fuse_epilogues, sink_reshapes
 from stagec.lower.graph.quantize import QuantParams
 from stagec.lower.graph.quantize import quantize as quantize_graph
-from stagec.lower.lowering import lower_to_program
 from stagec.lower.schedule.layout import Layout, assign_layout
 from stagec.lower.schedule.mapper import Schedule, make_schedule
 from stagec.lower.schedule.pack import pack_depthwise

@@ -5,7 +5,7 @@ many) as expressions of its tile sizes: the conv-shaped nests' in lower.schedule
 unit's elementwise, reduce and gather nests' here.  The mapper evaluates that list over arrays of candidate
 tilings (numpy) and keeps the ones whose `local_bytes` fit; the cost model evaluates it over
 jax.numpy as its capacity term; the emitter evaluates it for the chosen tiling and `allocate`s
-exactly those buffers (lower.emitter.Emitter.allocate), in their order but for the buffers
+exactly those buffers (lower.codegen.emitter.Emitter.allocate), in their order but for the buffers
 aligned to a requant record's 16 bytes, which go first (each a whole number of records but the
 last), with no gap between them: every size is a whole number of 4-byte words.  So the footprint
 the mapper checked is the allocator's high-water mark, byte for byte.
@@ -26,7 +26,7 @@ from stagec.errors import LoweringError
 from stagec.isa.instructions import REQUANT_RECORD_BYTES, Space
 from stagec.isa.opcodes import TRANSCENDENTAL
 
-from .. import tile_expr
+from ..codegen import tile_expr
 from ..graph.graph_ir import Node, OpKind, record_inputs
 from .tensors import DTYPE_OF
 
@@ -130,7 +130,7 @@ class EpilogueLayout:
 
     @property
     def vector_ops(self) -> tuple[int, int]:
-        """(plain, transcendental) VECTOR instructions per output tile: what lower.tile_expr emits (a
+        """(plain, transcendental) VECTOR instructions per output tile: what lower.codegen.tile_expr emits (a
         select is two, a copy onto itself none), counted by running it on a counting emitter."""
         n, counts = len(self.inputs) + 1, (2, 2, 2)
         tiles = [tile_expr.LocalTile(Space.ACC if k == 0 else Space.SPAD, 64 * k, counts) for k in range(n)]
@@ -155,7 +155,7 @@ class EpilogueLayout:
 
 
 class _CountingEmitter:
-    """Stands in for lower.emitter.Emitter: records the function of each VECTOR instruction."""
+    """Stands in for lower.codegen.emitter.Emitter: records the function of each VECTOR instruction."""
 
     def __init__(self):
         self.funcs = []
@@ -212,7 +212,7 @@ def epilogue_vectors(extras: Extras, channels) -> Buffer:
 # --- the vector unit's nests (the conv-shaped ones: lower.schedule.nest_cost) ------------------
 
 def elementwise_buffers(loaded: int, temps: int, records: int, scalars: int):
-    """An elementwise nest (lower.vector.emit_elementwise) over tiles (t0, t1, t2): per buffer set,
+    """An elementwise nest (lower.codegen.vector.emit_elementwise) over tiles (t0, t1, t2): per buffer set,
     a tile per loaded input and per temporary; once, each requant record and broadcast scalar."""
     def buffers(t0, t1, t2, bufs):
         return [Buffer("records", Space.SPAD, REQUANT_RECORD_BYTES, records, align=REQUANT_RECORD_BYTES),
@@ -222,7 +222,7 @@ def elementwise_buffers(loaded: int, temps: int, records: int, scalars: int):
 
 
 def reduce_buffers(widen: bool):
-    """A reduction (lower.vector.emit_reduce) over tiles (t0, t1, t2), t2 reduced: per buffer set,
+    """A reduction (lower.codegen.vector.emit_reduce) over tiles (t0, t1, t2), t2 reduced: per buffer set,
     the input tile, its int32 copy (int8 sums), and the t0 x t1 sums."""
     def buffers(t0, t1, t2, bufs):
         return [Buffer("input", Space.SPAD, t0 * t1 * t2 * FP32, bufs),
@@ -232,6 +232,6 @@ def reduce_buffers(widen: bool):
 
 
 def gather_buffers(t0, t1, t2, bufs) -> list[Buffer]:
-    """A gather (lower.vector.emit_gather) of t0 rows of t2 elements: per buffer set, the indices
+    """A gather (lower.codegen.vector.emit_gather) of t0 rows of t2 elements: per buffer set, the indices
     and the rows."""
     return [Buffer("indices", Space.SPAD, t0 * FP32, bufs), Buffer("rows", Space.SPAD, t0 * t2 * FP32, bufs)]

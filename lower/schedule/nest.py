@@ -1,8 +1,8 @@
 """A layer's loop nest, described once: its problem, its mapping, and what follows from them.
 
 A conv-shaped layer (a convolution or matmul on the matrix unit, a depthwise conv or a pooling
-on the vector unit) runs as one loop nest over output tiles (lower.matrix.emit_conv,
-lower.window.emit_window).  This module holds what that nest is: the problem (`ConvProblem`, and
+on the vector unit) runs as one loop nest over output tiles (lower.codegen.matrix.emit_conv,
+lower.codegen.window.emit_window).  This module holds what that nest is: the problem (`ConvProblem`, and
 `LayerShape`, the same as flat numbers with its epilogue and repeat count), the mapping
 (`TileMapping`: tile sizes and the switches in `SWITCHES`), the tiles the emitter walks
 (`tiles`, `row_tiles`), and, in lower.schedule.nest_cost, everything derived from the two: tile counts,
@@ -51,7 +51,7 @@ class ConvProblem:
     padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
     dilation: tuple[int, int] = (1, 1)
     itemsize: int = FP32    # bytes of an input or weight element (1: int8)
-    widened: bool = False   # int8 halos and weights also held as int32 (lower.window's int8 sums)
+    widened: bool = False   # int8 halos and weights also held as int32 (lower.codegen.window's int8 sums)
     out_itemsize: int = FP32   # bytes of an output element as stored (1: requantized to int8)
 
     @property

@@ -186,7 +186,7 @@ def matrix_halos(L: LayerShape, m: TileMapping, d: Dims, ops):
 
 
 def matrix_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
-    """The matrix-unit nest (lower.matrix.emit_conv)."""
+    """The matrix-unit nest (lower.codegen.matrix.emit_conv)."""
     xp = ops.xp
     res = m.weights_resident
     d = dims(L, m, ops, m.stacked)
@@ -281,7 +281,7 @@ def window_halos(L: LayerShape, d: Dims, m: TileMapping, ops):
 
 
 def window_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
-    """The vector-unit nest of a depthwise conv or a pooling (lower.window.emit_window): per channel
+    """The vector-unit nest of a depthwise conv or a pooling (lower.codegen.window.emit_window): per channel
     tile its weights (widened to int32 by a COPY for int8 sums), per output tile its halo (widened
     too), a VECTOR per kernel tap, the epilogue and a STORE."""
     xp = ops.xp

@@ -1,12 +1,12 @@
 """Depthwise convolutions on the array by channel packing, where that is cheaper than the vector unit.
 
-A depthwise conv runs by default on the vector unit (lower.window: channels as lanes).  Packed,
+A depthwise conv runs by default on the vector unit (lower.codegen.window: channels as lanes).  Packed,
 it runs on the systolic array as a grouped conv of C/G groups, each G channels in and G out with
 block-diagonal weights: one array pass reduces G channels' taps at once (K = G*kh*kw rows, G
 columns), so a 1/G share of its MACs are useful.  That wins where the array is wide and the vector
 unit narrow.  Per layer, the pass takes the cheapest of the vector mapping and every packing
 G | C, G <= array columns, by the default mapper's estimate (lower.schedule.mapper), which both sides
-share.  Only fp32 layers pack: int8 depthwise keeps lower.window's integer sums.
+share.  Only fp32 layers pack: int8 depthwise keeps lower.codegen.window's integer sums.
 """
 
 from __future__ import annotations

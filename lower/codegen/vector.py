@@ -13,12 +13,12 @@ from stagec.errors import LoweringError
 from stagec.isa.instructions import MAX_COUNT, AccMode, DType, Operand, Space, VectorFunc
 from stagec.isa.opcodes import TRANSCENDENTAL
 
+from ..graph.graph_ir import RECORD_WORDS, Expr, Step, record_inputs
+from ..schedule.buffers import elementwise_buffers, gather_buffers, reduce_buffers
+from ..schedule.mapper import map_vector
+from ..schedule.nest import tiles
+from ..schedule.tensors import DramTensor, coalesce
 from . import tile_expr
-from .graph.graph_ir import RECORD_WORDS, Expr, Step, record_inputs
-from .schedule.buffers import elementwise_buffers, gather_buffers, reduce_buffers
-from .schedule.mapper import map_vector
-from .schedule.nest import tiles
-from .schedule.tensors import DramTensor, coalesce
 
 COPY: Expr = (Step("copy", (0,)),)
 _REDUCE = {"sum": (VectorFunc.RSUM, AccMode.ADD), "max": (VectorFunc.RMAX, AccMode.MAX),

@@ -29,9 +29,9 @@ from stagec.isa.instructions import (
     vector,
 )
 
+from ..schedule.buffers import Buffer, local_bytes
+from ..schedule.tensors import DTYPE_OF, DramRegion, DramTensor, coalesce
 from .memory import ALIGN, LocalAllocator, align
-from .schedule.buffers import Buffer, local_bytes
-from .schedule.tensors import DTYPE_OF, DramRegion, DramTensor, coalesce
 
 ACC_DTYPE = {DType.F32: DType.F32, DType.I8: DType.I32}   # a MATMUL's operand type -> its accumulator's
 

@@ -20,14 +20,14 @@ from stagec.isa.instructions import DType, Operand, encode
 from stagec.isa.program import Layer, Program, Region, RegionKind, TensorRef
 from stagec.rule_tables import registrar
 
+from ..graph.graph_ir import RECORD_WORDS, Graph, Node, OpKind, Value, record_inputs
+from ..schedule.buffers import epilogue_layout
+from ..schedule.layout import ALWAYS_VIEWS, Layout, view_of
+from ..schedule.mapper import Schedule, layer_label, node_problem
+from ..schedule.tensors import DTYPE_OF, DramRegion, DramTensor
 from .emitter import Emitter
-from .graph.graph_ir import RECORD_WORDS, Graph, Node, OpKind, Value, record_inputs
 from .matrix import as_conv, emit_conv
 from .memory import Interval, align, allocate_by_liveness
-from .schedule.buffers import epilogue_layout
-from .schedule.layout import ALWAYS_VIEWS, Layout, view_of
-from .schedule.mapper import Schedule, layer_label, node_problem
-from .schedule.tensors import DTYPE_OF, DramRegion, DramTensor
 from .tokens import insert_tokens
 from .vector import COPY, emit_elementwise, emit_gather, emit_reduce
 from .window import emit_window

@@ -23,13 +23,13 @@ import numpy as np
 from stagec.errors import LoweringError
 from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space, VectorFunc
 
+from ..graph.graph_ir import RECORD_WORDS
+from ..schedule.buffers import EPILOGUE_TILES, EPILOGUE_VECTORS, NO_EXTRAS, EpilogueLayout
+from ..schedule.nest import ConvProblem, LayerShape, TileMapping, row_tiles, tile_line, tiles
+from ..schedule.nest_work import matrix_buffers, one_spatial_tile
+from ..schedule.tensors import DramTensor
 from . import tile_expr
 from .emitter import ACC_DTYPE
-from .graph.graph_ir import RECORD_WORDS
-from .schedule.buffers import EPILOGUE_TILES, EPILOGUE_VECTORS, NO_EXTRAS, EpilogueLayout
-from .schedule.nest import ConvProblem, LayerShape, TileMapping, row_tiles, tile_line, tiles
-from .schedule.nest_work import matrix_buffers, one_spatial_tile
-from .schedule.tensors import DramTensor
 
 # Tile axes of an NCHW output: rows (H), cols (W), channels (O).
 OUT_AXES = (2, 3, 1)
