@@ -16,13 +16,13 @@ from stagec.costmodel.model import layer_cost
 from stagec.costmodel.problem import layer_shape, mapping_arrays
 from stagec.isa import HardwareConfig
 from stagec.isa.access import accesses
-from stagec.isa.instructions import Opcode, Queue, Space
+from stagec.isa.instructions import ITEMSIZE, Opcode, Queue, Space
 from stagec.layers import layer_program, model_graph, model_layers
 from stagec.lower.schedule.mapper import fits, map_nest
 from stagec.lower.schedule.nest import SWITCHES, Exact, LayerShape, TileMapping, row_tiles
 from stagec.lower.schedule.nest_cost import nest_cost
 from stagec.lower.schedule.nest_work import dims
-from stagec.sim.costs import ITEMSIZE, instruction_shapes, unit_cycles, unit_parameters
+from stagec.sim.costs import instruction_shapes, unit_cycles, unit_parameters
 from stagec.sim.energy import counts_of
 
 HW = HardwareConfig()
