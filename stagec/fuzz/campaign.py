@@ -36,7 +36,8 @@ from stagec.lower.graph.quantize import quantize_weights
 from stagec.pipeline import build_graph
 
 from .hardware import HW_KINDS, describe, random_hardware
-from .models import SCALED, ModelSpec, build_model, generate_model
+from .models import SCALED, build_model, generate_model
+from .spec import ModelSpec
 
 MODES = ("fp32", "int8")
 # of max |ref|: what fp32 chains of differently ordered sums keep to.  int8 is held to it against the
