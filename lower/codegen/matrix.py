@@ -111,125 +111,165 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
               fill: Callable | None = None) -> None:
     """Emit a whole convolution; x [N,C,H,W], w [O,C,KH,KW], out [N,O,OH,OW] are DRAM views.  Float32
     operands accumulate in float32, int8 ones in int32 (the epilogue then sees an int32 tile)."""
+    _check_operands(em, p, x, w)
+    nest = _ConvNest(em, p, m, x, w, epilogue, fill)
+    nest.load_resident_weights()
+    epi = Epilogue(em, epilogue, list(extras), nest.bases, m.tile_o, p.o, nest.bufs, nest.one)
+    for n in range(p.n):
+        for oh0, th in row_tiles(p, m):
+            for ow0, tw in tiles(p.ow, m.tile_ow):
+                shared = nest.load_halo(n, oh0, th, ow0, tw, 0, p.c) if len(nest.c_tiles) == 1 else None
+                line, pitch = tile_line(nest.shape, th, tw)   # transposed: C[o][line position], else C[row][col][o]
+                for o0, to in tiles(p.o, m.tile_o):
+                    acc_tile = nest.accumulate(n, oh0, th, ow0, tw, o0, to, shared, line, pitch)
+                    result = epi.emit(em, acc_tile, n, o0, oh0, ow0, (th, tw, to), nest.n_out % nest.bufs, nest.final)
+                    em.store(out, (n, o0, oh0, ow0), OUT_AXES, (th, tw, to), result.operand((th, tw, to)))
+                    nest.n_out += 1
+
+
+def _check_operands(em, p: ConvProblem, x: DramTensor, w: DramTensor) -> None:
     if x.dtype != w.dtype or x.dtype not in ACC_DTYPE:
         raise TypeError(f"{em.layer_name}: the array multiplies float32 or int8 operands, not {x.dtype.name} "
                         f"by {w.dtype.name}")
     if x.dtype.itemsize != p.itemsize:
         raise AssertionError(f"{em.layer_name}: internal error: {x.dtype.name} operands of a problem of "
                              f"{p.itemsize}-byte elements")
-    acc_type = ACC_DTYPE[x.dtype]
-    xb, wb = x.dtype.itemsize, w.dtype.itemsize
-    bufs = 2 if m.double_buffer else 1
-    (pt, _), (pl, _) = p.padding
-    sh, sw = p.stride
-    dh, dw = p.dilation
-    shape = LayerShape.of("matrix", p, epilogue.extras if epilogue else NO_EXTRAS)
-    one = bool(one_spatial_tile(shape, m, np))
-    bases = em.allocate(matrix_buffers(shape, m, np))
-    halo_buf = bases["halo"]
-    taps = p.kh * p.kw
-    # the weights' k order: (kernel row, kernel column, channel), stacked (kernel column, kernel row, channel).
-    # Resident, they are held a channel tile after another, each [taps][channels of the tile][O], so
-    # that a MATMUL's k (a kernel row's or the whole kernel's taps over the tile's channels) is one run
-    w_axes = (3, 2, 1, 0) if m.stacked else (2, 3, 1, 0)
-    w_counts = (p.kw, p.kh) if m.stacked else (p.kh, p.kw)
-    c_tiles = tiles(p.c, m.tile_c)
-    if m.weights_resident:
-        wres = bases["weights"][0]
-        for c0, tc in c_tiles:
-            em.load_box(w, (0, c0, 0, 0), w_axes, (*w_counts, tc, p.o), Space.SPAD, wres + c0 * taps * p.o * wb)
-    else:
-        w_buf = bases["weights"]
-    epi = Epilogue(em, epilogue, list(extras), bases, m.tile_o, p.o, bufs, one)
-    acc_buf = bases["accumulator"]
-    # one accumulator tile: the epilogue writes its result to the scratchpad, so the next tile's
-    # MATMULs wait for the epilogue only, not the store; a transposed nest's COPY does that already
-    final = tile_expr.LocalTile(Space.SPAD, bases["result"][0], (1, 1, 1)) if bases["result"] else None
-    turned = bases["turned"]
-    n_halo = n_w = n_out = 0
 
-    def load_halo(n, oh0, th, ow0, tw, c0, tc):
+
+class _ConvNest:
+    """One convolution's nest on the matrix unit, emitted piece by piece in nest order: its buffers
+    (Emitter.allocate of the nest's list), the weights' k order, and the running counts of halos,
+    weight tiles and output tiles that pick each one's buffer."""
+
+    def __init__(self, em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor,
+                 epilogue: EpilogueLayout | None, fill: Callable | None):
+        self.em, self.p, self.m, self.x, self.w, self.fill = em, p, m, x, w, fill
+        self.acc_type = ACC_DTYPE[x.dtype]
+        self.bufs = 2 if m.double_buffer else 1
+        self.shape = LayerShape.of("matrix", p, epilogue.extras if epilogue else NO_EXTRAS)
+        self.one = bool(one_spatial_tile(self.shape, m, np))
+        self.bases = em.allocate(matrix_buffers(self.shape, m, np))
+        self.taps = p.kh * p.kw
+        # the weights' k order: (kernel row, kernel column, channel), stacked (kernel column, kernel row, channel).
+        # Resident, they are held a channel tile after another, each [taps][channels of the tile][O], so
+        # that a MATMUL's k (a kernel row's or the whole kernel's taps over the tile's channels) is one run
+        self.w_axes = (3, 2, 1, 0) if m.stacked else (2, 3, 1, 0)
+        self.w_counts = (p.kw, p.kh) if m.stacked else (p.kh, p.kw)
+        self.c_tiles = tiles(p.c, m.tile_c)
+        # one accumulator tile: the epilogue writes its result to the scratchpad, so the next tile's
+        # MATMULs wait for the epilogue only, not the store; a transposed nest's COPY does that already
+        self.final = tile_expr.LocalTile(Space.SPAD, self.bases["result"][0], (1, 1, 1)) \
+            if self.bases["result"] else None
+        self.n_halo = self.n_w = self.n_out = 0
+
+    def load_resident_weights(self) -> None:
+        """LOAD all the weights once, a channel tile after another, when the mapping keeps them resident."""
+        if not self.m.weights_resident:
+            return
+        p, base = self.p, self.bases["weights"][0]
+        for c0, tc in self.c_tiles:
+            self.em.load_box(self.w, (0, c0, 0, 0), self.w_axes, (*self.w_counts, tc, p.o), Space.SPAD,
+                             base + c0 * self.taps * p.o * self.w.dtype.itemsize)
+
+    def load_halo(self, n, oh0, th, ow0, tw, c0, tc):
         """LOAD the input window of an output tile; returns (base, iw) or None if all padding."""
-        nonlocal n_halo
+        p = self.p
         ih, iw = p.halo(th, tw)
-        r0, q0 = oh0 * sh - pt, ow0 * sw - pl
+        (pt, _), (pl, _) = p.padding
+        r0, q0 = oh0 * p.stride[0] - pt, ow0 * p.stride[1] - pl
         top, left = max(0, -r0), max(0, -q0)
         bottom, right = max(0, r0 + ih - p.h), max(0, q0 + iw - p.w)
         if ih - top - bottom <= 0 or iw - left - right <= 0:
             return None
         if max(top, bottom, left, right) > 255:
-            raise LoweringError(f"{em.layer_name}: padding of {max(top, bottom, left, right)} exceeds the DMA's 255")
-        base = halo_buf[n_halo % len(halo_buf)]
-        n_halo += 1
-        if not m.stacked:
-            em.load(x, (n, c0, r0 + top, q0 + left), (2, 3, 1), (ih - top - bottom, iw - left - right, tc),
-                    Operand(Space.SPAD, base, (iw * tc, tc, 1)), pad=(top, bottom, left, right, 0, 0))
-            return base, iw
-        for r in range(th):   # output row r: [column][kernel row][channel]
-            row = base + r * iw * p.kh * tc * xb
-            first = r0 + r * sh
-            above, below = max(0, -first), max(0, first + p.kh - p.h)
-            if above + below >= p.kh:
-                fill(Operand(Space.SPAD, row, (p.kh * tc, tc, 1)), (iw, p.kh, tc), 0.0, x.dtype)
-                continue
-            em.load(x, (n, c0, first + above, q0 + left), (3, 2, 1), (iw - left - right, p.kh - above - below, tc),
-                    Operand(Space.SPAD, row, (p.kh * tc, tc, 1)), pad=(left, right, above, below, 0, 0))
+            raise LoweringError(f"{self.em.layer_name}: padding of {max(top, bottom, left, right)} exceeds the "
+                                f"DMA's 255")
+        base = self.bases["halo"][self.n_halo % len(self.bases["halo"])]
+        self.n_halo += 1
+        if self.m.stacked:
+            self._load_stacked_rows(base, n, r0, q0, th, iw, left, right, c0, tc)
+        else:
+            self.em.load(self.x, (n, c0, r0 + top, q0 + left), (2, 3, 1), (ih - top - bottom, iw - left - right, tc),
+                         Operand(Space.SPAD, base, (iw * tc, tc, 1)), pad=(top, bottom, left, right, 0, 0))
         return base, iw
 
-    for n in range(p.n):
-        for oh0, th in row_tiles(p, m):
-            for ow0, tw in tiles(p.ow, m.tile_ow):
-                shared = load_halo(n, oh0, th, ow0, tw, 0, p.c) if len(c_tiles) == 1 else None
-                line, pitch = tile_line(shape, th, tw)   # transposed: C[o][line position], else C[row][col][o]
-                for o0, to in tiles(p.o, m.tile_o):
-                    c_base = acc_buf[n_out % m.acc_buffers]
-                    c_op = Operand(Space.ACC, c_base, (0, line, 1) if m.transposed else (tw * to, to, 1))
-                    first = True
-                    for c0, tc in c_tiles:
-                        halo = shared if len(c_tiles) == 1 else load_halo(n, oh0, th, ow0, tw, c0, tc)
-                        if halo is None:
-                            continue
-                        h_base, iw = halo
-                        if m.weights_resident:
-                            w_base, k_stride, tap_stride = wres + (c0 * taps * p.o + o0) * wb, p.o, tc * p.o
-                        else:
-                            w_base, k_stride, tap_stride = w_buf[n_w % bufs], to, tc * to
-                            n_w += 1
-                            em.load_box(w, (o0, c0, 0, 0), w_axes, (*w_counts, tc, to), Space.SPAD, w_base)
-                        if m.stacked:   # k = (kernel column, kernel row, channel), contiguous in the halo
-                            em.matmul(Operand(Space.SPAD, h_base, (iw * p.kh * tc, sw * p.kh * tc, 1)),
-                                      Operand(Space.SPAD, w_base, (k_stride, 1, 0)), c_op, th, tw, taps * tc, to,
-                                      accumulate=not first, dtype=x.dtype)
-                            first = False
-                            continue
-                        # With unit column dilation a kernel row's taps are contiguous in the halo
-                        # ((kw, c) -> kw * tc + c) and in the weights: one MATMUL of k = kw * tc.
-                        fold = p.kw if dw == 1 else 1
-                        for kh in range(p.kh):
-                            for kw in range(0, p.kw, fold):
-                                a_base = h_base + (kh * dh * iw * tc + kw * dw * tc) * xb
-                                b_base = w_base + (kh * p.kw + kw) * tap_stride * wb
-                                if m.transposed:   # A: the weights' transpose [o][k]; B: the halo's [k][line]
-                                    em.matmul(Operand(Space.SPAD, b_base, (0, 1, k_stride)),
-                                              Operand(Space.SPAD, a_base, (1, sw * tc, 0)), c_op, 1, to, fold * tc,
-                                              line, accumulate=not first, dtype=x.dtype)
-                                else:
-                                    em.matmul(Operand(Space.SPAD, a_base, (sh * iw * tc, sw * tc, 1)),
-                                              Operand(Space.SPAD, b_base, (k_stride, 1, 0)), c_op, th, tw,
-                                              fold * tc, to, accumulate=not first, dtype=x.dtype)
-                                first = False
-                    if first:   # the whole receptive field is padding: the sum is zero
-                        fill(c_op, (1, to, line) if m.transposed else (th, tw, to), 0.0, acc_type)
-                    if not m.transposed:
-                        acc_tile = tile_expr.LocalTile(Space.ACC, c_base, (th, tw, to), acc_type)
-                    else:
-                        acc_tile = tile_expr.LocalTile(Space.SPAD, turned[n_out % m.acc_buffers], (th, tw, to),
-                                                       acc_type)
-                        em.vector(VectorFunc.COPY, acc_tile.operand((th, tw, to)),
-                                  Operand(Space.ACC, c_base, (pitch, 1, line)), None, (th, tw, to), dtype=acc_type)
-                    result = epi.emit(em, acc_tile, n, o0, oh0, ow0, (th, tw, to), n_out % bufs, final)
-                    em.store(out, (n, o0, oh0, ow0), OUT_AXES, (th, tw, to), result.operand((th, tw, to)))
-                    n_out += 1
+    def _load_stacked_rows(self, base, n, r0, q0, th, iw, left, right, c0, tc) -> None:
+        """A stacked halo: each output row's kernel rows side by side, [column][kernel row][channel]; a
+        row whose kernel rows are all padding is filled with zeros."""
+        p, x = self.p, self.x
+        for r in range(th):
+            row = base + r * iw * p.kh * tc * x.dtype.itemsize
+            first = r0 + r * p.stride[0]
+            above, below = max(0, -first), max(0, first + p.kh - p.h)
+            if above + below >= p.kh:
+                self.fill(Operand(Space.SPAD, row, (p.kh * tc, tc, 1)), (iw, p.kh, tc), 0.0, x.dtype)
+                continue
+            self.em.load(x, (n, c0, first + above, q0 + left), (3, 2, 1), (iw - left - right, p.kh - above - below, tc),
+                         Operand(Space.SPAD, row, (p.kh * tc, tc, 1)), pad=(left, right, above, below, 0, 0))
+
+    def accumulate(self, n, oh0, th, ow0, tw, o0, to, shared, line, pitch) -> tile_expr.LocalTile:
+        """An output tile's sums over every input-channel tile, zero where its whole receptive field is
+        padding, as a (rows, cols, channels) tile: the accumulator tile, or a transposed nest's COPY
+        of it out of C[o][line position]."""
+        m, acc_type = self.m, self.acc_type
+        c_base = self.bases["accumulator"][self.n_out % m.acc_buffers]
+        c_op = Operand(Space.ACC, c_base, (0, line, 1) if m.transposed else (tw * to, to, 1))
+        first = True
+        for c0, tc in self.c_tiles:
+            halo = shared if len(self.c_tiles) == 1 else self.load_halo(n, oh0, th, ow0, tw, c0, tc)
+            if halo is None:
+                continue
+            self.matmuls(c_op, halo, self.weights(o0, to, c0, tc), th, tw, tc, to, line, accumulate=not first)
+            first = False
+        if first:   # the whole receptive field is padding: the sum is zero
+            self.fill(c_op, (1, to, line) if m.transposed else (th, tw, to), 0.0, acc_type)
+        if not m.transposed:
+            return tile_expr.LocalTile(Space.ACC, c_base, (th, tw, to), acc_type)
+        turned = tile_expr.LocalTile(Space.SPAD, self.bases["turned"][self.n_out % m.acc_buffers], (th, tw, to),
+                                     acc_type)
+        self.em.vector(VectorFunc.COPY, turned.operand((th, tw, to)), Operand(Space.ACC, c_base, (pitch, 1, line)),
+                       None, (th, tw, to), dtype=acc_type)
+        return turned
+
+    def weights(self, o0, to, c0, tc) -> tuple[int, int, int]:
+        """(base, k stride, tap stride) in the scratchpad of the weights of a tile of output channels and
+        of input channels: where they are resident, else LOADed now into the next weight buffer."""
+        p, wb = self.p, self.w.dtype.itemsize
+        if self.m.weights_resident:
+            return self.bases["weights"][0] + (c0 * self.taps * p.o + o0) * wb, p.o, tc * p.o
+        base = self.bases["weights"][self.n_w % self.bufs]
+        self.n_w += 1
+        self.em.load_box(self.w, (o0, c0, 0, 0), self.w_axes, (*self.w_counts, tc, to), Space.SPAD, base)
+        return base, to, tc * to
+
+    def matmuls(self, c_op: Operand, halo, weights, th, tw, tc, to, line, accumulate: bool) -> None:
+        """One input-channel tile's MATMULs into the accumulator tile `c_op`: the first accumulates onto
+        it or not as `accumulate` says, the others do."""
+        p, m, x = self.p, self.m, self.x
+        (h_base, iw), (w_base, k_stride, tap_stride) = halo, weights
+        xb, wb = x.dtype.itemsize, self.w.dtype.itemsize
+        (sh, sw), (dh, dw) = p.stride, p.dilation
+        if m.stacked:   # k = (kernel column, kernel row, channel), contiguous in the halo
+            self.em.matmul(Operand(Space.SPAD, h_base, (iw * p.kh * tc, sw * p.kh * tc, 1)),
+                           Operand(Space.SPAD, w_base, (k_stride, 1, 0)), c_op, th, tw, self.taps * tc, to,
+                           accumulate=accumulate, dtype=x.dtype)
+            return
+        # With unit column dilation a kernel row's taps are contiguous in the halo
+        # ((kw, c) -> kw * tc + c) and in the weights: one MATMUL of k = kw * tc.
+        fold = p.kw if dw == 1 else 1
+        for kh in range(p.kh):
+            for kw in range(0, p.kw, fold):
+                a_base = h_base + (kh * dh * iw * tc + kw * dw * tc) * xb
+                b_base = w_base + (kh * p.kw + kw) * tap_stride * wb
+                if m.transposed:   # A: the weights' transpose [o][k]; B: the halo's [k][line]
+                    self.em.matmul(Operand(Space.SPAD, b_base, (0, 1, k_stride)),
+                                   Operand(Space.SPAD, a_base, (1, sw * tc, 0)), c_op, 1, to, fold * tc, line,
+                                   accumulate=accumulate, dtype=x.dtype)
+                else:
+                    self.em.matmul(Operand(Space.SPAD, a_base, (sh * iw * tc, sw * tc, 1)),
+                                   Operand(Space.SPAD, b_base, (k_stride, 1, 0)), c_op, th, tw, fold * tc, to,
+                                   accumulate=accumulate, dtype=x.dtype)
+                accumulate = True
 
 
 def as_conv(t: DramTensor, role: str) -> DramTensor:
