@@ -10,7 +10,7 @@ XLA_FLAGS=--xla_force_host_platform_device_count=N) each evaluates its share.
     >>> from stagec.costmodel.hardware import hardware_point
     >>> from stagec.costmodel.problem import layer_shape, mapping_arrays, stack
     >>> from stagec.isa import HardwareConfig
-    >>> from stagec.lower.nest import ConvProblem, TileMapping
+    >>> from stagec.lower.schedule.nest import ConvProblem, TileMapping
     >>> layers = stack([layer_shape("matrix", ConvProblem(1, 16, 8, 8, 32))] * 3)
     >>> maps = stack([mapping_arrays(TileMapping(8, 8, t, 16)) for t in (8, 16, 32)])
     >>> evaluate(layers, maps, hardware_point(HardwareConfig())).cycles.shape
@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from stagec.lower.nest import LayerShape, TileMapping
+from stagec.lower.schedule.nest import LayerShape, TileMapping
 
 from .hardware import HardwarePoint
 from .model import DEFAULT_CONSTANTS, CostConstants, LayerCost, layer_cost

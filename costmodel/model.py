@@ -1,7 +1,7 @@
 """The closed-form cost of one layer: latency, energy and footprint as JAX functions of
 (layer, mapping, hardware, constants, smooth).
 
-It is the loop nest's own cost (lower.nest_cost.nest_cost: the tile counts, traffic, per-unit
+It is the loop nest's own cost (lower.schedule.nest_cost.nest_cost: the tile counts, traffic, per-unit
 cycles and their composition the mapper ranks candidates by), evaluated over jax.numpy with
 every discrete step relaxed at temperature `smooth` (costmodel.smooth.Relaxed): `smooth=0` is
 the exact model, `smooth>0` continuous in the tile sizes and hardware fields.  The switches of a
@@ -16,8 +16,8 @@ from dataclasses import dataclass, fields
 import jax
 import jax.numpy as jnp
 
-from stagec.lower.nest import KINDS, LayerShape, TileMapping
-from stagec.lower.nest_cost import DEFAULT_CONSTANTS, CostConstants, nest_cost
+from stagec.lower.schedule.nest import KINDS, LayerShape, TileMapping
+from stagec.lower.schedule.nest_cost import DEFAULT_CONSTANTS, CostConstants, nest_cost
 from stagec.sim.energy import energy_pj
 
 from .hardware import HardwarePoint

@@ -1,7 +1,7 @@
 """A layer and a mapping as arrays: what the cost model's functions take, so they `vmap` and trace.
 
-lower.nest.LayerShape (a layer's problem, epilogue and repeat count as flat numbers) and
-lower.nest.TileMapping (tile sizes and switches) are pytrees; here their fields become float32
+lower.schedule.nest.LayerShape (a layer's problem, epilogue and repeat count as flat numbers) and
+lower.schedule.nest.TileMapping (tile sizes and switches) are pytrees; here their fields become float32
 arrays of one shape (tile sizes may be fractional and the switches probabilities in the relaxed
 model), and a batch of layers or mappings is one of each with batched fields.
 """
@@ -12,14 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stagec.lower.buffers import NO_EXTRAS
-from stagec.lower.nest import KINDS, LayerShape, TileMapping
+from stagec.lower.schedule.buffers import NO_EXTRAS
+from stagec.lower.schedule.nest import KINDS, LayerShape, TileMapping
 
 __all__ = ["KINDS", "LayerShape", "broadcast_to", "layer_shape", "mapping_arrays", "stack", "to_tile_mapping"]
 
 
 def layer_shape(kind: str, p, extras=NO_EXTRAS, repeat: int = 1) -> LayerShape:
-    """One layer (a lower.nest.ConvProblem of `kind`, its epilogue's lower.buffers.Extras) as a
+    """One layer (a lower.schedule.nest.ConvProblem of `kind`, its epilogue's lower.schedule.buffers.Extras) as a
     LayerShape of float32 scalars (stack several with `stack`)."""
     return jax.tree.map(np.float32, LayerShape.of(kind, p, extras, repeat))
 

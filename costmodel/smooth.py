@@ -1,8 +1,8 @@
 """Relaxations of the loop nest's discrete steps, with a temperature `smooth` where 0 is exact.
 
-The exact and the relaxed cost model are one code path: lower.nest's formulas take their ceil,
+The exact and the relaxed cost model are one code path: lower.schedule.nest's formulas take their ceil,
 tile counts and the maximum over units from an ops namespace, `Relaxed` here, so at `smooth=0`
-the model is the exact closed form (the mapper's, lower.nest.Exact, in float32) and at
+the model is the exact closed form (the mapper's, lower.schedule.nest.Exact, in float32) and at
 `smooth>0` it is continuous in the tile sizes and hardware fields (for gradients).
 """
 
@@ -13,7 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from stagec.lower.nest import Exact
+from stagec.lower.schedule.nest import Exact
 
 
 def _exact(smooth) -> bool:
@@ -55,9 +55,9 @@ def maximum(values, smooth):
 
 
 class Relaxed(Exact):
-    """lower.nest's ops namespace over jax.numpy at temperature `smooth`: ceilings, tile counts and
+    """lower.schedule.nest's ops namespace over jax.numpy at temperature `smooth`: ceilings, tile counts and
     the maximum over units relaxed; floors and the positional minima and maxima (which tiles
-    reach into the padding, lower.nest.Exact's) left hard, piecewise linear."""
+    reach into the padding, lower.schedule.nest.Exact's) left hard, piecewise linear."""
 
     xp = jnp
 

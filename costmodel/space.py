@@ -1,12 +1,12 @@
 """The mapping space of a layer: bounds, the relaxed parameters, random legal points, projection.
 
 A relaxed mapping is a few numbers per layer: the log of each tile size (oh, ow, o, c) and the
-logit of each switch the tuner relaxes (lower.nest.SWITCHES: double buffering, weight residency,
+logit of each switch the tuner relaxes (lower.schedule.nest.SWITCHES: double buffering, weight residency,
 a single accumulator tile, transposed operands), each zero where the layer has no such switch.
 `project` turns any of them into the nearest legal mapping: the floor and ceiling of every tile
 size (in log space) crossed with the switches, evaluated with the exact model, the cheapest one
 that fits kept; a layer none of whose neighbours fit falls back to the grid search's mapping
-(lower.schedule), always legal.
+(lower.schedule.mapper), always legal.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from stagec.errors import InputError
-from stagec.lower.emitter import MAX_COUNT
-from stagec.lower.nest import SWITCHES, TILE_FIELDS, LayerShape, TileMapping
+from stagec.isa.instructions import MAX_COUNT
+from stagec.lower.schedule.nest import SWITCHES, TILE_FIELDS, LayerShape, TileMapping
 
 from .batch import exact_cost
 from .hardware import HardwarePoint

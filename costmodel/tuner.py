@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from stagec.lower.nest import LayerShape, TileMapping
+from stagec.lower.schedule.nest import LayerShape, TileMapping
 
 from .batch import exact_cost
 from .hardware import HardwarePoint

@@ -46,9 +46,9 @@ from stagec.costmodel.space import random_legal, random_theta, to_mapping  # noq
 from stagec.costmodel.tuner import TuneSettings, tune_layers  # noqa: E402
 from stagec.isa import HardwareConfig  # noqa: E402
 from stagec.layers import measure  # noqa: E402
-from stagec.lower.buffers import Extras  # noqa: E402
-from stagec.lower.nest import SWITCHES, ConvProblem, LayerShape, TileMapping, conflicts  # noqa: E402
-from stagec.lower.schedule import default_mapping  # noqa: E402
+from stagec.lower.schedule.buffers import Extras  # noqa: E402
+from stagec.lower.schedule.mapper import default_mapping  # noqa: E402
+from stagec.lower.schedule.nest import SWITCHES, ConvProblem, LayerShape, TileMapping, conflicts  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HW = HardwareConfig()

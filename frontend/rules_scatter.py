@@ -3,7 +3,7 @@ index_fill reach it in core ATen), scatter / scatter_add / scatter_reduce, index
 slice_scatter (select_scatter decomposes into a select with where).
 
 Each is a JAX scatter (`x.at[...]`), which the lowering runs as gathers with a constant index map
-(lower/canonicalize.py): so a scatter's integer indices must be constants of the model (buffers,
+(lower/graph/canonicalize_index.py): so a scatter's integer indices must be constants of the model (buffers,
 literals), and `SCATTER_INDEX_ARGS` names the argument that holds them, for the trace-time check
 that says so (torch_export.check_rules). Boolean masks are not scatters: x[mask] = 0 is a select,
 masked_scatter a running count and a gather; either mask may depend on the inputs.

@@ -125,6 +125,7 @@ class VectorFunc(enum.IntEnum):
 
 
 REQUANT_RECORD_BYTES = 16   # a REQUANT record: int32 multiplier, shift, zero point, 0
+MAX_COUNT = 65535           # the largest iteration count n[i] (u16)
 
 INSTRUCTION_BYTES = 64
 OPERANDS = ("x", "y", "z")

@@ -254,7 +254,7 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     _vf(VectorFunc.REQUANT, lambda ns, x, r: ns.requantize(x, r[..., 0], r[..., 1], r[..., 2]), sources=2,
         src2_words=REQUANT_RECORD_BYTES // 4, types=frozenset({(DType.I32, DType.I8)})),
 )}
-# For the compiler (lower.vector, stagec.layers); the toolchain reads func_table("transcendental").
+# For the compiler (lower.codegen.vector, stagec.layers); the toolchain reads func_table("transcendental").
 TRANSCENDENTAL = frozenset(VectorFunc(f) for f, d in VECTOR_FUNCS.items() if d.transcendental)
 
 _LOOKUPS: dict = {}

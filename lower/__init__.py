@@ -1,1 +1,2 @@
-"""Staged lowering: jaxpr -> graph IR -> schedule -> Program."""
+"""Staged lowering: jaxpr -> graph IR (lower.graph) -> layout and schedule (lower.schedule) -> Program
+(lower.codegen)."""

@@ -28,9 +28,9 @@ from stagec.costmodel.model import DEFAULT_CONSTANTS, CostConstants
 from stagec.costmodel.problem import mapping_arrays, stack, to_tile_mapping
 from stagec.costmodel.space import objective_of
 from stagec.costmodel.tuner import DEFAULT_SETTINGS, TuneSettings, project_all
-from stagec.errors import InputError
+from stagec.errors import InputError, TilingError
 from stagec.isa import HardwareConfig
-from stagec.lower.schedule import TilingError, default_mapping
+from stagec.lower.schedule.mapper import default_mapping
 from stagec.sim.energy import area_mm2
 
 from .layers import model_graph, model_layers

@@ -21,13 +21,13 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
 
     `dump` prints the IR of the stages it names (or of all with True; a folder: one file per stage).
     `fuse=False` skips the fusion passes (every elementwise op then round-trips through DRAM),
-    to measure what fusion saves.  `mappings` ({layer name: lower.schedule.TileMapping}) replaces
+    to measure what fusion saves.  `mappings` ({layer name: lower.schedule.nest.TileMapping}) replaces
     the default mapper's choice for those layers (the names are the schedule dump's; a vector
     layer of several nests, a pad or a concat, takes one mapping for all or a tuple of one each).
     `tune="gradient"` maps the other layers with stagec.tune (cost model, optax) for `objective`;
     a stagec.TuneSettings instead of "gradient" does so with those settings.
 
-    `quantize="int8"` quantizes after training (lower.quantize): int8 weights per output channel,
+    `quantize="int8"` quantizes after training (lower.graph.quantize): int8 weights per output channel,
     int8 activations per tensor with ranges from `calibration` (a list of batches, each a tuple of
     the model's positional inputs or a dict of its keyword inputs; default: the example inputs
     alone), the largest |x| seen or, with `percentile` (e.g. 99.99), that percentile of |x|.

@@ -1,7 +1,7 @@
 """An independent integer reference for quantized graphs: plain numpy, int64 arithmetic.
 
 The simulator must match it bit for bit on integer work.  Nothing here comes from
-the simulator, `isa.semantics` or `lower.evaluate`: convolutions are sums of
+the simulator, `isa.semantics` or `lower.graph.evaluate`: convolutions are sums of
 shifted int64 products, requantization is gemmlowp's
 MultiplyByQuantizedMultiplier written out from its definition, and fp32 steps
 are numpy float32 operations (single IEEE roundings: the QUANTIZE multiply and
@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from stagec.errors import LoweringError
-from stagec.lower.graph_ir import Graph, Node, OpKind
+from stagec.lower.graph.graph_ir import Graph, Node, OpKind
 
 INT32 = (-(2**31), 2**31 - 1)
 _erf = np.vectorize(math.erf, otypes=[np.float64])

@@ -17,9 +17,10 @@ import numpy as np
 
 from stagec.costmodel.problem import LayerShape, layer_shape
 from stagec.isa import HardwareConfig, Program
-from stagec.lower.buffers import Extras
-from stagec.lower.graph_ir import Graph, Node, OpKind
-from stagec.lower.schedule import ConvProblem, TileMapping, node_problem
+from stagec.lower.graph.graph_ir import Graph, Node, OpKind
+from stagec.lower.schedule.buffers import Extras
+from stagec.lower.schedule.mapper import node_problem
+from stagec.lower.schedule.nest import ConvProblem, TileMapping
 from stagec.sim.energy import counts_of, energy_pj
 from stagec.sim.timing import timeline
 
@@ -30,8 +31,8 @@ from .pipeline import build_graph, lower_graph
 class Layer:
     """A node that runs as a convolution, with what its emitted loop nest depends on besides the mapping.
 
-    kind: 'matrix', 'depthwise' or 'pool' (lower.schedule.node_problem); extras: its epilogue
-    (lower.buffers.Extras: buffers, loads, vector instructions); repeat: how many times the loop
+    kind: 'matrix', 'depthwise' or 'pool' (lower.schedule.mapper.node_problem); extras: its epilogue
+    (lower.schedule.buffers.Extras: buffers, loads, vector instructions); repeat: how many times the loop
     nest runs (a batched matmul's batch, a grouped conv's groups, a pooling's leading dims).
     """
 

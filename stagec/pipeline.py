@@ -35,16 +35,16 @@ import torch
 from stagec.errors import InputError
 from stagec.frontend import TracedModel, flatten_inputs, trace_jax, trace_torch
 from stagec.isa import HardwareConfig, Program, disassemble, verify
-from stagec.lower.calibrate import calibrate
-from stagec.lower.canonicalize import canonicalize
-from stagec.lower.graph_ir import Graph
-from stagec.lower.layout import Layout, assign_layout
-from stagec.lower.lowering import lower_to_program
-from stagec.lower.pack import pack_depthwise
-from stagec.lower.passes import dce, defer_row_scale, fold_affine, fuse_elementwise, fuse_epilogues, sink_reshapes
-from stagec.lower.quantize import QuantParams
-from stagec.lower.quantize import quantize as quantize_graph
-from stagec.lower.schedule import Schedule, make_schedule
+from stagec.lower.codegen.lowering import lower_to_program
+from stagec.lower.graph.calibrate import calibrate
+from stagec.lower.graph.canonicalize import canonicalize
+from stagec.lower.graph.graph_ir import Graph
+from stagec.lower.graph.passes import dce, defer_row_scale, fold_affine, fuse_elementwise, fuse_epilogues, sink_reshapes
+from stagec.lower.graph.quantize import QuantParams
+from stagec.lower.graph.quantize import quantize as quantize_graph
+from stagec.lower.schedule.layout import Layout, assign_layout
+from stagec.lower.schedule.mapper import Schedule, make_schedule
+from stagec.lower.schedule.pack import pack_depthwise
 
 QUANTIZE_MODES = (None, "int8")
 _PACKAGE = str(Path(__file__).parent)
@@ -204,7 +204,7 @@ def _amax_table(c: Compilation) -> str:
 PIPELINE: tuple[Stage, ...] = (
     # the frontend: torch.export (a JAX function: make_jaxpr) -> ClosedJaxpr
     Stage("jaxpr", _trace, show=lambda c: c.traced.closed),
-    # jaxpr -> graph IR (lower.canonicalize)
+    # jaxpr -> graph IR (lower.graph.canonicalize)
     Stage("graph", lambda c: replace(c, graph=canonicalize(c.traced.closed))),
     # drop what no output needs
     Stage("dce", GraphPass(dce)),
@@ -224,7 +224,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("quantize", _quantize, show=lambda c: f"{c.graph}\n{c.quantization}", when=_quantizing),
     # int8: the boundaries -> their neighbours' expressions and epilogues
     Stage("fuse_quantized", GraphPass(lambda g: fuse_epilogues(fuse_elementwise(g)), fusion=True), when=_quantizing),
-    # depthwise convs that run cheaper packed on the array -> grouped convs (lower.pack)
+    # depthwise convs that run cheaper packed on the array -> grouped convs (lower.schedule.pack)
     Stage("pack", _pack),
     # tune=: mappings by gradient on the cost model (stagec.tune), with the collector on
     Stage("tune", _tune, show=lambda c: c.tuning, when=lambda r: r.tuner is not None, collects=True),

@@ -26,8 +26,9 @@ from stagec.costmodel.tuner import DEFAULT_SETTINGS, TuneSettings, print_progres
 
 __all__ = ["TuneSettings", "Tuning", "tune", "tune_graph", "tune_layer_list"]
 from stagec.isa import HardwareConfig
-from stagec.lower.graph_ir import Graph
-from stagec.lower.schedule import TileMapping, default_mapping
+from stagec.lower.graph.graph_ir import Graph
+from stagec.lower.schedule.mapper import default_mapping
+from stagec.lower.schedule.nest import TileMapping
 
 from .layers import Layer, measure, model_graph, model_layers
 

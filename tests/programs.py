@@ -20,7 +20,7 @@ from stagec.isa import (
     vector,
 )
 from stagec.isa.instructions import encode
-from stagec.lower.tokens import insert_tokens
+from stagec.lower.codegen.tokens import insert_tokens
 
 A_OFF, C_OFF = 128, 256   # DRAM: weights [0, 80), input a [128, 256), output c [256, 416)
 

@@ -115,8 +115,8 @@ def test_a_box_past_the_dma_count_field_takes_as_few_dmas_as_its_dims_allow(coun
     cuts are reads across several producers for the plan, so none where the box's dims allow."""
     from stagec.isa import Space
     from stagec.isa.access import element_offsets as offsets
-    from stagec.lower.emitter import Emitter
-    from stagec.lower.tensors import DramRegion, DramTensor
+    from stagec.lower.codegen.emitter import Emitter
+    from stagec.lower.schedule.tensors import DramRegion, DramTensor
     em = Emitter(stagec.HardwareConfig())
     shape = tuple(counts[order.index(d)] for d in range(len(counts)))
     em.load_box(DramTensor.dense(DramRegion.CONST, 0, shape, order), (0,) * len(counts), order, counts, Space.SPAD, 0)

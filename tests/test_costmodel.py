@@ -27,9 +27,9 @@ from stagec.costmodel.problem import layer_shape, mapping_arrays, stack, to_tile
 from stagec.costmodel.space import project, random_legal, to_mapping
 from stagec.isa import HardwareConfig
 from stagec.layers import measure, model_graph, model_layers
-from stagec.lower.buffers import Extras
-from stagec.lower.nest import ConvProblem, TileMapping
-from stagec.lower.schedule import default_mapping, fits, footprint
+from stagec.lower.schedule.buffers import Extras
+from stagec.lower.schedule.mapper import default_mapping, fits, footprint
+from stagec.lower.schedule.nest import ConvProblem, TileMapping
 
 HW = HardwareConfig()
 POINT = hardware_point(HW)
@@ -139,7 +139,7 @@ def test_sharded_evaluation_equals_unsharded():
         from stagec.costmodel.hardware import hardware_point
         from stagec.costmodel.problem import layer_shape, mapping_arrays, stack
         from stagec.isa import HardwareConfig
-        from stagec.lower.nest import ConvProblem, TileMapping
+        from stagec.lower.schedule.nest import ConvProblem, TileMapping
         assert len(jax.local_devices()) == 8
         layers = stack([layer_shape("matrix", ConvProblem(1, 16 + i, 8, 8, 32, 3, 3)) for i in range(13)])
         maps = stack([mapping_arrays(TileMapping(1 + i % 6, 6, 1 + 2 * i, 8)) for i in range(13)])

@@ -38,7 +38,7 @@ def tuned(example):
 
 
 def test_tuner_beats_the_default_mapper_by_its_cost_and_never_loses_to_it(example, tuned):
-    """The default mapper ranks its grid by the cost the tuner descends (lower.nest_cost), so the
+    """The default mapper ranks its grid by the cost the tuner descends (lower.schedule.nest_cost), so the
     tuner wins off the grid only, by a little, and a mapping the simulator measures worse gives
     way to the default's."""
     model, args = example
@@ -48,7 +48,7 @@ def test_tuner_beats_the_default_mapper_by_its_cost_and_never_loses_to_it(exampl
     assert ours.cycles <= default.cycles                         # confirmed by the simulator
     # layer by layer too: a tuned mapping the simulator measures worse gives way to the default
     from stagec.layers import measure, model_graph, model_layers
-    from stagec.lower.schedule import default_mapping
+    from stagec.lower.schedule.mapper import default_mapping
     graph, hw = model_graph(model, args), stagec.HardwareConfig()
     for layer in model_layers(graph):
         default_mapped = default_mapping(layer.kind, layer.problem, hw, layer.extras)

@@ -1,4 +1,4 @@
-"""Host constant folding (lower.fold) against JAX's own evaluation of the same equations."""
+"""Host constant folding (lower.graph.fold) against JAX's own evaluation of the same equations."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from jax import lax
 
-from stagec.lower.fold import FOLDS, fold
+from stagec.lower.graph.fold import FOLDS, fold
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((2, 3, 4)).astype(np.float32)

@@ -14,9 +14,9 @@ from test_frontend import Everything
 
 from stagec.errors import LoweringError
 from stagec.frontend import from_torch
-from stagec.lower.canonicalize import canonicalize
-from stagec.lower.evaluate import evaluate
-from stagec.lower.graph_ir import MOVEMENT_OPS, OpKind
+from stagec.lower.graph.canonicalize import canonicalize
+from stagec.lower.graph.evaluate import evaluate
+from stagec.lower.graph.graph_ir import MOVEMENT_OPS, OpKind
 from stagec.models import hand_keypoint_net
 from stagec.pipeline import PIPELINE, GraphPass, position
 

@@ -11,9 +11,9 @@ from torch import nn
 import stagec
 from stagec import int8_reference
 from stagec.isa import HardwareConfig, semantics
-from stagec.lower.evaluate import evaluate
-from stagec.lower.graph_ir import OpKind
-from stagec.lower.requant import quantize_multiplier
+from stagec.lower.graph.evaluate import evaluate
+from stagec.lower.graph.graph_ir import OpKind
+from stagec.lower.graph.requant import quantize_multiplier
 from stagec.models import hand_keypoint_net
 from stagec.pipeline import build_graph
 
@@ -88,7 +88,7 @@ def test_transposed_mappings_match_integer_reference_bit_for_bit():
     """int8 x int8 -> int32 with the operands swapped: the COPY turns int32 tiles, requantization
     follows in the scratchpad."""
     from stagec.layers import model_layers
-    from stagec.lower.schedule import TileMapping
+    from stagec.lower.schedule.nest import TileMapping
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1), nn.ReLU(), nn.Conv2d(16, 24, 1), nn.ReLU(),
                           nn.Conv2d(24, 8, 3, 2, 1), nn.Flatten(), nn.Linear(128, 10)).eval()

@@ -22,7 +22,7 @@ from stagec.isa import (
 )
 from stagec.isa import load as load_ins
 from stagec.isa.instructions import encode
-from stagec.lower.tokens import insert_tokens
+from stagec.lower.codegen.tokens import insert_tokens
 
 
 def gemmlowp_requant(x: int, m: int, shift: int, zp: int) -> int:

@@ -20,7 +20,7 @@ from stagec.isa import (
 )
 from stagec.isa import load as load_ins
 from stagec.isa.instructions import encode, gather
-from stagec.lower.tokens import insert_tokens
+from stagec.lower.codegen.tokens import insert_tokens
 from stagec.sim.executor import execute
 from stagec.sim.reference import SimulationError
 from stagec.sim.reference import execute as reference

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import stagec
-from stagec.lower.schedule import TilingError
+from stagec.errors import TilingError
 from stagec.sim.plan import build_plan
 
 
@@ -182,7 +182,7 @@ def test_a_table_beyond_gathers_row_count_is_a_lowering_error_naming_the_layer()
 def test_single_accumulator_tile_matches_torch(module):
     """One accumulator tile (the epilogue, or a COPY, moves each result to the scratchpad)."""
     from stagec.layers import model_graph, model_layers
-    from stagec.lower.schedule import TileMapping
+    from stagec.lower.schedule.nest import TileMapping
     torch.manual_seed(0)
     x = torch.randn(1, 8, 10, 10)
     (layer,) = model_layers(model_graph(module.eval(), (x,)))
@@ -212,7 +212,7 @@ def test_transposed_mappings_match_torch(k, stride, dilation, padding, c, o, siz
     """Operands swapped (output channels streamed, each tile's pixels a line through its halo), with
     edge tiles, padding, dilation, strides and a fused epilogue, against PyTorch."""
     from stagec.layers import model_graph, model_layers
-    from stagec.lower.schedule import TileMapping
+    from stagec.lower.schedule.nest import TileMapping
     torch.manual_seed(0)
     module = _ConvResidual(c, o, k, stride, padding, dilation).eval()
     x = torch.randn(1, c, size + dilation * (k - 1), size + dilation * (k - 1))
@@ -239,7 +239,7 @@ def test_mapper_picks_the_switch_and_the_simulator_agrees(conv, size, switch, ga
     """The mapper turns the switch on where it pays, and the simulator confirms it against the same
     tiles without it."""
     from stagec.layers import measure, model_graph, model_layers
-    from stagec.lower.schedule import map_conv
+    from stagec.lower.schedule.mapper import map_conv
     torch.manual_seed(0)
     module = nn.Sequential(conv, nn.ReLU()).eval()
     x = torch.randn(1, conv.in_channels, size, size)
@@ -254,7 +254,7 @@ def test_mapper_picks_the_switch_and_the_simulator_agrees(conv, size, switch, ga
 
 def test_transposed_mapping_of_a_layer_that_cannot_turn_is_rejected():
     from stagec.layers import model_graph, model_layers
-    from stagec.lower.schedule import TileMapping
+    from stagec.lower.schedule.nest import TileMapping
     module = nn.Conv2d(4, 8, 3, stride=(1, 2))
     x = torch.randn(1, 4, 9, 9)
     (layer,) = model_layers(model_graph(module, (x,)))
@@ -270,7 +270,7 @@ def test_stacked_mappings_match_torch(k, stride, padding, c, o, size, tile, doub
     """Each output row's kernel rows LOADed side by side and one MATMUL over the whole kernel, with
     edge tiles, padding (kernel rows wholly in it filled with zeros), strides and an epilogue."""
     from stagec.layers import model_graph, model_layers
-    from stagec.lower.schedule import TileMapping
+    from stagec.lower.schedule.nest import TileMapping
     torch.manual_seed(0)
     module = _ConvResidual(c, o, k, stride, padding, 1).eval()
     x = torch.randn(1, c, size + k - 1, size + k - 1)
@@ -288,7 +288,7 @@ def test_stacked_mappings_match_torch(k, stride, padding, c, o, size, tile, doub
 
 def test_stacked_mapping_of_a_dilated_kernel_is_rejected():
     from stagec.layers import model_graph, model_layers
-    from stagec.lower.schedule import TileMapping
+    from stagec.lower.schedule.nest import TileMapping
     module = nn.Conv2d(4, 8, 3, dilation=2)
     x = torch.randn(1, 4, 9, 9)
     (layer,) = model_layers(model_graph(module, (x,)))
@@ -304,7 +304,7 @@ def test_a_nest_of_one_spatial_tile_loads_its_halo_once_and_channel_vectors_per_
     with the residual and ReLU in the epilogue, against PyTorch."""
     from stagec.isa.instructions import Opcode
     from stagec.layers import model_graph, model_layers
-    from stagec.lower.schedule import TileMapping
+    from stagec.lower.schedule.nest import TileMapping
     torch.manual_seed(0)
     module = _ConvResidual(12, 40, 3, (1, 1), 1, 1).eval()
     x = torch.randn(1, 12, 5, 6)
@@ -326,9 +326,9 @@ def test_mapper_keeps_a_whole_layer_in_one_spatial_tile_and_the_simulator_agrees
     halo buffer and the bias a tile at a time, all 196 pixels fit one tile, so each fold streams 196
     rows and the weights are read once, against 98 rows and twice."""
     from stagec.layers import measure, model_graph, model_layers
-    from stagec.lower.nest import LayerShape
-    from stagec.lower.nest_work import one_spatial_tile
-    from stagec.lower.schedule import map_conv
+    from stagec.lower.schedule.mapper import map_conv
+    from stagec.lower.schedule.nest import LayerShape
+    from stagec.lower.schedule.nest_work import one_spatial_tile
     torch.manual_seed(0)
     module = _ConvResidual(256, 1024, 1, (1, 1), 0, 1).eval()
     args = (torch.randn(1, 256, 14, 14), torch.randn(1, 1024, 14, 14))

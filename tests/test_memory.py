@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stagec.lower.memory import Interval, align, allocate_by_liveness
-from stagec.lower.tensors import DramRegion, DramTensor, coalesce
+from stagec.lower.codegen.memory import Interval, align, allocate_by_liveness
+from stagec.lower.schedule.tensors import DramRegion, DramTensor, coalesce
 
 
 def _elements(t: DramTensor) -> np.ndarray:

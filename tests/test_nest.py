@@ -1,4 +1,4 @@
-"""A loop nest is described once (lower.nest): for random layers and mappings, every switch included,
+"""A loop nest is described once (lower.schedule.nest): for random layers and mappings, every switch included,
 the mapper's description, the program the emitter makes of it and the cost model's exact mode
 agree on the tile counts, the bytes every queue moves, each unit's cycles and the footprint."""
 
@@ -18,10 +18,10 @@ from stagec.isa import HardwareConfig
 from stagec.isa.access import accesses
 from stagec.isa.instructions import ITEMSIZE, Opcode, Queue, Space
 from stagec.layers import layer_program, model_graph, model_layers
-from stagec.lower.nest import SWITCHES, Exact, LayerShape, TileMapping, row_tiles
-from stagec.lower.nest_cost import nest_cost
-from stagec.lower.nest_work import dims
-from stagec.lower.schedule import fits, map_nest
+from stagec.lower.schedule.mapper import fits, map_nest
+from stagec.lower.schedule.nest import SWITCHES, Exact, LayerShape, TileMapping, row_tiles
+from stagec.lower.schedule.nest_cost import nest_cost
+from stagec.lower.schedule.nest_work import dims
 from stagec.sim.costs import instruction_shapes, unit_cycles, unit_parameters
 from stagec.sim.energy import counts_of
 

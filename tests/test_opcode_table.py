@@ -36,7 +36,7 @@ from stagec.isa import load as load_ins
 from stagec.isa.instructions import Instruction, encode
 from stagec.isa.opcodes import Element, Lanes, OpcodeDef, Slot, VectorFuncDef
 from stagec.isa.semantics import pad_value
-from stagec.lower.tokens import insert_tokens
+from stagec.lower.codegen.tokens import insert_tokens
 from stagec.sim import kernel, reference
 from stagec.sim.costs import vector_cycles
 from stagec.sim.energy import action_counts

@@ -9,8 +9,8 @@ from torch import nn
 import stagec
 from stagec.isa.instructions import Opcode
 from stagec.layers import model_graph
-from stagec.lower.pack import block_diagonal
-from stagec.lower.schedule import map_window, node_problem
+from stagec.lower.schedule.mapper import map_window, node_problem
+from stagec.lower.schedule.pack import block_diagonal
 
 NARROW_VECTOR = stagec.HardwareConfig(vector_lanes=4)   # a 16x16 array beside 4 lanes: packing pays
 

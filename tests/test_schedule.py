@@ -15,11 +15,12 @@ from helpers import rel_err
 from torch import nn
 
 import stagec
-import stagec.lower.schedule as schedule_module
+import stagec.lower.schedule.mapper as schedule_module
 from stagec.errors import InputError, TilingError
 from stagec.isa.instructions import Opcode
-from stagec.lower.schedule import TileMapping, make_schedule
-from stagec.lower.vector import VectorNest
+from stagec.lower.codegen.vector import VectorNest
+from stagec.lower.schedule.mapper import make_schedule
+from stagec.lower.schedule.nest import TileMapping
 from stagec.pipeline import PIPELINE, Compilation, Request, position, run
 
 NESTS = {"conv": ("matrix", "depthwise"), "matmul": ("matrix",), "pool": ("pool",), "elementwise": ("elementwise",),

@@ -65,7 +65,7 @@ def _program(ins, inputs, outputs):
     ((name, byte offset, length) each)."""
     from stagec.isa import DType, Layer, Program, TensorRef
     from stagec.isa.instructions import encode
-    from stagec.lower.tokens import insert_tokens
+    from stagec.lower.codegen.tokens import insert_tokens
     refs = [tuple(TensorRef(name, off, DType.F32, (n,)) for name, off, n in ts) for ts in (inputs, outputs)]
     return insert_tokens(Program(code=encode(ins), layer_ids=np.zeros(len(ins), np.int32),
                                  layers=(Layer("t", "test", (), ()),), inputs=refs[0], outputs=refs[1], regions=(),

@@ -18,10 +18,11 @@ import stagec
 from stagec import int8_reference
 from stagec.errors import QuantizationError, TilingError
 from stagec.isa.verify import verify
-from stagec.lower.layout import assign_layout
-from stagec.lower.pack import pack_depthwise
-from stagec.lower.schedule import TileMapping, layer_nests, make_schedule
-from stagec.lower.vector import LayoutViews, VectorNest
+from stagec.lower.codegen.vector import LayoutViews, VectorNest
+from stagec.lower.schedule.layout import assign_layout
+from stagec.lower.schedule.mapper import layer_nests, make_schedule
+from stagec.lower.schedule.nest import TileMapping
+from stagec.lower.schedule.pack import pack_depthwise
 from stagec.pipeline import build_graph, lower_graph
 from stagec.sim import reference
 

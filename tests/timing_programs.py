@@ -18,7 +18,7 @@ from stagec.isa import (
     store,
 )
 from stagec.isa.instructions import encode
-from stagec.lower.tokens import insert_tokens
+from stagec.lower.codegen.tokens import insert_tokens
 
 F32 = 4
 

@@ -32,11 +32,12 @@ import torch
 import stagec
 from stagec import int8_reference
 from stagec.errors import QuantizationError, StagecError, TilingError
-from stagec.lower.quantize import quantize_weights
+from stagec.lower.graph.quantize import quantize_weights
 from stagec.pipeline import build_graph
 
 from .hardware import HW_KINDS, describe, random_hardware
-from .models import SCALED, ModelSpec, build_model, generate_model
+from .models import SCALED, build_model, generate_model
+from .spec import ModelSpec
 
 MODES = ("fp32", "int8")
 # of max |ref|: what fp32 chains of differently ordered sums keep to.  int8 is held to it against the
@@ -241,7 +242,7 @@ def with_noise(model: torch.nn.Module, x: torch.Tensor, step: float, calibration
 
 @contextlib.contextmanager
 def _int8_weights(model: torch.nn.Module):
-    """The model's conv and linear weights rounded as `lower.quantize` rounds them, restored after."""
+    """The model's conv and linear weights rounded as `lower.graph.quantize` rounds them, restored after."""
     saved = [(m.weight, m.weight.detach().clone()) for m in model.modules() if isinstance(m, SCALED)]
     for weight, w in saved:
         q, scale = quantize_weights(w.numpy(), axis=0)

@@ -15,7 +15,8 @@ import dataclasses
 from collections.abc import Callable, Iterator
 
 from .campaign import Case, Outcome, run_case
-from .models import Layer, _is_chain, _is_chains, model_spec
+from .models import model_spec
+from .spec import Layer, is_chain, is_chains
 
 
 def minimize(case: Case, fails: Callable[[Outcome], bool], max_runs: int = 200) -> Case:
@@ -54,7 +55,7 @@ def _candidates(layers: tuple[Layer, ...], keep_one: bool = True) -> Iterator[tu
 def _smaller_insides(layer: Layer) -> Iterator[Layer]:
     """The layer with one of its inside chains smaller (a branch may become the identity)."""
     for k, (name, value) in enumerate(layer.params):
-        chains = (value,) if _is_chain(value) else value if _is_chains(value) else ()
+        chains = (value,) if is_chain(value) else value if is_chains(value) else ()
         for j, chain in enumerate(chains):
             for smaller in _candidates(chain, keep_one=False):
                 new = smaller if chains is not value else value[:j] + (smaller,) + value[j + 1:]

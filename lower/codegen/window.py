@@ -16,13 +16,13 @@ import numpy as np
 from stagec.errors import LoweringError
 from stagec.isa.instructions import AccMode, DType, Operand, PadValue, Space, VectorFunc
 
+from ..schedule.buffers import NO_EXTRAS, EpilogueLayout
+from ..schedule.nest import ConvProblem, LayerShape, TileMapping, tiles
+from ..schedule.nest_work import window_buffers
+from ..schedule.tensors import DramTensor
 from . import tile_expr
-from .buffers import NO_EXTRAS, EpilogueLayout
 from .emitter import dense_strides
 from .matrix import Epilogue
-from .nest import ConvProblem, LayerShape, TileMapping, tiles
-from .nest_work import window_buffers
-from .tensors import DramTensor
 
 _REDUCE = {"sum": (VectorFunc.COPY, AccMode.ADD, PadValue.ZERO),
            "max": (VectorFunc.COPY, AccMode.MAX, PadValue.NEG_INF),

@@ -3,8 +3,8 @@
 A vector node runs as one nest or several (a pad: a fill, then a copy of its input; a concat: a
 copy per input), each a job (`Elementwise`, `Reduce`, `Gather`) over DRAM views of its operands.
 `vector_jobs(views, node)` builds them, one rule per op kind, for the schedule stage (operands as
-lower.layout places them, offsets relative to their buffers: `LayoutViews`) and for the emitter
-(placed) alike.  What the schedule maps, `job.nest(...)` (lower.schedule.map_vector ranks its
+lower.schedule.layout places them, offsets relative to their buffers: `LayoutViews`) and for the emitter
+(placed) alike.  What the schedule maps, `job.nest(...)` (lower.schedule.mapper.map_vector ranks its
 tilings), depends on the operands' shapes and strides, not on where their buffers land;
 `job.emit(em, m)` walks the tiles of the mapping the schedule chose.
 
@@ -23,17 +23,17 @@ from typing import NamedTuple
 import numpy as np
 
 from stagec.errors import LoweringError
-from stagec.isa.instructions import AccMode, DType, Operand, Space, VectorFunc
+from stagec.isa.instructions import MAX_COUNT, AccMode, DType, Operand, Space, VectorFunc
 from stagec.isa.opcodes import TRANSCENDENTAL
 from stagec.rule_tables import registrar
 
+from ..graph.graph_ir import RECORD_WORDS, Expr, Node, OpKind, Step, record_inputs
+from ..schedule.buffers import ElementwiseBuffers, GatherBuffers, ReduceBuffers, local_bytes
+from ..schedule.layout import ALWAYS_VIEWS, Layout, view_of
+from ..schedule.nest import TileMapping, tiles
+from ..schedule.tensors import DramTensor, coalesce
 from . import tile_expr
-from .buffers import ElementwiseBuffers, GatherBuffers, ReduceBuffers, local_bytes
-from .emitter import MAX_COUNT, ConstPool
-from .graph_ir import RECORD_WORDS, Expr, Node, OpKind, Step, record_inputs
-from .layout import ALWAYS_VIEWS, Layout, view_of
-from .nest import TileMapping, tiles
-from .tensors import DramTensor, coalesce
+from .emitter import ConstPool
 
 COPY: Expr = (Step("copy", (0,)),)
 _REDUCE = {"sum": (VectorFunc.RSUM, AccMode.ADD), "max": (VectorFunc.RMAX, AccMode.MAX),
@@ -42,9 +42,9 @@ _REDUCE = {"sum": (VectorFunc.RSUM, AccMode.ADD), "max": (VectorFunc.RMAX, AccMo
 
 @dataclass(frozen=True)
 class VectorNest:
-    """A vector-unit nest as the schedule maps it (lower.schedule.map_vector): tiles over `space`
+    """A vector-unit nest as the schedule maps it (lower.schedule.mapper.map_vector): tiles over `space`
     (3 dims), run `repeat` times (over the dims outside it), holding `buffers(t0, t1, t2, buffer
-    sets)` (lower.buffers); per tile, `loads` LOADs of a whole tile, `passes` vector cycles per
+    sets)` (lower.schedule.buffers); per tile, `loads` LOADs of a whole tile, `passes` vector cycles per
     lane group and one STORE.  `what` names it in the schedule dump."""
 
     what: str
@@ -311,9 +311,9 @@ class Gather:
 # --- a node's jobs ------------------------------------------------------------------------------
 
 class LayoutViews:
-    """A node's operands as lower.layout places them, offsets relative to their buffers, and its
+    """A node's operands as lower.schedule.layout places them, offsets relative to their buffers, and its
     scalars as a program's constant pool holds them: what the schedule stage builds a node's jobs
-    over (lower.lowering.LowerContext is the same for the emitter, placed)."""
+    over (lower.codegen.lowering.LowerContext is the same for the emitter, placed)."""
 
     def __init__(self, layout: Layout):
         self.placements, self.consts = layout.placements, ConstPool()

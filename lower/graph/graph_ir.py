@@ -15,7 +15,7 @@
     CONCAT       x*                              axis
 
 Values are float32 or int32; booleans are float32 0/1 (a comparison's result);
-int8 holds quantized tensors (lower.quantize), whose CONV/MATMUL/POOL/REDUCE
+int8 holds quantized tensors (lower.graph.quantize), whose CONV/MATMUL/POOL/REDUCE
 accumulate in int32.  `expr` is a tuple of Steps; a step's argument k <
 len(inputs) names input k, k >= len(inputs) names step k - len(inputs); the
 last step is the result.  An `epilogue` is an expr whose input 0 is the

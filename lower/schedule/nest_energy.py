@@ -64,5 +64,5 @@ def window_actions(L: LayerShape, m: TileMapping, w: Work, hw, ops) -> ActionCou
 
 
 def actions(L: LayerShape, m: TileMapping, w: Work, hw, ops, kind) -> ActionCounts:
-    """A nest's actions, its kind's (`kind`: lower.nest.KINDS' index, a number)."""
+    """A nest's actions, its kind's (`kind`: lower.schedule.nest.KINDS' index, a number)."""
     return (matrix_actions if kind == MATRIX else window_actions)(L, m, w, hw, ops)

@@ -20,14 +20,14 @@ from stagec.isa.instructions import DType, Operand, encode
 from stagec.isa.program import Layer, Program, Region, RegionKind, TensorRef
 from stagec.rule_tables import registrar
 
-from .buffers import epilogue_layout
+from ..graph.graph_ir import RECORD_WORDS, Graph, Node, OpKind, Value, record_inputs
+from ..schedule.buffers import epilogue_layout
+from ..schedule.layout import Layout
+from ..schedule.mapper import Schedule, node_problem
+from ..schedule.tensors import DTYPE_OF, DramRegion, DramTensor
 from .emitter import Emitter
-from .graph_ir import RECORD_WORDS, Graph, Node, OpKind, Value, record_inputs
-from .layout import Layout
 from .matrix import as_conv, emit_conv
 from .memory import Interval, align, allocate_by_liveness
-from .schedule import Schedule, node_problem
-from .tensors import DTYPE_OF, DramRegion, DramTensor
 from .tokens import insert_tokens
 from .vector import VECTOR_JOBS, vector_jobs
 from .window import emit_window
@@ -135,7 +135,7 @@ def _unsqueeze(t: DramTensor) -> DramTensor:
 
 @register(*VECTOR_JOBS)
 def lower_vector(ctx: LowerContext, node: Node) -> None:
-    """A vector node's nests (lower.vector.vector_jobs), each tiled as the schedule decided."""
+    """A vector node's nests (lower.codegen.vector.vector_jobs), each tiled as the schedule decided."""
     for job, m in zip(vector_jobs(ctx, node), ctx.schedule[node.name].mappings, strict=True):
         job.emit(ctx.em, m)
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from stagec.isa.config import HardwareConfig
 from stagec.isa.instructions import (
+    MAX_COUNT,
     AccMode,
     DType,
     Instruction,
@@ -28,11 +29,10 @@ from stagec.isa.instructions import (
     vector,
 )
 
-from .buffers import Buffer, local_bytes
+from ..schedule.buffers import Buffer, local_bytes
+from ..schedule.tensors import DTYPE_OF, DramRegion, DramTensor, coalesce
 from .memory import ALIGN, LocalAllocator, align
-from .tensors import DTYPE_OF, DramRegion, DramTensor, coalesce
 
-MAX_COUNT = 65535   # u16 iteration counts
 ACC_DTYPE = {DType.F32: DType.F32, DType.I8: DType.I32}   # a MATMUL's operand type -> its accumulator's
 
 
@@ -88,7 +88,7 @@ class Emitter:
 
     # --- local memory -----------------------------------------------------------------------
     def allocate(self, buffers: list[Buffer]) -> dict[str, list[int]]:
-        """Place one nest's buffers (lower.buffers: the list the mapper checked fits) in the
+        """Place one nest's buffers (lower.schedule.buffers: the list the mapper checked fits) in the
         scratchpad and the accumulator, which the nest owns whole: {name: the base of each of its
         buffers}.  Largest alignment first, so no gap opens; each layer's high-water marks are kept
         in `local_peaks`."""

@@ -1,15 +1,15 @@
 """The schedule: a mapping (tile sizes, switches) for every nest of every op, decided here once.
 
 A node runs as loop nests: a conv-shaped node (conv, matmul, pooling) one, over output tiles
-(lower.nest); a vector node (elementwise, reduction, copy, gather) one or several, over its
-coalesced iteration space (lower.vector).  `make_schedule` maps each, and the emitter walks the
+(lower.schedule.nest); a vector node (elementwise, reduction, copy, gather) one or several, over its
+coalesced iteration space (lower.codegen.vector).  `make_schedule` maps each, and the emitter walks the
 tiles of the mapping it finds in the Schedule; the `schedule` dump shows every one.
 
 The default mapper searches a small grid of candidate tile sizes per dim (powers of two, the
 whole dim, balanced splits) crossed with every switch, keeps what fits the scratchpad and
-accumulator, and ranks it by the nest's own cost (lower.nest_cost: what the cost model relaxes;
+accumulator, and ranks it by the nest's own cost (lower.schedule.nest_cost: what the cost model relaxes;
 a vector nest's: a pipeline estimate), plus a charge per instruction.  What fits is the buffers
-lower.nest_work and lower.buffers list for the nest, the buffers the emitter then allocates.  When
+lower.schedule.nest_work and lower.schedule.buffers list for the nest, the buffers the emitter then allocates.  When
 nothing fits, the TilingError names the layer, the memory, the bytes the smallest tiling needs
 there and the memory's capacity.
 """
@@ -24,10 +24,11 @@ import numpy as np
 
 from stagec.errors import InputError, TilingError
 from stagec.isa.config import HardwareConfig
+from stagec.isa.instructions import MAX_COUNT
 
+from ..codegen.vector import LayoutViews, VectorNest, vector_jobs
+from ..graph.graph_ir import OpKind
 from .buffers import FP32, NO_EXTRAS, Extras, epilogue_extras
-from .emitter import MAX_COUNT
-from .graph_ir import OpKind
 from .layout import Layout
 from .nest import (
     MATRIX,
@@ -42,7 +43,6 @@ from .nest import (
 from .nest_cost import bound, dma_cycles, nest_cost
 from .nest_work import footprint as nest_footprint
 from .nest_work import matmul_k
-from .vector import LayoutViews, VectorNest, vector_jobs
 
 INSTRUCTION_CHARGE = 8.0   # cycles the mappers charge an instruction: compile time and program size
 FIRST_COMPOSED = 256       # candidates map_nest composes the latency of before it prunes by the bound
@@ -64,7 +64,7 @@ def _axes(*values) -> TileMapping:
 
 
 def candidates(L: LayerShape) -> tuple[TileMapping, np.ndarray]:
-    """The mapper's grid for a layer (tile sizes, then every switch of lower.nest.SWITCHES where it
+    """The mapper's grid for a layer (tile sizes, then every switch of lower.schedule.nest.SWITCHES where it
     exists), and which of its points are candidates: no conflicting switches, a MATMUL's k within
     its 16-bit count."""
     fold = L.kw if L.dilation_w == 1 else 1   # MATMUL's k covers a kernel row: kw * tc <= the count limit
@@ -152,7 +152,7 @@ def map_window(p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS, weighted: b
 def map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS, layer: str = "conv",
              with_cost: bool = False):
     """Default mapping of a node of `kind` (see node_problem): the candidate tiling (sizes from a small
-    grid per dim, every switch) that fits and minimizes the nest's cycles (lower.nest_cost, exact),
+    grid per dim, every switch) that fits and minimizes the nest's cycles (lower.schedule.nest_cost, exact),
     plus a charge per instruction (compile time and program size: of mappings about as fast, the
     one of fewer, longer instructions) (`with_cost`: (mapping, those cycles))."""
     found = _map_nest(kind, p, hw, Extras(*extras))
@@ -165,7 +165,7 @@ def map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS, la
 def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras):
     """map_nest's search, once per problem, config and epilogue (networks repeat their layer shapes):
     (mapping, estimate), or the TilingError, its message without the layer's name.  Every candidate
-    gets a cheap lower bound of its cost (lower.nest_cost.bound); the full cost is composed for the
+    gets a cheap lower bound of its cost (lower.schedule.nest_cost.bound); the full cost is composed for the
     most promising ones, then for every other whose bound is below the best found: the same choice
     as composing it for all."""
     L = LayerShape.of(kind, p, extras)
@@ -192,7 +192,7 @@ def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras):
     return grid.candidate(int(first[best])), float(est[best])
 
 
-VECTOR_SWITCHES = ("double_buffer",)   # the switches a vector-unit nest has (lower.vector): tiles, c=1
+VECTOR_SWITCHES = ("double_buffer",)   # the switches a vector-unit nest has (lower.codegen.vector): tiles, c=1
 
 
 def _vector_estimate(nest: VectorNest, m: TileMapping, hw: HardwareConfig):
@@ -214,7 +214,7 @@ def _vector_estimate(nest: VectorNest, m: TileMapping, hw: HardwareConfig):
 
 
 def map_vector(nest: VectorNest, hw: HardwareConfig, layer: str = "vector") -> TileMapping:
-    """Tiles of a vector-unit nest (lower.vector.VectorNest: elementwise, reduce, copy, gather) over
+    """Tiles of a vector-unit nest (lower.codegen.vector.VectorNest: elementwise, reduce, copy, gather) over
     its 3-D iteration space, ranked by a pipeline estimate: the busiest of load queue, store queue,
     DRAM channel and vector unit, plus one tile's load, passes and store (the pipeline's fill and
     drain), so a tensor is cut into enough tiles to overlap, plus a charge per instruction (compile
@@ -234,7 +234,7 @@ def map_vector(nest: VectorNest, hw: HardwareConfig, layer: str = "vector") -> T
 class ConvNest(NamedTuple):
     """A node that runs as a convolution: its kind, 'matrix' (conv/matmul on the array),
     'depthwise' or 'pool' (vector unit, per channel), its problem, and its epilogue's buffers
-    (lower.buffers.Extras)."""
+    (lower.schedule.buffers.Extras)."""
 
     kind: str
     problem: ConvProblem
@@ -277,7 +277,7 @@ def node_problem(node) -> ConvNest | None:
 
 def layer_nests(node, views, hw: HardwareConfig) -> tuple:
     """The nests a node runs, in order: a conv-shaped node's ConvNest; a vector node's
-    lower.vector.VectorNests (`views`: lower.vector.LayoutViews of the layout)."""
+    lower.codegen.vector.VectorNests (`views`: lower.codegen.vector.LayoutViews of the layout)."""
     found = node_problem(node)
     if found is not None:
         return (found,)
@@ -308,7 +308,7 @@ def _given(given, nests: tuple, label: str) -> tuple:
     if isinstance(given, TileMapping):
         return (given,) * len(nests)
     if not isinstance(given, (tuple, list)):
-        raise InputError(f"{label}: a mapping is a lower.nest.TileMapping (or a sequence of one per nest), "
+        raise InputError(f"{label}: a mapping is a lower.schedule.nest.TileMapping (or a sequence of one per nest), "
                          f"not {type(given).__name__}")
     if len(given) != len(nests):
         raise TilingError(f"{label}: {len(given)} mappings for a layer of {len(nests)} nests "
@@ -320,7 +320,7 @@ def _check(nest, m: TileMapping, hw: HardwareConfig, label: str) -> None:
     """A caller's mapping of a nest: tile sizes within an instruction's counts, switches the nest
     has (that do not conflict), and buffers that fit."""
     if not isinstance(m, TileMapping):
-        raise InputError(f"{label}: a mapping is a lower.nest.TileMapping, not {type(m).__name__}")
+        raise InputError(f"{label}: a mapping is a lower.schedule.nest.TileMapping, not {type(m).__name__}")
     if not all(1 <= getattr(m, f) <= MAX_COUNT for f in TILE_FIELDS):
         raise TilingError(f"{label}: mapping {m} has a tile size outside 1..{MAX_COUNT}")
     _check_switches(nest, m, label)
@@ -350,7 +350,7 @@ def _check_switches(nest, m: TileMapping, label: str) -> None:
 @dataclass(frozen=True)
 class Tiling:
     """One node's tiling: the nests it runs, in order (a conv-shaped node's ConvNest; a vector
-    node's lower.vector.VectorNests: a pad's two, a concat's one per input), and each one's mapping."""
+    node's lower.codegen.vector.VectorNests: a pad's two, a concat's one per input), and each one's mapping."""
 
     nests: tuple
     mappings: tuple[TileMapping, ...]
@@ -385,7 +385,7 @@ class Schedule:
 
 
 def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | None = None) -> Schedule:
-    """The tiling of every node that emits instructions (lower.layout: a view op only where it
+    """The tiling of every node that emits instructions (lower.schedule.layout: a view op only where it
     copies): `mappings[node name]` where given (a TileMapping, for each of the node's nests, or a
     sequence of one per nest; checked to fit), else the default mapper's."""
     mappings = dict(mappings or {})

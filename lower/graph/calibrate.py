@@ -1,6 +1,6 @@
 """Calibration: the range of every float value of a graph over representative inputs.
 
-The graph reference (lower.evaluate) runs on each batch; every float32 input and
+The graph reference (lower.graph.evaluate) runs on each batch; every float32 input and
 node result is observed.  A value's range is the bound `amax` of its symmetric
 int8 scale (amax / 127): the largest |x| seen (min/max calibration), or the
 given percentile of |x| over all batches, which clips rare outliers.  The

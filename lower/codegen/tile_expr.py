@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from stagec.isa.instructions import DType, Operand, Space, VectorFunc
 
-from .graph_ir import CONVERSIONS, RESULT_DTYPES, Expr
-from .tensors import DTYPE_OF
+from ..graph.graph_ir import CONVERSIONS, RESULT_DTYPES, Expr
+from ..schedule.tensors import DTYPE_OF
 
 
 @dataclass(frozen=True)

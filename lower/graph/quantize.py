@@ -1,7 +1,7 @@
 """Post-training int8 quantization of a graph: integer CONV/MATMUL, fp32 islands between.
 
 Weights are symmetric int8 per output channel (scale max|w| / 127), activations
-symmetric int8 per tensor (scale amax / 127, amax from lower.calibrate), biases
+symmetric int8 per tensor (scale amax / 127, amax from lower.graph.calibrate), biases
 int32 at the accumulator's scale s_x * s_w.  A CONV/MATMUL with constant weights
 multiplies int8 x int8 -> int32 on the array; its epilogue is then
 
@@ -232,7 +232,7 @@ def _elementwise(rw: _Rewriter, node: Node) -> None:
 
 def quantize(graph: Graph, amax: dict[int, float]) -> tuple[Graph, QuantParams]:
     """The int8 graph of `graph` (same inputs and fp32 outputs) and its activation scales;
-    `amax` ({value id: calibrated range}) comes from lower.calibrate on this same graph."""
+    `amax` ({value id: calibrated range}) comes from lower.graph.calibrate on this same graph."""
     rw = _Rewriter(graph, amax)
     for node in graph.nodes:
         QUANT_RULES.get(node.op, _Rewriter.keep_fp32)(rw, node)

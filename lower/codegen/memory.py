@@ -47,7 +47,7 @@ def allocate_by_liveness(intervals: list[Interval]) -> tuple[dict[str, int], int
 class LocalAllocator:
     """Bump allocation of a scratchpad or accumulator for one nest (the nest owns the whole memory).
 
-    The mapper has already checked that the nest's buffers fit (lower.buffers, one description for
+    The mapper has already checked that the nest's buffers fit (lower.schedule.buffers, one description for
     both), so running out here, or a gap between buffers the footprint does not count, is a bug in
     the compiler, not a tiling the user can change: an internal error that names the layer."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from .graph_ir import Graph, Node, OpKind
+from ..graph.graph_ir import Graph, Node, OpKind
 from .tensors import DTYPE_OF, DramRegion, DramTensor
 
 ALWAYS_VIEWS = frozenset({OpKind.BROADCAST, OpKind.TRANSPOSE, OpKind.SLICE})

@@ -1,11 +1,11 @@
 """What a loop nest holds in local memory, described once.
 
 Each nest kind has one function listing its buffers (`Buffer`: a name, a memory, bytes, how
-many) as expressions of its tile sizes: the conv-shaped nests' in lower.nest_cost, the vector
+many) as expressions of its tile sizes: the conv-shaped nests' in lower.schedule.nest_cost, the vector
 unit's elementwise, reduce and gather nests' here.  The mapper evaluates that list over arrays of candidate
 tilings (numpy) and keeps the ones whose `local_bytes` fit; the cost model evaluates it over
 jax.numpy as its capacity term; the emitter evaluates it for the chosen tiling and `allocate`s
-exactly those buffers (lower.emitter.Emitter.allocate), in their order but for the buffers
+exactly those buffers (lower.codegen.emitter.Emitter.allocate), in their order but for the buffers
 aligned to a requant record's 16 bytes, which go first (each a whole number of records but the
 last), with no gap between them: every size is a whole number of 4-byte words.  So the footprint
 the mapper checked is the allocator's high-water mark, byte for byte.
@@ -26,8 +26,8 @@ from stagec.errors import LoweringError
 from stagec.isa.instructions import REQUANT_RECORD_BYTES, Space
 from stagec.isa.opcodes import TRANSCENDENTAL
 
-from . import tile_expr
-from .graph_ir import Node, OpKind, record_inputs
+from ..codegen import tile_expr
+from ..graph.graph_ir import Node, OpKind, record_inputs
 from .tensors import DTYPE_OF
 
 FP32 = 4
@@ -130,7 +130,7 @@ class EpilogueLayout:
 
     @property
     def vector_ops(self) -> tuple[int, int]:
-        """(plain, transcendental) VECTOR instructions per output tile: what lower.tile_expr emits (a
+        """(plain, transcendental) VECTOR instructions per output tile: what lower.codegen.tile_expr emits (a
         select is two, a copy onto itself none), counted by running it on a counting emitter."""
         n, counts = len(self.inputs) + 1, (2, 2, 2)
         tiles = [tile_expr.LocalTile(Space.ACC if k == 0 else Space.SPAD, 64 * k, counts) for k in range(n)]
@@ -155,7 +155,7 @@ class EpilogueLayout:
 
 
 class _CountingEmitter:
-    """Stands in for lower.emitter.Emitter: records the function of each VECTOR instruction."""
+    """Stands in for lower.codegen.emitter.Emitter: records the function of each VECTOR instruction."""
 
     def __init__(self):
         self.funcs = []
@@ -209,13 +209,13 @@ def epilogue_vectors(extras: Extras, channels) -> Buffer:
                   align=extras.records * REQUANT_RECORD_BYTES + (1 - extras.records) * WORD)
 
 
-# --- the vector unit's nests (the conv-shaped ones: lower.nest_cost) ---------------------------
+# --- the vector unit's nests (the conv-shaped ones: lower.schedule.nest_cost) ---------------------------
 # Each is a frozen record of what its buffers depend on besides the tiling, called with the tiling
-# (t0, t1, t2, buffer sets): a lower.vector.VectorNest holds one, and compares and prints by value.
+# (t0, t1, t2, buffer sets): a lower.codegen.vector.VectorNest holds one, and compares and prints by value.
 
 @dataclass(frozen=True)
 class ElementwiseBuffers:
-    """An elementwise nest (lower.vector.Elementwise) over tiles (t0, t1, t2): per buffer set, a
+    """An elementwise nest (lower.codegen.vector.Elementwise) over tiles (t0, t1, t2): per buffer set, a
     tile per loaded input and per temporary; once, each requant record and broadcast scalar."""
 
     loaded: int
@@ -231,7 +231,7 @@ class ElementwiseBuffers:
 
 @dataclass(frozen=True)
 class ReduceBuffers:
-    """A reduction (lower.vector.Reduce) over tiles (t0, t1, t2), t2 reduced: per buffer set, the
+    """A reduction (lower.codegen.vector.Reduce) over tiles (t0, t1, t2), t2 reduced: per buffer set, the
     input tile, its int32 copy (int8 sums), and the t0 x t1 sums."""
 
     widen: bool
@@ -244,7 +244,7 @@ class ReduceBuffers:
 
 @dataclass(frozen=True)
 class GatherBuffers:
-    """A gather (lower.vector.Gather) of t0 rows of t2 elements: per buffer set, the indices and
+    """A gather (lower.codegen.vector.Gather) of t0 rows of t2 elements: per buffer set, the indices and
     the rows."""
 
     def __call__(self, t0, t1, t2, bufs) -> list[Buffer]:

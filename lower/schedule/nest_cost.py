@@ -1,5 +1,5 @@
-"""What a loop nest costs: its units' work (lower.nest_work) composed into a latency, with its
-actions (lower.nest_energy), footprint and legality: `nest_cost`, what the mapper ranks and the
+"""What a loop nest costs: its units' work (lower.schedule.nest_work) composed into a latency, with its
+actions (lower.schedule.nest_energy), footprint and legality: `nest_cost`, what the mapper ranks and the
 cost model relaxes.
 
 The units are sim.timing's: in-order LOAD, MATRIX, VECTOR and STORE queues, one DRAM channel the
@@ -15,7 +15,7 @@ two DMA queues share, served in the order the DMAs start.  The composition:
       STORE on the channel), with the first step's LOADs to fill and the last tile's epilogue and
       STORE to drain; or the slowest unit, or the cycle through an accumulator or result buffer.
 Resident weights and the epilogue's whole vectors load first.  Written over an ops namespace
-(lower.nest.Exact, costmodel.smooth.Relaxed), like the counts it composes.
+(lower.schedule.nest.Exact, costmodel.smooth.Relaxed), like the counts it composes.
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def _kind_cost(L: LayerShape, m: TileMapping, hw, ops, constants: CostConstants,
 
 def nest_cost(L: LayerShape, m: TileMapping, hw, ops, constants: CostConstants = DEFAULT_CONSTANTS) -> NestCost:
     """The cost of a layer's nest under mapping `m` on `hw` (a HardwareConfig, or the cost model's
-    HardwarePoint): exact with lower.nest.Exact, where L.kind is a number and only its kind's nest
+    HardwarePoint): exact with lower.schedule.nest.Exact, where L.kind is a number and only its kind's nest
     is evaluated; relaxed with costmodel.smooth.Relaxed, where L.kind may vary across a batch, so
     both nests are evaluated and each layer's kind taken."""
     xp = ops.xp

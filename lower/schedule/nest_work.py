@@ -1,5 +1,5 @@
-"""What a loop nest (lower.nest) holds and does: tile counts, halos, buffers, DMA traffic, and each
-unit's instructions and cycles, written once over an ops namespace (lower.nest.Exact, or
+"""What a loop nest (lower.schedule.nest) holds and does: tile counts, halos, buffers, DMA traffic, and each
+unit's instructions and cycles, written once over an ops namespace (lower.schedule.nest.Exact, or
 costmodel.smooth.Relaxed) for every nest kind.
 
 The counts are the emitter's: one LOAD per input halo (per output row of a stacked mapping),
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from stagec.isa.instructions import Space
+from stagec.isa.instructions import MAX_COUNT, Space
 from stagec.sim.costs import matmul_fold_cycles
 
 from .buffers import (
@@ -25,7 +25,6 @@ from .buffers import (
     local_bytes,
     words,
 )
-from .emitter import MAX_COUNT
 from .nest import DEPTHWISE, MATRIX, LayerShape, TileMapping, count, halo, stacked_edges, tile_line, tile_sum
 
 
@@ -47,7 +46,7 @@ class Folds(NamedTuple):
     """The array's folds summed over a nest's tiles (SCALE-Sim's, sim.costs): of a MATMUL's k over
     the rows (per channel tile), of its output channels over the columns and the rows (per
     output-channel tile), of its pixels over the rows (per spatial tile); transposed, of each
-    tile's line (lower.nest.tile_line) over the columns, and the lines' length."""
+    tile's line (lower.schedule.nest.tile_line) over the columns, and the lines' length."""
 
     k: object
     cols: object
@@ -97,7 +96,7 @@ class Work(NamedTuple):
 
 def dims(L: LayerShape, m: TileMapping, ops, stacked=0, channel_tiles=True) -> Dims:
     """The tiles of a nest: stacked rows whose kernel reaches into the padding are tiles of one row
-    (lower.nest.row_tiles); without `channel_tiles` the input channels are one tile (a window op's
+    (lower.schedule.nest.row_tiles); without `channel_tiles` the input channels are one tile (a window op's
     channel tile is its output tile)."""
     top, bottom = stacked_edges(L, ops)
     edges = stacked * (top + L.oh - bottom)
@@ -187,7 +186,7 @@ def matrix_halos(L: LayerShape, m: TileMapping, d: Dims, ops):
 
 
 def matrix_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
-    """The matrix-unit nest (lower.matrix.emit_conv)."""
+    """The matrix-unit nest (lower.codegen.matrix.emit_conv)."""
     xp = ops.xp
     res = m.weights_resident
     d = dims(L, m, ops, m.stacked)
@@ -282,7 +281,7 @@ def window_halos(L: LayerShape, d: Dims, m: TileMapping, ops):
 
 
 def window_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
-    """The vector-unit nest of a depthwise conv or a pooling (lower.window.emit_window): per channel
+    """The vector-unit nest of a depthwise conv or a pooling (lower.codegen.window.emit_window): per channel
     tile its weights (widened to int32 by a COPY for int8 sums), per output tile its halo (widened
     too), a VECTOR per kernel tap, the epilogue and a STORE."""
     xp = ops.xp
@@ -307,7 +306,7 @@ def window_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
                 folds=Folds(*(xp.zeros_like(groups),) * len(Folds._fields)), groups=groups)
 
 
-# --- the buffers it holds (lower.buffers) --------------------------------------------------------
+# --- the buffers it holds (lower.schedule.buffers) -----------------------------------------------
 
 def matrix_buffers(L: LayerShape, m: TileMapping, xp) -> list[Buffer]:
     """A matrix-unit nest: input halos (one where the halo is loaded once: one spatial tile, the

@@ -1,12 +1,12 @@
 """Depthwise convolutions on the array by channel packing, where that is cheaper than the vector unit.
 
-A depthwise conv runs by default on the vector unit (lower.window: channels as lanes).  Packed,
+A depthwise conv runs by default on the vector unit (lower.codegen.window: channels as lanes).  Packed,
 it runs on the systolic array as a grouped conv of C/G groups, each G channels in and G out with
 block-diagonal weights: one array pass reduces G channels' taps at once (K = G*kh*kw rows, G
 columns), so a 1/G share of its MACs are useful.  That wins where the array is wide and the vector
 unit narrow.  Per layer, the pass takes the cheapest of the vector mapping and every packing
-G | C, G <= array columns, by the default mapper's estimate (lower.schedule), which both sides
-share.  Only fp32 layers pack: int8 depthwise keeps lower.window's integer sums.
+G | C, G <= array columns, by the default mapper's estimate (lower.schedule.mapper), which both sides
+share.  Only fp32 layers pack: int8 depthwise keeps lower.codegen.window's integer sums.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import numpy as np
 from stagec.errors import TilingError
 from stagec.isa.config import HardwareConfig
 
-from .graph_ir import Graph, Node, OpKind, Value
+from ..graph.graph_ir import Graph, Node, OpKind, Value
+from ..graph.passes import dce
+from .mapper import layer_label, map_conv, map_window, node_problem
 from .nest import ConvProblem
-from .passes import dce
-from .schedule import layer_label, map_conv, map_window, node_problem
 
 
 def packing(p: ConvProblem, extras, hw: HardwareConfig, layer: str) -> int:

@@ -1,11 +1,11 @@
 """A layer's loop nest, described once: its problem, its mapping, and what follows from them.
 
 A conv-shaped layer (a convolution or matmul on the matrix unit, a depthwise conv or a pooling
-on the vector unit) runs as one loop nest over output tiles (lower.matrix.emit_conv,
-lower.window.emit_window).  This module holds what that nest is: the problem (`ConvProblem`, and
+on the vector unit) runs as one loop nest over output tiles (lower.codegen.matrix.emit_conv,
+lower.codegen.window.emit_window).  This module holds what that nest is: the problem (`ConvProblem`, and
 `LayerShape`, the same as flat numbers with its epilogue and repeat count), the mapping
 (`TileMapping`: tile sizes and the switches in `SWITCHES`), the tiles the emitter walks
-(`tiles`, `row_tiles`), and, in lower.nest_cost, everything derived from the two: tile counts,
+(`tiles`, `row_tiles`), and, in lower.schedule.nest_cost, everything derived from the two: tile counts,
 halos, the buffers it holds (footprint), its DMA traffic, each unit's cycles and the latency
 of the pipeline they form.
 
@@ -14,7 +14,7 @@ the emitter's integer counts; costmodel.smooth.Relaxed: jax.numpy with a tempera
 mapper evaluates them exactly over grids of candidate mappings (numpy broadcasting along one
 axis per tile size and switch), the emitter walks the same tiles, and the cost model is the
 same function relaxed for gradients.  A new mapping switch is a field of TileMapping, an entry
-of SWITCHES, its terms in lower.nest_cost and its emission; nothing else.
+of SWITCHES, its terms in lower.schedule.nest_cost and its emission; nothing else.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class ConvProblem:
     padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
     dilation: tuple[int, int] = (1, 1)
     itemsize: int = FP32    # bytes of an input or weight element (1: int8)
-    widened: bool = False   # int8 halos and weights also held as int32 (lower.window's int8 sums)
+    widened: bool = False   # int8 halos and weights also held as int32 (lower.codegen.window's int8 sums)
     out_itemsize: int = FP32   # bytes of an output element as stored (1: requantized to int8)
 
     @property
@@ -86,7 +86,7 @@ class LayerShape:
     """A conv-shaped layer as flat numbers: what its loop nest depends on besides the mapping.
 
     Python numbers for the mapper and the emitter; arrays of one shape (a batch of layers) for the
-    cost model, which `vmap`s over them.  kind: index into KINDS; epilogue: lower.buffers.Extras
+    cost model, which `vmap`s over them.  kind: index into KINDS; epilogue: lower.schedule.buffers.Extras
     (buffers, loads and vector work of the fused epilogue); repeat: how many times the whole nest
     runs (a batched matmul's batch, a grouped conv's groups, a pooling's leading dims).
     """

@@ -1,0 +1,281 @@
+"""Convolution and matmul on the matrix unit.
+
+Every matrix-unit op is emitted as a 2-D convolution over NCHW views (a matmul
+is the 1x1 convolution of a 1xM image).  Per output tile (rows x cols x out
+channels) and input-channel tile:
+
+    LOAD  input halo [ih, iw, c] (padding filled by the DMA, VTA-style)
+    LOAD  weights [kh*kw, c, o]          (once, when they fit resident)
+    MATMUL per tap: A = the halo window for that tap (im2col as an address
+          pattern), B = the tap's weights, C += into the accumulator tile
+then the fused epilogue on the accumulator tile, and one STORE.  A transposed mapping
+(schedule.TileMapping) swaps A and B, so the output channels stream through the array, and
+COPYs each accumulator tile back to (rows, cols, channels) before the epilogue; a stacked
+one LOADs each output row's kernel rows side by side and runs one MATMUL over the whole kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from stagec.errors import LoweringError
+from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space, VectorFunc
+
+from ..graph.graph_ir import RECORD_WORDS
+from ..schedule.buffers import EPILOGUE_TILES, EPILOGUE_VECTORS, NO_EXTRAS, EpilogueLayout
+from ..schedule.nest import ConvProblem, LayerShape, TileMapping, row_tiles, tile_line, tiles
+from ..schedule.nest_work import matrix_buffers, one_spatial_tile
+from ..schedule.tensors import DramTensor
+from . import tile_expr
+from .emitter import ACC_DTYPE
+
+# Tile axes of an NCHW output: rows (H), cols (W), channels (O).
+OUT_AXES = (2, 3, 1)
+
+
+class Epilogue:
+    """A fused epilogue (lower.schedule.buffers.EpilogueLayout) over its extra inputs (views broadcast to the
+    output's NCHW shape; requant records [N, C, H, W, 4]), in the nest's buffers (`bases`, from
+    Emitter.allocate).
+
+    Channel vectors and scalars are loaded once for the whole nest, or, `channels_per_tile` (a
+    nest of one spatial tile, lower.schedule.nest_work.one_spatial_tile), a channel tile (`tile_o` channels)
+    per output tile into one of `bufs` copies; tile inputs are loaded per output tile into a tile
+    buffer each (x `bufs`).
+    """
+
+    def __init__(self, em, layout: EpilogueLayout | None, extras: list[DramTensor], bases: dict[str, list[int]],
+                 tile_o: int, channels: int, bufs: int, channels_per_tile: bool = False):
+        self.layout, self.extras = layout, extras
+        channels, copies = (tile_o, bufs) if channels_per_tile else (channels, 1)
+        vectors = bases[EPILOGUE_VECTORS][0]
+        self.vectors = {k: [vectors + at for at in offsets]   # input -> base of each copy
+                        for k, offsets in (layout.vector_offsets(channels, copies) if layout else {}).items()}
+        self.per_tile = channels_per_tile
+        inputs = layout.inputs if layout else ()
+        for k, i in enumerate(inputs):
+            if i.kind == "scalar" or not channels_per_tile and i.kind == "channel":
+                _load_channels(em, extras[k], i.record, 0, channels if i.kind == "channel" else 1, self.vectors[k][0])
+        tiles = iter(bases[EPILOGUE_TILES])
+        self.tile_buf = [{k: next(tiles) for k, i in enumerate(inputs) if i.kind == "tile"} for _ in range(bufs)]
+        self.temp_buf = [[next(tiles) for _ in range(layout.plan.temps if layout else 0)] for _ in range(bufs)]
+
+    def emit(self, em, acc_tile: tile_expr.LocalTile, n: int, o0: int, h0: int, w0: int, counts, buf: int,
+             final: tile_expr.LocalTile | None = None):
+        """Run the epilogue on `acc_tile` (holding output box counts at (n, o0, h0, w0)); return the result
+        tile: `final` (a scratchpad tile) when given, which frees the accumulator tile before the store."""
+        if not self.layout:
+            if final is None:
+                return acc_tile
+            out = tile_expr.LocalTile(final.space, final.base, tuple(counts), acc_tile.dtype)
+            em.vector(VectorFunc.COPY, out.operand(counts), acc_tile.operand(counts), None, counts,
+                      dtype=acc_tile.dtype)
+            return out
+        args = [acc_tile]
+        for k, (e, i) in enumerate(zip(self.extras, self.layout.inputs, strict=True)):
+            if i.kind == "tile":
+                extent = i.extent(counts)
+                tile = tile_expr.LocalTile(Space.SPAD, self.tile_buf[buf][k], extent, e.dtype)
+                em.load(e, (n, o0, h0, w0), OUT_AXES, extent, tile.operand(extent))
+            elif i.kind == "scalar":
+                tile = tile_expr.LocalTile(Space.SPAD, self.vectors[k][0], (1, 1, 1), e.dtype)
+            elif self.per_tile:
+                base = self.vectors[k][buf]
+                _load_channels(em, e, i.record, o0, counts[2], base)
+                tile = tile_expr.LocalTile(Space.SPAD, base, (1, 1, counts[2]), e.dtype)
+            else:
+                per = REQUANT_RECORD_BYTES if i.record else e.dtype.itemsize
+                tile = tile_expr.LocalTile(Space.SPAD, self.vectors[k][0] + o0 * per, (1, 1, counts[2]), e.dtype)
+            args.append(tile)
+        temps = [tile_expr.LocalTile(Space.SPAD, b, tuple(counts)) for b in self.temp_buf[buf]]
+        return tile_expr.emit(em, self.layout.expr, self.layout.plan, args, temps, counts, final)
+
+
+def _load_channels(em, e: DramTensor, record: bool, o0: int, count: int, base: int) -> None:
+    """LOAD channels o0 .. o0 + count of a per-channel epilogue input (a vector, or requant records;
+    one of them for a scalar)."""
+    if not record:
+        em.load(e, (0, o0, 0, 0), OUT_AXES, (1, 1, count), Operand(Space.SPAD, base, (0, 0, 1)))
+        return
+    if count > 1 and (e.strides[1], e.strides[-1]) != (RECORD_WORDS, 1):   # rows and columns: see Epilogue
+        raise ValueError(f"{em.layer_name}: requant records must be dense along the channels")
+    words = count * RECORD_WORDS
+    em.load(DramTensor(e.region, e.address((0, o0, 0, 0, 0)), (words,), (1,), DType.I32), (0,), (None, None, 0),
+            (1, 1, words), Operand(Space.SPAD, base, (0, 0, 1)))
+
+
+def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, out: DramTensor,
+              epilogue: EpilogueLayout | None = None, extras: list[DramTensor] = (),
+              fill: Callable | None = None) -> None:
+    """Emit a whole convolution; x [N,C,H,W], w [O,C,KH,KW], out [N,O,OH,OW] are DRAM views.  Float32
+    operands accumulate in float32, int8 ones in int32 (the epilogue then sees an int32 tile)."""
+    _check_operands(em, p, x, w)
+    nest = _ConvNest(em, p, m, x, w, epilogue, fill)
+    nest.load_resident_weights()
+    epi = Epilogue(em, epilogue, list(extras), nest.bases, m.tile_o, p.o, nest.bufs, nest.one)
+    for n in range(p.n):
+        for oh0, th in row_tiles(p, m):
+            for ow0, tw in tiles(p.ow, m.tile_ow):
+                shared = nest.load_halo(n, oh0, th, ow0, tw, 0, p.c) if len(nest.c_tiles) == 1 else None
+                line, pitch = tile_line(nest.shape, th, tw)   # transposed: C[o][line position], else C[row][col][o]
+                for o0, to in tiles(p.o, m.tile_o):
+                    acc_tile = nest.accumulate(n, oh0, th, ow0, tw, o0, to, shared, line, pitch)
+                    result = epi.emit(em, acc_tile, n, o0, oh0, ow0, (th, tw, to), nest.n_out % nest.bufs, nest.final)
+                    em.store(out, (n, o0, oh0, ow0), OUT_AXES, (th, tw, to), result.operand((th, tw, to)))
+                    nest.n_out += 1
+
+
+def _check_operands(em, p: ConvProblem, x: DramTensor, w: DramTensor) -> None:
+    if x.dtype != w.dtype or x.dtype not in ACC_DTYPE:
+        raise TypeError(f"{em.layer_name}: the array multiplies float32 or int8 operands, not {x.dtype.name} "
+                        f"by {w.dtype.name}")
+    if x.dtype.itemsize != p.itemsize:
+        raise AssertionError(f"{em.layer_name}: internal error: {x.dtype.name} operands of a problem of "
+                             f"{p.itemsize}-byte elements")
+
+
+class _ConvNest:
+    """One convolution's nest on the matrix unit, emitted piece by piece in nest order: its buffers
+    (Emitter.allocate of the nest's list), the weights' k order, and the running counts of halos,
+    weight tiles and output tiles that pick each one's buffer."""
+
+    def __init__(self, em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor,
+                 epilogue: EpilogueLayout | None, fill: Callable | None):
+        self.em, self.p, self.m, self.x, self.w, self.fill = em, p, m, x, w, fill
+        self.acc_type = ACC_DTYPE[x.dtype]
+        self.bufs = 2 if m.double_buffer else 1
+        self.shape = LayerShape.of("matrix", p, epilogue.extras if epilogue else NO_EXTRAS)
+        self.one = bool(one_spatial_tile(self.shape, m, np))
+        self.bases = em.allocate(matrix_buffers(self.shape, m, np))
+        self.taps = p.kh * p.kw
+        # the weights' k order: (kernel row, kernel column, channel), stacked (kernel column, kernel row, channel).
+        # Resident, they are held a channel tile after another, each [taps][channels of the tile][O], so
+        # that a MATMUL's k (a kernel row's or the whole kernel's taps over the tile's channels) is one run
+        self.w_axes = (3, 2, 1, 0) if m.stacked else (2, 3, 1, 0)
+        self.w_counts = (p.kw, p.kh) if m.stacked else (p.kh, p.kw)
+        self.c_tiles = tiles(p.c, m.tile_c)
+        # one accumulator tile: the epilogue writes its result to the scratchpad, so the next tile's
+        # MATMULs wait for the epilogue only, not the store; a transposed nest's COPY does that already
+        self.final = tile_expr.LocalTile(Space.SPAD, self.bases["result"][0], (1, 1, 1)) \
+            if self.bases["result"] else None
+        self.n_halo = self.n_w = self.n_out = 0
+
+    def load_resident_weights(self) -> None:
+        """LOAD all the weights once, a channel tile after another, when the mapping keeps them resident."""
+        if not self.m.weights_resident:
+            return
+        p, base = self.p, self.bases["weights"][0]
+        for c0, tc in self.c_tiles:
+            self.em.load_box(self.w, (0, c0, 0, 0), self.w_axes, (*self.w_counts, tc, p.o), Space.SPAD,
+                             base + c0 * self.taps * p.o * self.w.dtype.itemsize)
+
+    def load_halo(self, n, oh0, th, ow0, tw, c0, tc):
+        """LOAD the input window of an output tile; returns (base, iw) or None if all padding."""
+        p = self.p
+        ih, iw = p.halo(th, tw)
+        (pt, _), (pl, _) = p.padding
+        r0, q0 = oh0 * p.stride[0] - pt, ow0 * p.stride[1] - pl
+        top, left = max(0, -r0), max(0, -q0)
+        bottom, right = max(0, r0 + ih - p.h), max(0, q0 + iw - p.w)
+        if ih - top - bottom <= 0 or iw - left - right <= 0:
+            return None
+        if max(top, bottom, left, right) > 255:
+            raise LoweringError(f"{self.em.layer_name}: padding of {max(top, bottom, left, right)} exceeds the "
+                                f"DMA's 255")
+        base = self.bases["halo"][self.n_halo % len(self.bases["halo"])]
+        self.n_halo += 1
+        if self.m.stacked:
+            self._load_stacked_rows(base, n, r0, q0, th, iw, left, right, c0, tc)
+        else:
+            self.em.load(self.x, (n, c0, r0 + top, q0 + left), (2, 3, 1), (ih - top - bottom, iw - left - right, tc),
+                         Operand(Space.SPAD, base, (iw * tc, tc, 1)), pad=(top, bottom, left, right, 0, 0))
+        return base, iw
+
+    def _load_stacked_rows(self, base, n, r0, q0, th, iw, left, right, c0, tc) -> None:
+        """A stacked halo: each output row's kernel rows side by side, [column][kernel row][channel]; a
+        row whose kernel rows are all padding is filled with zeros."""
+        p, x = self.p, self.x
+        for r in range(th):
+            row = base + r * iw * p.kh * tc * x.dtype.itemsize
+            first = r0 + r * p.stride[0]
+            above, below = max(0, -first), max(0, first + p.kh - p.h)
+            if above + below >= p.kh:
+                self.fill(Operand(Space.SPAD, row, (p.kh * tc, tc, 1)), (iw, p.kh, tc), 0.0, x.dtype)
+                continue
+            self.em.load(x, (n, c0, first + above, q0 + left), (3, 2, 1), (iw - left - right, p.kh - above - below, tc),
+                         Operand(Space.SPAD, row, (p.kh * tc, tc, 1)), pad=(left, right, above, below, 0, 0))
+
+    def accumulate(self, n, oh0, th, ow0, tw, o0, to, shared, line, pitch) -> tile_expr.LocalTile:
+        """An output tile's sums over every input-channel tile, zero where its whole receptive field is
+        padding, as a (rows, cols, channels) tile: the accumulator tile, or a transposed nest's COPY
+        of it out of C[o][line position]."""
+        m, acc_type = self.m, self.acc_type
+        c_base = self.bases["accumulator"][self.n_out % m.acc_buffers]
+        c_op = Operand(Space.ACC, c_base, (0, line, 1) if m.transposed else (tw * to, to, 1))
+        first = True
+        for c0, tc in self.c_tiles:
+            halo = shared if len(self.c_tiles) == 1 else self.load_halo(n, oh0, th, ow0, tw, c0, tc)
+            if halo is None:
+                continue
+            self.matmuls(c_op, halo, self.weights(o0, to, c0, tc), th, tw, tc, to, line, accumulate=not first)
+            first = False
+        if first:   # the whole receptive field is padding: the sum is zero
+            self.fill(c_op, (1, to, line) if m.transposed else (th, tw, to), 0.0, acc_type)
+        if not m.transposed:
+            return tile_expr.LocalTile(Space.ACC, c_base, (th, tw, to), acc_type)
+        turned = tile_expr.LocalTile(Space.SPAD, self.bases["turned"][self.n_out % m.acc_buffers], (th, tw, to),
+                                     acc_type)
+        self.em.vector(VectorFunc.COPY, turned.operand((th, tw, to)), Operand(Space.ACC, c_base, (pitch, 1, line)),
+                       None, (th, tw, to), dtype=acc_type)
+        return turned
+
+    def weights(self, o0, to, c0, tc) -> tuple[int, int, int]:
+        """(base, k stride, tap stride) in the scratchpad of the weights of a tile of output channels and
+        of input channels: where they are resident, else LOADed now into the next weight buffer."""
+        p, wb = self.p, self.w.dtype.itemsize
+        if self.m.weights_resident:
+            return self.bases["weights"][0] + (c0 * self.taps * p.o + o0) * wb, p.o, tc * p.o
+        base = self.bases["weights"][self.n_w % self.bufs]
+        self.n_w += 1
+        self.em.load_box(self.w, (o0, c0, 0, 0), self.w_axes, (*self.w_counts, tc, to), Space.SPAD, base)
+        return base, to, tc * to
+
+    def matmuls(self, c_op: Operand, halo, weights, th, tw, tc, to, line, accumulate: bool) -> None:
+        """One input-channel tile's MATMULs into the accumulator tile `c_op`: the first accumulates onto
+        it or not as `accumulate` says, the others do."""
+        p, m, x = self.p, self.m, self.x
+        (h_base, iw), (w_base, k_stride, tap_stride) = halo, weights
+        xb, wb = x.dtype.itemsize, self.w.dtype.itemsize
+        (sh, sw), (dh, dw) = p.stride, p.dilation
+        if m.stacked:   # k = (kernel column, kernel row, channel), contiguous in the halo
+            self.em.matmul(Operand(Space.SPAD, h_base, (iw * p.kh * tc, sw * p.kh * tc, 1)),
+                           Operand(Space.SPAD, w_base, (k_stride, 1, 0)), c_op, th, tw, self.taps * tc, to,
+                           accumulate=accumulate, dtype=x.dtype)
+            return
+        # With unit column dilation a kernel row's taps are contiguous in the halo
+        # ((kw, c) -> kw * tc + c) and in the weights: one MATMUL of k = kw * tc.
+        fold = p.kw if dw == 1 else 1
+        for kh in range(p.kh):
+            for kw in range(0, p.kw, fold):
+                a_base = h_base + (kh * dh * iw * tc + kw * dw * tc) * xb
+                b_base = w_base + (kh * p.kw + kw) * tap_stride * wb
+                if m.transposed:   # A: the weights' transpose [o][k]; B: the halo's [k][line]
+                    self.em.matmul(Operand(Space.SPAD, b_base, (0, 1, k_stride)),
+                                   Operand(Space.SPAD, a_base, (1, sw * tc, 0)), c_op, 1, to, fold * tc, line,
+                                   accumulate=accumulate, dtype=x.dtype)
+                else:
+                    self.em.matmul(Operand(Space.SPAD, a_base, (sh * iw * tc, sw * tc, 1)),
+                                   Operand(Space.SPAD, b_base, (k_stride, 1, 0)), c_op, th, tw, fold * tc, to,
+                                   accumulate=accumulate, dtype=x.dtype)
+                accumulate = True
+
+
+def as_conv(t: DramTensor, role: str) -> DramTensor:
+    """A 2-D matmul operand as an NCHW conv view: a[M,K] -> x[1,K,1,M]; b[K,N] -> w[N,K,1,1];
+    out[M,N] -> [1,N,1,M]; dims past the first two (a requant record's words) stay last."""
+    (d0, d1, *dr), (s0, s1, *sr) = t.shape, t.strides
+    if role == "w":
+        return DramTensor(t.region, t.offset, (d1, d0, 1, 1, *dr), (s1, s0, 0, 0, *sr), t.dtype)
+    return DramTensor(t.region, t.offset, (1, d1, 1, d0, *dr), (0, s1, 0, s0, *sr), t.dtype)

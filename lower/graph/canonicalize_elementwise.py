@@ -1,0 +1,145 @@
+"""canonicalize's rules for elementwise math, comparisons, logic and casts: each an ELEMENTWISE
+node of one or a few steps."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from stagec.errors import LoweringError
+
+from .builder import dtype_of, out_shape, rule
+from .graph_ir import Step, Value, storage_dtype
+
+_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "max": "max", "min": "min"}
+_UNARY = {"neg": "neg", "abs": "abs", "exp": "exp", "log": "log", "tanh": "tanh", "logistic": "sigmoid",
+          "erf": "erf", "sqrt": "sqrt", "rsqrt": "rsqrt"}
+
+
+def _is_const(x, c: float) -> bool:
+    return not isinstance(x, Value) and np.size(x) == 1 and float(np.asarray(x).reshape(())) == c
+
+
+def _is_zero(x) -> bool:
+    return _is_const(x, 0.0)
+
+
+@rule(*_BINARY)
+def binary(b, eqn, x, y):
+    name = eqn.primitive.name
+    if name == "max" and (_is_zero(x) or _is_zero(y)):
+        return b.elementwise([y if _is_zero(x) else x], (Step("relu", (0,)),), out_shape(eqn))
+    if name == "mul" and dtype_of(x) == dtype_of(y) == "float32":   # x * 1 is x, exactly (attention's scale 1)
+        for v, one in ((x, y), (y, x)):
+            if _is_const(one, 1.0) and isinstance(v, Value) and v.shape == tuple(out_shape(eqn)):
+                return v
+    return b.elementwise([x, y], (Step(_BINARY[name], (0, 1)),), out_shape(eqn))
+
+
+@rule("div")
+def div(b, eqn, x, y):
+    if not isinstance(y, Value):    # division by a constant: multiply by its reciprocal
+        return b.elementwise([x, (1.0 / np.asarray(y, np.float64)).astype(np.float32)], (Step("mul", (0, 1)),),
+                             out_shape(eqn))
+    if y.size < math.prod(out_shape(eqn)):   # a broadcast divisor (softmax's row sums): one reciprocal per row
+        return b.elementwise([x, b.elementwise([y], (Step("recip", (0,)),), y.shape)], (Step("mul", (0, 1)),),
+                             out_shape(eqn))
+    return b.elementwise([x, y], (Step("recip", (1,)), Step("mul", (0, 2))), out_shape(eqn))
+
+
+@rule(*_UNARY)
+def unary(b, eqn, x):
+    return b.elementwise([x], (Step(_UNARY[eqn.primitive.name], (0,)),), out_shape(eqn))
+
+
+@rule("erfc")
+def erfc(b, eqn, x):
+    return b.elementwise([x, np.float32(1.0)], (Step("erf", (0,)), Step("sub", (1, 2))), out_shape(eqn))
+
+
+# NOTE: the vector unit has exp and log, not expm1 and log1p: these keep the absolute error of one
+# rounding of 1.0 (6e-8), not the relative accuracy of the fused functions near 0 -- as activations
+# (ELU, SELU, softplus, mish) use them, next to values of order 1.
+@rule("expm1")
+def expm1(b, eqn, x):
+    return b.elementwise([x, np.float32(1.0)], (Step("exp", (0,)), Step("sub", (2, 1))), out_shape(eqn))
+
+
+@rule("log1p")
+def log1p(b, eqn, x):
+    return b.elementwise([x, np.float32(1.0)], (Step("add", (0, 1)), Step("log", (2,))), out_shape(eqn))
+
+
+@rule("square")
+def square(b, eqn, x):
+    return b.elementwise([x], (Step("mul", (0, 0)),), out_shape(eqn))
+
+
+@rule("integer_pow")
+def integer_pow(b, eqn, x):
+    y = eqn.params["y"]
+    if y == 0 or abs(y) > 8:
+        raise LoweringError(f"integer_pow with exponent {y}")
+    steps = [Step("copy", (0,))] if abs(y) == 1 else [Step("mul", (0, 0))]
+    for _ in range(abs(y) - 2):
+        steps.append(Step("mul", (len(steps), 0)))   # the previous step times the input
+    if y < 0:
+        steps.append(Step("recip", (len(steps),)))
+    return b.elementwise([x], steps, out_shape(eqn))
+
+
+@rule("copy", "copy_p", "stop_gradient", "reduce_precision", "optimization_barrier")
+def identity(b, eqn, *xs):
+    return list(xs) if eqn.primitive.multiple_results else xs[0]
+
+
+@rule("convert_element_type")
+def convert_element_type(b, eqn, x):
+    to = np.dtype(eqn.params["new_dtype"])
+    src = eqn.invars[0].aval.dtype
+    if to == np.bool_:    # x != 0, held as 0/1
+        steps = (Step("cmp_ne", (0, 1)),) if dtype_of(x) == "float32" else (Step("cmp_ne", (0, 1)),
+                                                                               Step("to_f32", (2,)))
+        return b.elementwise([x, np.zeros((), src)], steps, out_shape(eqn))
+    if storage_dtype(to) == dtype_of(x):
+        return x
+    return b.elementwise([x], (Step("to_" + {"float32": "f32", "int32": "i32"}[storage_dtype(to)], (0,)),),
+                         out_shape(eqn))
+
+
+_COMPARISONS = {"gt": ("cmp_gt", False), "ge": ("cmp_ge", False), "lt": ("cmp_gt", True), "le": ("cmp_ge", True),
+                "eq": ("cmp_eq", False), "ne": ("cmp_ne", False)}
+
+
+@rule(*_COMPARISONS)
+def compare(b, eqn, x, y):
+    func, swap = _COMPARISONS[eqn.primitive.name]
+    steps = [Step(func, (1, 0) if swap else (0, 1))]
+    if dtype_of(x) == "int32":   # the result is a boolean, held as float32 0/1
+        steps.append(Step("to_f32", (2,)))
+    return b.elementwise([x, y], steps, out_shape(eqn))
+
+
+@rule("select_n")
+def select_n(b, eqn, pred, *cases):
+    if len(cases) != 2:
+        raise LoweringError(f"select_n with {len(cases)} cases (equation `{eqn}`)")
+    steps = [Step("select", (0, 1, 2))]
+    if dtype_of(cases[1]) == "int32" and dtype_of(pred) == "float32":   # one type per vector instruction
+        steps = [Step("to_i32", (0,)), Step("select", (3, 1, 2))]
+    return b.elementwise([pred, *cases], steps, out_shape(eqn))
+
+
+@rule("and", "or", "not")
+def logical(b, eqn, *xs):
+    if eqn.invars[0].aval.dtype != np.bool_:
+        raise LoweringError(f"bitwise {eqn.primitive.name} on integers (equation `{eqn}`)")
+    if eqn.primitive.name == "not":   # booleans are 0/1
+        return b.elementwise([np.float32(1.0), xs[0]], (Step("sub", (0, 1)),), out_shape(eqn))
+    return b.elementwise(list(xs), (Step("mul" if eqn.primitive.name == "and" else "max", (0, 1)),), out_shape(eqn))
+
+
+@rule("clamp")
+def clamp(b, eqn, lo, x, hi):
+    return b.elementwise([x, lo, hi], (Step("max", (0, 1)), Step("min", (3, 2))), out_shape(eqn))
