@@ -44,7 +44,7 @@ from .nest_cost import bound, dma_cycles, nest_cost
 from .nest_work import footprint as nest_footprint
 from .nest_work import matmul_k
 
-INSTRUCTION_CHARGE = 8.0   # cycles the mappers charge an instruction: compile time and program size
+INSTRUCTION_CHARGE = 32.0  # cycles the mappers charge an instruction: what the nest latency leaves out, and size
 FIRST_COMPOSED = 256       # candidates map_nest composes the latency of before it prunes by the bound
 
 
