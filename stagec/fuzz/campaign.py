@@ -186,8 +186,7 @@ def _check_int8(y, expected, model, x, calibration) -> Outcome:
         return Outcome("wrong", f"int8 output differs from the integer reference in {unequal} of {ref.size} "
                                 f"elements (max error {err:.3g} of max |ref|, tolerance {tolerance:.3g})",
                        err, tolerance, cos)
-    noise_cos = min(cosine(with_noise(model, x, INT8_STEP, calibration, rounding), expected)
-                    for rounding in (False, True))
+    noise_cos = min(cosine(out, expected) for out in with_noise(model, x, INT8_STEP, calibration, (False, True)))
     if not cos >= COSINE_FLOOR and noise_cos >= NOISE_FLOOR:
         return Outcome("wrong", f"int8 output matches the integer reference but its cosine with PyTorch is "
                                 f"{cos:.3f} (with int8-sized noise, PyTorch keeps {noise_cos:.3f})",
@@ -209,11 +208,11 @@ def _beyond_ties(y, ref, graph, x) -> float:
 def _tolerance(model, x, expected) -> float:
     """TOLERANCE, or more where the model turns one fp32 rounding at every layer into more than that
     (a mean of a layer-normed tensor: zero plus noise, whose every digit is rounding)."""
-    return max(TOLERANCE, ROUNDING_GAIN * rel_err(with_noise(model, x, FP32_STEP), expected))
+    return max(TOLERANCE, ROUNDING_GAIN * rel_err(with_noise(model, x, FP32_STEP)[0], expected))
 
 
 def with_noise(model: torch.nn.Module, x: torch.Tensor, step: float, calibration=None,
-               rounding: bool = False) -> np.ndarray:
+               roundings=(False,)) -> list[np.ndarray]:
     """The model's output with uniform noise of +-step/2 of each layer's range added to that layer's
     output: how much of its answer the model keeps under rounding of that size.  Without `calibration`,
     fp32 rounding: at each leaf layer, of its own max |output| on x.  With `calibration` (batches of
@@ -221,13 +220,21 @@ def with_noise(model: torch.nn.Module, x: torch.Tensor, step: float, calibration
     x's own values lie, and at every layer, composites too (int8 quantizes a residual's sum or a gate's
     product where a matmul reads it; not a Sequential's output, its last layer's), with weights in int8
     steps per output channel (case 201719: a gate's linear whose output is a near-cancelling sum of two
-    terms loses it all to its weights' rounding); with `rounding`, each output rounded to the nearest
-    step rather than noised (int8's error is not random: a mean over many elements does not average it out)."""
+    terms loses it all to its weights' rounding).  One output per entry of `roundings`: noised (False), or
+    each layer's output rounded to the nearest step (True: int8's error is not random, a mean over many
+    elements does not average it out); the calibrated ranges and int8 weights serve them all."""
     if calibration:
         layers = [m for m in model.modules() if not isinstance(m, torch.nn.Sequential)]
         ranges = _output_ranges(model, layers, calibration)
     else:
         layers, ranges = [m for m in model.modules() if not any(m.children())], None
+    weights = _int8_weights(model) if calibration else contextlib.nullcontext()
+    with weights, torch.no_grad():
+        return [_perturbed(model, x, layers, ranges, step, rounding) for rounding in roundings]
+
+
+def _perturbed(model, x, layers, ranges, step: float, rounding: bool) -> np.ndarray:
+    """The model's output with each of `layers`' outputs noised or rounded (see with_noise)."""
     g = torch.Generator().manual_seed(0)
 
     def noise(module, args, y):
@@ -235,8 +242,7 @@ def with_noise(model: torch.nn.Module, x: torch.Tensor, step: float, calibration
         if rounding:
             return torch.round(y / size) * size if size > 0 else y
         return y + (torch.rand(y.shape, generator=g) - 0.5) * size
-    weights = _int8_weights(model) if calibration else contextlib.nullcontext()
-    with weights, _hooked(layers, noise), torch.no_grad():
+    with _hooked(layers, noise):
         return model(x).numpy()
 
 
