@@ -118,6 +118,16 @@ def put_box(vals, dims, live, span):
     return _fit(x, span)
 
 
+def natural_run(dims) -> tuple[tuple, int]:
+    """(the dims outside the innermost run of dims (natural order) that is contiguous in memory, the
+    run's length): values laid out in natural order are those runs one after another, as they are."""
+    k, width = len(dims), 1
+    while k and (dims[k - 1][0] == 1 or dims[k - 1][1] == width):
+        k -= 1
+        width *= dims[k][0]
+    return tuple(dims[:k]), width
+
+
 def contiguous_run(live) -> tuple[int, int]:
     """(how many live dims lie outside the box's innermost contiguous run, the run's length)."""
     inner, width = len(live), 1

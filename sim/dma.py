@@ -20,7 +20,18 @@ from stagec.isa.instructions import DType, Opcode, PadValue
 from stagec.isa.opcodes import check_gather_indices
 from stagec.isa.semantics import pad_value
 
-from .boxes import as_slices, box, box_positions, contiguous_run, grid, in_live_order, put_box, read, take_box
+from .boxes import (
+    as_slices,
+    box,
+    box_positions,
+    contiguous_run,
+    grid,
+    in_live_order,
+    natural_run,
+    put_box,
+    read,
+    take_box,
+)
 from .kernel import DRAM_CONST, Kernel, Prepared, register
 
 ROW_SCATTER = lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(),
@@ -188,18 +199,29 @@ class Store(Kernel):
             return jax.jit(run, donate_argnums=0)
         live, span = slices
         inner, width = contiguous_run(live)
-        if width >= 64:   # runs of `width` contiguous elements: one windowed scatter, in place
-            starts = box_positions([(c, s) for _, c, s in live[:inner]]).astype(np.int32)[:, None]
-
-            def run_rows(data, P, rows, offs, bases):
-                vals = in_live_order(read(P, rows, offs, rel_src, how), dims, live).reshape(-1, width)
-                return lax.scatter(data, bases[0] + starts, vals, ROW_SCATTER, indices_are_sorted=True,
-                                   unique_indices=True, mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
-            return jax.jit(run_rows, donate_argnums=0)
+        outer, run = natural_run(dims)
+        if width >= 64 and run >= 16:   # the values' own runs, as they are: no transpose
+            return _store_windows(box_positions(outer), run, lambda v: v, rel_src, how)
+        if width >= 64:                 # the box's runs in memory, the values transposed to them
+            return _store_windows(box_positions([(c, s) for _, c, s in live[:inner]]), width,
+                                  lambda v: in_live_order(v, dims, live), rel_src, how)
         return _store_padded(dims, live, span, rel_src, how)
 
     def run(self, step, args, values, data, executor) -> None:
         data[self.dtype] = step.fn(data[self.dtype], *args, step.dram)
+
+
+def _store_windows(starts: np.ndarray, width: int, order, rel_src, how):
+    """A store as one windowed scatter, in place: `order`(the values) laid out as runs of `width`
+    contiguous elements at DRAM offsets `starts` (from the group's first base)."""
+    starts = starts.astype(np.int32)[:, None]
+    ascending = bool((np.diff(starts[:, 0]) > 0).all())
+
+    def run_rows(data, P, rows, offs, bases):
+        vals = order(read(P, rows, offs, rel_src, how)).reshape(-1, width)
+        return lax.scatter(data, bases[0] + starts, vals, ROW_SCATTER, indices_are_sorted=ascending,
+                           unique_indices=True, mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+    return jax.jit(run_rows, donate_argnums=0)
 
 
 def _store_padded(dims, live, span: int, rel_src, how):

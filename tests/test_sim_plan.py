@@ -72,6 +72,32 @@ def _program(ins, inputs, outputs):
                                  constants=b"", dram_bytes=4096, hw=stagec.HardwareConfig()))
 
 
+def test_tiles_cutting_dram_rows_are_stored_as_their_own_runs():
+    """-x of a 4 x 64 matrix in tiles of 2 rows x 16 columns (whisper's softmax tiles in small): each
+    tile's rows are 16-element runs in DRAM; the store group writes them in the values' own order
+    (no transpose to DRAM order), and every element lands where the reference interpreter puts it."""
+    from stagec.isa import Operand, Space, VectorFunc, store, vector
+    from stagec.isa import load as load_ins
+    from stagec.sim.executor import Executor
+    from stagec.sim.reference import execute as reference
+    rows, cols, th, tw, x_off, out_off = 4, 64, 2, 16, 1024, 2048
+    dram, local, tile = (0, cols, 1), (0, tw, 1), (1, th, tw)
+    ins = []
+    for r in range(0, rows, th):
+        for c in range(0, cols, tw):
+            at = 4 * (r * cols + c)
+            ins += [load_ins(Operand(Space.DRAM, x_off + at, dram), Operand(Space.SPAD, 0, local), tile),
+                    vector(VectorFunc.NEG, Operand(Space.SPAD, 512, local), Operand(Space.SPAD, 0, local), None, tile),
+                    store(Operand(Space.DRAM, out_off + at, dram), Operand(Space.SPAD, 512, local), tile)]
+    program = _program(ins, [("x", x_off, rows * cols)], [("out", out_off, rows * cols)])
+    x = np.linspace(-2, 2, rows * cols, dtype=np.float32)
+    ex = Executor(program)
+    assert [len(g.members) for g in ex.plan.groups if g.kind == "store"] == [rows // th * cols // tw]
+    (got,) = ex.run([x])
+    np.testing.assert_array_equal(got, reference(program, [x])[0])
+    np.testing.assert_array_equal(got, -x)
+
+
 def _load_store_hazard_program(n=16):
     """out = x + exp(y), where exp(y) is stored over x's bytes before the add reads its load of x."""
     from stagec.isa import Operand, Space, VectorFunc, store, vector
