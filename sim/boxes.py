@@ -121,11 +121,9 @@ def put_box(vals, dims, live, span):
 def natural_run(dims) -> tuple[tuple, int]:
     """(the dims outside the innermost run of dims (natural order) that is contiguous in memory, the
     run's length): values laid out in natural order are those runs one after another, as they are."""
-    k, width = len(dims), 1
-    while k and (dims[k - 1][0] == 1 or dims[k - 1][1] == width):
-        k -= 1
-        width *= dims[k][0]
-    return tuple(dims[:k]), width
+    live = [(k, c, s) for k, (c, s) in enumerate(dims) if c != 1]
+    inner, width = contiguous_run(live)
+    return tuple((c, s) for _, c, s in live[:inner]), width
 
 
 def contiguous_run(live) -> tuple[int, int]:
