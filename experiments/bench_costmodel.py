@@ -114,7 +114,7 @@ def calibration(rows, shapes) -> dict:
 
 
 BIAS = dict(channel_words=1, channel_loads=1, channel_load_bytes=4)          # a per-channel fp32 vector
-RESIDUAL = dict(tiles=1, tile_loads=1, tile_load_bytes=(0,) * 7 + (4,))     # a whole fp32 tile
+RESIDUAL = dict(tile_bytes=4, tile_loads=1, tile_load_bytes=(0,) * 7 + (4,))   # a whole fp32 tile
 SMALL = [   # (kind, problem, epilogue): small enough to enumerate every mapping
     ("matrix", ConvProblem(1, 16, 8, 8, 32, 3, 3, padding=((1, 1), (1, 1))), Extras(**BIAS, plain=2)),
     ("matrix", ConvProblem(1, 24, 1, 40, 32), Extras(**BIAS, plain=1)),

@@ -25,7 +25,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     the default mapper's choice for those layers (the names are the schedule dump's; a vector
     layer of several nests, a pad or a concat, takes one mapping for all or a tuple of one each).
     `tune="gradient"` maps the other layers with stagec.tune (cost model, optax) for `objective`;
-    a stagec.TuneSettings instead of "gradient" does so with those settings.
+    a stagec.TuneSettings instead of "gradient" does so with those settings.  With `quantize`, it
+    tunes the quantized graph's layers, each priced at its own element sizes.
 
     `quantize="int8"` quantizes after training (lower.graph.quantize): int8 weights per output channel,
     int8 activations per tensor with ranges from `calibration` (a list of batches, each a tuple of
@@ -39,9 +40,6 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     >>> program.outputs[0].shape
     (2, 4)
     """
-    if tune is not None and quantize is not None:
-        raise InputError("tune with quantize: the cost model (stagec.costmodel) models fp32 layers only; "
-                         "tune the fp32 model or pass int8 mappings=")
     request = Request(model_or_fn, example_args, kwargs, hw or HardwareConfig(), fuse, quantize, calibration,
                       percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective))
     return run(stages, Compilation(request), dump).program

@@ -104,10 +104,14 @@ def tune_layer_list(layers: list[Layer], hw: HardwareConfig, objective: str = "l
 
 def tune(model_or_fn, example_args, hw: HardwareConfig | None = None, objective: str = "latency",
          kwargs: dict | None = None, settings: TuneSettings = DEFAULT_SETTINGS,
-         constants: CostConstants = DEFAULT_CONSTANTS, progress: Callable | None = print_progress) -> Tuning:
+         constants: CostConstants = DEFAULT_CONSTANTS, progress: Callable | None = print_progress,
+         **options) -> Tuning:
     """Mappings for every conv/matmul/pooling layer of a model, tuned by gradient on the cost model
     for `objective` ('latency', 'energy' or 'edp', per layer), each projected to a legal mapping
     and never worse (by the exact model) than the default mapper's.  `progress(step, total, best,
-    seconds)` is called after every projection round (None: silent)."""
+    seconds)` is called after every projection round (None: silent).  `options` are compile's
+    fuse/quantize/calibration/percentile: with quantize="int8" the quantized graph's layers are
+    tuned (the mappings are for compile(..., quantize="int8") with the same calibration)."""
     hw = hw or HardwareConfig()
-    return tune_graph(model_graph(model_or_fn, example_args, kwargs), hw, objective, settings, constants, progress)
+    graph = model_graph(model_or_fn, example_args, kwargs, **options)
+    return tune_graph(graph, hw, objective, settings, constants, progress)

@@ -82,7 +82,7 @@ def test_relaxed_equals_exact_at_integer_points():
     assert np.allclose(sm.ceil(x, 1e-3), jnp.ceil(x), atol=1e-3)
     assert float(sm.ceil(jnp.array(3.5), 50.0)) == pytest.approx(3.5, abs=0.01)   # hot: the identity
     L = layer_shape("matrix", ConvProblem(1, 24, 13, 11, 40, 3, 3, padding=((1, 1), (1, 1))),
-                    Extras(1, 1, tile_loads=1, tile_load_bytes=(0,) * 7 + (4,), plain=2, hard=1))
+                    Extras(4, 1, tile_loads=1, tile_load_bytes=(0,) * 7 + (4,), plain=2, hard=1))
     for m in (TileMapping(5, 4, 16, 7, True, False), TileMapping(13, 11, 40, 24, False, True)):
         exact = layer_cost_jit(L, mapping_arrays(m), POINT, smooth=0.0)
         relaxed = layer_cost_jit(L, mapping_arrays(m), POINT, smooth=1e-4)
@@ -106,9 +106,9 @@ _project = jax.jit(partial(project, hw=POINT))
 def test_projection_always_yields_a_legal_mapping(c, o, hw_, k, stride, kind, theta):
     o = c if kind != "matrix" else o
     p = ConvProblem(1, c, hw_ + k, hw_ + k, o, k, k, (stride, stride), ((k // 2,) * 2,) * 2)
-    extras = (1, 1) if kind != "pool" else (0, 0)
+    extras = (4, 1) if kind != "pool" else (0, 0)   # an fp32 tile input and a channel vector
     fallback = default_mapping(kind, p, HW, extras)
-    L = layer_shape(kind, p, Extras(*extras, tile_loads=extras[0], plain=1))
+    L = layer_shape(kind, p, Extras(*extras, tile_loads=int(extras[0] > 0), plain=1))
     t = jnp.array(theta, jnp.float32)
     m, value = _project(to_mapping(t, L), L, fallback=mapping_arrays(fallback))
     tm = to_tile_mapping(m)

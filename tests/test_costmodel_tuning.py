@@ -67,6 +67,37 @@ def test_compile_with_gradient_tuning_uses_the_tuned_mappings(example, tuned, tm
         stagec.compile(model, args, tune="annealing")
 
 
+def test_tuned_int8_compile_matches_the_integer_reference_bit_for_bit(example, tmp_path):
+    """tune= with quantize="int8": the tuner maps the quantized graph's layers (its int8 layers priced
+    at their element sizes, its cost at smooth 0 the mapper's exact cost), and the tuned program
+    computes what the integer reference does."""
+    import numpy as np
+
+    from stagec import int8_reference
+    from stagec.costmodel.batch import exact_cost
+    from stagec.costmodel.hardware import hardware_point
+    from stagec.costmodel.problem import mapping_arrays, stack
+    from stagec.layers import model_graph, model_layers
+    from stagec.lower.schedule.mapper import map_nest
+    model, (x,) = example
+    calibration = [(torch.randn(x.shape, generator=torch.Generator().manual_seed(s)),) for s in range(2)]
+    options = {"quantize": "int8", "calibration": calibration}
+    graph, hw = model_graph(model, (x,), **options), stagec.HardwareConfig()
+    layers = model_layers(graph)
+    assert [layer.problem.itemsize for layer in layers] == [1, 1]
+    for layer in layers:
+        chosen, estimate = map_nest(layer.kind, layer.problem, hw, layer.extras, with_cost=True)
+        cost = exact_cost(stack([layer.shape()]), stack([mapping_arrays(chosen)]), hardware_point(hw))
+        assert float(cost.cycles[0]) == pytest.approx(estimate, rel=1e-5)
+    tuned = stagec.tune(model, (x,), settings=QUICK, progress=None, **options)
+    assert tuned.predicted < tuned.default_predicted
+    program = stagec.compile(model, (x,), tune=QUICK, dump=tmp_path, **options)
+    schedule = next(tmp_path.glob("*-schedule.txt")).read_text()
+    assert all(f"{name}: {m}" in schedule for name, m in tuned.mappings.items())
+    y, _ = stagec.simulate(program, x)
+    np.testing.assert_array_equal(y, int8_reference.run(graph, [x.numpy()])[0])
+
+
 def test_codesign_respects_the_area_and_power_budgets(example):
     model, args = example
     budget, watts = 1.2, 1.0       # the default config takes 3.5 mm^2

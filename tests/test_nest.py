@@ -1,8 +1,11 @@
 """A loop nest is described once (lower.schedule.nest): for random layers and mappings, every switch included,
-the mapper's description, the program the emitter makes of it and the cost model's exact mode
-agree on the tile counts, the bytes every queue moves, each unit's cycles and the footprint."""
+fp32 and int8, the mapper's description, the program the emitter makes of it and the cost model's
+exact mode agree on the tile counts, the bytes every queue moves, each unit's cycles and the
+footprint."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -16,10 +19,13 @@ from stagec.costmodel.model import layer_cost
 from stagec.costmodel.problem import layer_shape, mapping_arrays
 from stagec.isa import HardwareConfig
 from stagec.isa.access import accesses
-from stagec.isa.instructions import ITEMSIZE, Opcode, Queue, Space
+from stagec.isa.instructions import ITEMSIZE, DType, Opcode, Queue, Space
 from stagec.layers import layer_program, model_graph, model_layers
+from stagec.lower.codegen import tile_expr
+from stagec.lower.graph.graph_ir import Step
+from stagec.lower.schedule import buffers
 from stagec.lower.schedule.mapper import fits, map_nest
-from stagec.lower.schedule.nest import SWITCHES, Exact, LayerShape, TileMapping, row_tiles
+from stagec.lower.schedule.nest import SWITCHES, ConvProblem, Exact, LayerShape, TileMapping, row_tiles
 from stagec.lower.schedule.nest_cost import nest_cost
 from stagec.lower.schedule.nest_work import dims
 from stagec.sim.costs import instruction_shapes, unit_cycles, unit_parameters
@@ -121,12 +127,21 @@ def _touched(program, space):
                default=0)
 
 
-@pytest.mark.parametrize("kind, switch", CASES)
+def layer_graph(fn, args, precision: str):
+    """The graph of one layer, int8 calibrated on its own example inputs."""
+    return model_graph(fn, args, **({"quantize": "int8", "calibration": [args]} if precision == "int8" else {}))
+
+
+# int8 too, but for a lone max pool (quantization leaves it fp32: int8 pools follow int8 layers)
+@pytest.mark.parametrize("kind, switch, precision", [(kind, switch, precision) for kind, switch in CASES
+                                                     for precision in ("fp32", "int8")
+                                                     if (kind, precision) != ("pool", "int8")])
 @given(data=st.data())
-def test_mapper_emitter_and_cost_model_describe_one_nest(kind, switch, data):
+def test_mapper_emitter_and_cost_model_describe_one_nest(kind, switch, precision, data):
     fn, args = data.draw(layers(kind, switch == "stacked"))
-    graph = model_graph(fn, args)
+    graph = layer_graph(fn, args, precision)
     (found,) = model_layers(graph)
+    assert found.problem.itemsize == (1 if precision == "int8" else 4)
     L = LayerShape.of(found.kind, found.problem, found.extras, found.repeat)
     m = _mapping(data.draw, L, switch)
     cost = nest_cost(L, m, HW, Exact)
@@ -140,7 +155,8 @@ def test_mapper_emitter_and_cost_model_describe_one_nest(kind, switch, data):
     d = dims(L, m, Exact, m.stacked)
     assert d.n_h == len(row_tiles(found.problem, m))
     actions = counts_of(program).total()
-    for name in ("macs_int8", "macs_fp32", "dram_read_bytes", "dram_write_bytes", "vector_ops"):
+    for name in ("macs_int8", "macs_fp32", "dram_read_bytes", "dram_write_bytes", "vector_ops",
+                 "scratchpad_write_bytes", "accumulator_read_bytes", "accumulator_write_bytes"):
         assert getattr(actions, name) == pytest.approx(getattr(cost.actions, name), rel=1e-12), name
 
     # the cost model's exact mode is the same function, over jax.numpy in float32
@@ -161,3 +177,25 @@ def test_the_mapper_ranks_by_the_nest_cost(kind, data):
     chosen, estimate = map_nest(found.kind, found.problem, HW, found.extras, found.name, with_cost=True)
     assert estimate == float(nest_cost(LayerShape.of(found.kind, found.problem, found.extras), chosen, HW,
                                        Exact).cycles)
+
+
+def test_int8_tiles_are_larger_than_fp32_tiles_on_the_same_hardware():
+    """int8 operands take a quarter of the scratchpad an fp32 tile does: the mapper takes larger tiles
+    of the same layer and re-reads DRAM less than a quarter as much."""
+    fp32 = ConvProblem(1, 256, 14, 14, 256, 3, 3, padding=((1, 1), (1, 1)))
+    int8 = dataclasses.replace(fp32, itemsize=1, out_itemsize=1)
+    chosen = {p.itemsize: map_nest("matrix", p, HW) for p in (fp32, int8)}
+    volume = {k: m.tile_oh * m.tile_ow * m.tile_o * m.tile_c for k, m in chosen.items()}
+    traffic = {p.itemsize: (lambda w: w.loads[1] + w.startup[1])(
+        nest_cost(LayerShape.of("matrix", p), chosen[p.itemsize], HW, Exact).work) for p in (fp32, int8)}
+    assert volume[1] > volume[4]
+    assert traffic[1] * 4 < traffic[4]
+
+
+def test_a_tile_slot_is_as_wide_as_the_widest_value_it_holds():
+    """An int8 tile input converted to float32 in place needs four bytes an element; read only, one."""
+    expr = (Step("to_f32", (1,)), Step("add", (0, 2)))
+    dtypes = (DType.F32, DType.I8)
+    assert tile_expr.slot_itemsizes(expr, tile_expr.plan(expr, 2, frozenset({0, 1})), dtypes, [1]) == [4]
+    assert tile_expr.slot_itemsizes(expr, tile_expr.plan(expr, 2, frozenset({0})), dtypes, [1]) == [1, 4]
+    assert buffers.slot_offsets([1, 4, 2], 3) == [18, 0, 12]   # widest first: each aligned to its elements

@@ -24,7 +24,7 @@ from stagec.errors import LoweringError
 from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space, VectorFunc
 
 from ..graph.graph_ir import RECORD_WORDS
-from ..schedule.buffers import EPILOGUE_TILES, EPILOGUE_VECTORS, NO_EXTRAS, EpilogueLayout
+from ..schedule.buffers import EPILOGUE_TILES, EPILOGUE_VECTORS, NO_EXTRAS, EpilogueLayout, slot_offsets
 from ..schedule.nest import ConvProblem, LayerShape, TileMapping, row_tiles, tile_line, tiles
 from ..schedule.nest_work import matrix_buffers, one_spatial_tile
 from ..schedule.tensors import DramTensor
@@ -42,12 +42,13 @@ class Epilogue:
 
     Channel vectors and scalars are loaded once for the whole nest, or, `channels_per_tile` (a
     nest of one spatial tile, lower.schedule.nest_work.one_spatial_tile), a channel tile (`tile_o` channels)
-    per output tile into one of `bufs` copies; tile inputs are loaded per output tile into a tile
-    buffer each (x `bufs`).
+    per output tile into one of `bufs` copies; tile inputs are loaded per output tile, each into a
+    slot of one of `bufs` EPILOGUE_TILES buffers (with the temporaries; slots of `tile_elements`
+    elements, each as wide as its widest value).
     """
 
     def __init__(self, em, layout: EpilogueLayout | None, extras: list[DramTensor], bases: dict[str, list[int]],
-                 tile_o: int, channels: int, bufs: int, channels_per_tile: bool = False):
+                 tile_o: int, channels: int, bufs: int, tile_elements: int, channels_per_tile: bool = False):
         self.layout, self.extras = layout, extras
         channels, copies = (tile_o, bufs) if channels_per_tile else (channels, 1)
         vectors = bases[EPILOGUE_VECTORS][0]
@@ -58,9 +59,11 @@ class Epilogue:
         for k, i in enumerate(inputs):
             if i.kind == "scalar" or not channels_per_tile and i.kind == "channel":
                 _load_channels(em, extras[k], i.record, 0, channels if i.kind == "channel" else 1, self.vectors[k][0])
-        tiles = iter(bases[EPILOGUE_TILES])
-        self.tile_buf = [{k: next(tiles) for k, i in enumerate(inputs) if i.kind == "tile"} for _ in range(bufs)]
-        self.temp_buf = [[next(tiles) for _ in range(layout.plan.temps if layout else 0)] for _ in range(bufs)]
+        owned = [k for k, i in enumerate(inputs) if i.kind == "tile"]
+        offsets = slot_offsets(layout.tile_widths, tile_elements) if layout else []
+        slots = [[base + at for at in offsets] for base in bases[EPILOGUE_TILES]]
+        self.tile_buf = [dict(zip(owned, at, strict=False)) for at in slots]
+        self.temp_buf = [at[len(owned):] for at in slots]
 
     def emit(self, em, acc_tile: tile_expr.LocalTile, n: int, o0: int, h0: int, w0: int, counts, buf: int,
              final: tile_expr.LocalTile | None = None):
@@ -114,7 +117,8 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
     _check_operands(em, p, x, w)
     nest = _ConvNest(em, p, m, x, w, epilogue, fill)
     nest.load_resident_weights()
-    epi = Epilogue(em, epilogue, list(extras), nest.bases, m.tile_o, p.o, nest.bufs, nest.one)
+    epi = Epilogue(em, epilogue, list(extras), nest.bases, m.tile_o, p.o, nest.bufs,
+                   m.tile_oh * m.tile_ow * m.tile_o, nest.one)
     for n in range(p.n):
         for oh0, th in row_tiles(p, m):
             for ow0, tw in tiles(p.ow, m.tile_ow):

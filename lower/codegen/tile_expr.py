@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from stagec.isa.instructions import DType, Operand, Space, VectorFunc
 
-from ..graph.graph_ir import CONVERSIONS, RESULT_DTYPES, Expr
+from ..graph.graph_ir import CONVERSIONS, RESULT_DTYPES, Expr, Step
 from ..schedule.tensors import DTYPE_OF
 
 
@@ -72,6 +72,25 @@ def plan(expr: Expr, n_inputs: int, writable: frozenset[int]) -> ExprPlan:
     return ExprPlan(tuple(dst), temps)
 
 
+def result_dtype(step: Step, args: list[DType]) -> DType:
+    """The element type of a step's result, from its arguments' (a select's: its on_true's)."""
+    if step.func in RESULT_DTYPES:
+        return DTYPE_OF[RESULT_DTYPES[step.func]]
+    return args[-1 if step.func == "select" else 0]
+
+
+def slot_itemsizes(expr: Expr, p: ExprPlan, dtypes, owned) -> list[int]:
+    """Bytes per element of each tile buffer of `p`'s slots: of the arguments in `owned` (the inputs
+    loaded into a tile buffer of their own), in that order, then of each temporary; given the
+    element type of every input (`dtypes`).  A slot is as wide as the widest value it holds: a
+    to_f32 over an int8 tile widens it in place, so that tile's buffer takes four bytes an element."""
+    values, widths = list(dtypes), {("arg", k): dtypes[k].itemsize for k in owned}
+    for step, slot in zip(expr, p.dst, strict=True):
+        values.append(result_dtype(step, [values[a] for a in step.args]))
+        widths[slot] = max(widths.get(slot, 0), values[-1].itemsize)
+    return [widths[("arg", k)] for k in owned] + [widths.get(("tmp", t), 0) for t in range(p.temps)]
+
+
 def emit(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTile], counts,
          final: LocalTile | None = None) -> LocalTile:
     """Emit one vector instruction per step over the box `counts`; returns the result's tile (in
@@ -80,8 +99,7 @@ def emit(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTi
     for j, (step, (kind, k)) in enumerate(zip(expr, p.dst, strict=True)):
         slot = final if final is not None and j == len(expr) - 1 else args[k] if kind == "arg" else temps[k]
         src = [values[a] for a in step.args]
-        out_type = DTYPE_OF[RESULT_DTYPES[step.func]] if step.func in RESULT_DTYPES else src[-1 if step.func == "select"
-                                                                                                else 0].dtype
+        out_type = result_dtype(step, [t.dtype for t in src])
         out = LocalTile(slot.space, slot.base, tuple(counts), out_type)
         if step.func == "select":   # out = on_false, then on_true where pred
             pred, on_false, on_true = src

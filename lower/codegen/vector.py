@@ -28,7 +28,7 @@ from stagec.isa.opcodes import TRANSCENDENTAL
 from stagec.rule_tables import registrar
 
 from ..graph.graph_ir import RECORD_WORDS, Expr, Node, OpKind, Step, record_inputs
-from ..schedule.buffers import ElementwiseBuffers, GatherBuffers, ReduceBuffers, local_bytes
+from ..schedule.buffers import ElementwiseBuffers, GatherBuffers, ReduceBuffers, local_bytes, slot_offsets
 from ..schedule.layout import ALWAYS_VIEWS, Layout, view_of
 from ..schedule.nest import TileMapping, tiles
 from ..schedule.tensors import DramTensor, coalesce
@@ -44,8 +44,9 @@ _REDUCE = {"sum": (VectorFunc.RSUM, AccMode.ADD), "max": (VectorFunc.RMAX, AccMo
 class VectorNest:
     """A vector-unit nest as the schedule maps it (lower.schedule.mapper.map_vector): tiles over `space`
     (3 dims), run `repeat` times (over the dims outside it), holding `buffers(t0, t1, t2, buffer
-    sets)` (lower.schedule.buffers); per tile, `loads` LOADs of a whole tile, `passes` vector cycles per
-    lane group and one STORE.  `what` names it in the schedule dump."""
+    sets)` (lower.schedule.buffers); per tile, `loads` LOADs of a whole tile, of `load_bytes` bytes per
+    element over them all, `passes` vector cycles per lane group and one STORE of `store_bytes`
+    bytes per element.  `what` names it in the schedule dump."""
 
     what: str
     space: tuple[int, int, int]
@@ -53,6 +54,8 @@ class VectorNest:
     buffers: Callable
     loads: int = 1
     passes: float = 1.0
+    load_bytes: int = 4
+    store_bytes: int = 4
 
     def __str__(self) -> str:
         return f"{self.what} {'x'.join(map(str, self.space))}" + (f" x{self.repeat}" if self.repeat > 1 else "")
@@ -89,6 +92,7 @@ class _ElementwisePlan(NamedTuple):
     scalars: frozenset     # broadcast scalars (a constant of the expression), loaded once
     loaded: list           # positions in `data` of the inputs LOADed per tile
     expr: tile_expr.ExprPlan
+    widths: list           # bytes per element of each tile slot: the loaded inputs', then the temporaries'
     buffers: ElementwiseBuffers
 
 
@@ -114,13 +118,15 @@ class Elementwise:
         scalars = frozenset(k for i, k in enumerate(data) if not any(inner_s[i + 1]) and not any(lead_s[i + 1]))
         p = tile_expr.plan(self.expr, len(inputs), writable)
         loaded = [i for i, k in enumerate(data) if k not in scalars]
-        return _ElementwisePlan(records, data, views, lead, lead_s, inner, inner_s, scalars, loaded, p,
-                                ElementwiseBuffers(len(loaded), p.temps, len(records), len(scalars)))
+        widths = tile_expr.slot_itemsizes(self.expr, p, [t.dtype for t in inputs], [data[i] for i in loaded])
+        return _ElementwisePlan(records, data, views, lead, lead_s, inner, inner_s, scalars, loaded, p, widths,
+                                ElementwiseBuffers(sum(widths), len(records), len(scalars)))
 
     def nest(self, hw, layer: str) -> VectorNest:
         p = self._plan()
         return VectorNest("copy" if self.expr == COPY else "elementwise", p.inner, math.prod(p.lead), p.buffers,
-                          len(p.loaded), _passes(self.expr, hw))
+                          len(p.loaded), _passes(self.expr, hw), sum(self.inputs[p.data[i]].dtype.itemsize
+                                                                     for i in p.loaded), self.out.dtype.itemsize)
 
     def emit(self, em, m: TileMapping) -> None:
         inputs, out = self.inputs, self.out
@@ -131,9 +137,10 @@ class Elementwise:
                         for k, base in zip(sorted(p.records), bases["records"], strict=True)}
         record_tiles |= {k: _load_scalar(em, base, p.views[p.data.index(k)])
                          for k, base in zip(sorted(p.scalars), bases["scalars"], strict=True)}
-        tiles_at = iter(bases["tiles"])
-        in_buf = [{i: next(tiles_at) for i in p.loaded} for _ in range(bufs)]
-        tmp_buf = [[next(tiles_at) for _ in range(p.expr.temps)] for _ in range(bufs)]
+        slots = [[base + at for at in slot_offsets(p.widths, m.tile_oh * m.tile_ow * m.tile_o)]
+                 for base in bases["tiles"]]
+        in_buf = [dict(zip(p.loaded, at, strict=False)) for at in slots]
+        tmp_buf = [at[len(p.loaded):] for at in slots]
         inner, n_in = p.inner, len(inputs)
         k = 0
         for idx in np.ndindex(*p.lead):
@@ -224,15 +231,18 @@ class Reduce:
     def nest(self, hw, layer: str) -> VectorNest:
         p = self._plan(layer)
         return VectorNest(f"reduce {self.func}", p.kin + (p.rshape[-1],),
-                          math.prod(p.kshape[:p.klead]) * math.prod(p.rshape[:-1]), ReduceBuffers(p.widen),
-                          passes=1 + p.widen)
+                          math.prod(p.kshape[:p.klead]) * math.prod(p.rshape[:-1]), self._buffers(),
+                          passes=1 + p.widen, load_bytes=self.x.dtype.itemsize, store_bytes=self.out.dtype.itemsize)
+
+    def _buffers(self) -> ReduceBuffers:
+        return ReduceBuffers(self.x.dtype.itemsize, self.out.dtype.itemsize)
 
     def emit(self, em, m: TileMapping) -> None:
         x, out = self.x, self.out
         p = self._plan(em.layer_name)
         vfunc, acc_mode = _REDUCE[self.func]
         bufs = 2 if m.double_buffer else 1
-        bases = em.allocate(ReduceBuffers(p.widen)(m.tile_oh, m.tile_ow, m.tile_o, bufs))
+        bases = em.allocate(self._buffers()(m.tile_oh, m.tile_ow, m.tile_o, bufs))
         in_buf, out_buf = bases["input"], bases["sums"]
         wide_buf = bases["widened"] if p.widen else in_buf
         k = chunk = 0
@@ -288,13 +298,14 @@ class Gather:
 
     def nest(self, hw, layer: str) -> VectorNest:
         row, idx, _ = self._plan(layer)
-        return VectorNest("gather", (idx.size, 1, row.shape[1]), 1, GatherBuffers(), passes=0)
+        return VectorNest("gather", (idx.size, 1, row.shape[1]), 1, GatherBuffers(row.dtype.itemsize), passes=0,
+                          load_bytes=row.dtype.itemsize, store_bytes=row.dtype.itemsize)
 
     def emit(self, em, m: TileMapping) -> None:
         row, idx, dst = self._plan(em.layer_name)
         width = row.shape[1]
         bufs = 2 if m.double_buffer else 1
-        bases = em.allocate(GatherBuffers()(m.tile_oh, m.tile_ow, m.tile_o, bufs))
+        bases = em.allocate(GatherBuffers(row.dtype.itemsize)(m.tile_oh, m.tile_ow, m.tile_o, bufs))
         idx_buf, row_buf = bases["indices"], bases["rows"]
         k = 0
         for a0, t0 in tiles(idx.size, m.tile_oh):

@@ -50,7 +50,7 @@ def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, ou
     wide_buf = bases["widened halo"] if widen else halo_buf
     w_buf = bases["weights"]
     w_wide = bases["widened weights"] if widen else w_buf
-    epi = Epilogue(em, epilogue, list(extras), bases, m.tile_o, p.o, bufs)
+    epi = Epilogue(em, epilogue, list(extras), bases, m.tile_o, p.o, bufs, m.tile_oh * m.tile_ow * m.tile_o)
     acc_buf = bases["accumulator"]
     k = 0
     for c0, tc in tiles(p.o, m.tile_o):

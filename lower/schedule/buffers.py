@@ -32,6 +32,7 @@ from .tensors import DTYPE_OF
 
 FP32 = 4
 WORD = 4   # every local buffer is a whole number of 4-byte words
+ACCUMULATES = {"int8": "int32"}   # the element type a CONV/MATMUL of int8 operands sums in (others: their own)
 EPILOGUE_VECTORS, EPILOGUE_TILES = "epilogue vectors", "epilogue tiles"
 
 
@@ -60,16 +61,18 @@ def words(nbytes, itemsize: int):
 class Extras(NamedTuple):
     """An epilogue in aggregate, what the mapper and the cost model need of it.
 
-    Its buffers: full output tiles per buffer set (tile inputs and temporaries), 4-byte words per
+    Its buffers: bytes per output element of its tile buffers per buffer set (tile inputs and
+    temporaries, each as wide as the widest value it holds: tile_slot_widths), 4-byte words per
     output channel (a requant record is RECORD_WORDS), bytes held once whatever the tiling
     (scalars, per-tensor records), whether requant records are among them (EPILOGUE_VECTORS is
     then 16-byte aligned).  Its LOADs: tile inputs per output tile and their bytes per element by
     the tile axes they span (index rows * 4 + cols * 2 + channels: a tile input LOADs the tile's
     extent along those, one element along the rest), channel inputs and their bytes per channel
     (loaded once, or a channel tile per output tile), scalars and their bytes (loaded once).  Its
-    VECTOR instructions per output tile, plain and transcendental."""
+    VECTOR instructions per output tile, plain and transcendental, and the bytes per output element
+    they read (their first operands) and write, each at its own element type."""
 
-    tiles: int = 0
+    tile_bytes: int = 0
     channel_words: int = 0
     fixed_bytes: int = 0
     records: bool = False
@@ -81,6 +84,8 @@ class Extras(NamedTuple):
     scalar_load_bytes: int = 0
     plain: int = 0
     hard: int = 0
+    read_bytes: int = 0
+    write_bytes: int = 0
 
 
 NO_EXTRAS = Extras()
@@ -108,13 +113,21 @@ class EpilogueInput:
 
 @dataclass(frozen=True)
 class EpilogueLayout:
-    """A fused epilogue: its expr, how each extra input is held, and where each step writes
+    """A fused epilogue: its expr, how each extra input is held, where each step writes
     (tile_expr.plan: over the accumulator tile or a tile input that covers the whole tile, when
-    that value dies there)."""
+    that value dies there), and the element type of each of the expr's inputs (the accumulator
+    tile's first)."""
 
     expr: tuple
     inputs: tuple[EpilogueInput, ...]
     plan: tile_expr.ExprPlan
+    dtypes: tuple
+
+    @property
+    def tile_widths(self) -> list[int]:
+        """Bytes per element of each tile buffer: the tile inputs', in order, then the temporaries'."""
+        owned = [k + 1 for k, i in enumerate(self.inputs) if i.kind == "tile"]
+        return tile_expr.slot_itemsizes(self.expr, self.plan, self.dtypes, owned)
 
     @property
     def extras(self) -> Extras:
@@ -122,23 +135,25 @@ class EpilogueLayout:
         span_bytes = [0] * 8
         for i in kinds["tile"]:
             span_bytes[i.spans[0] * 4 + i.spans[1] * 2 + i.spans[2]] += i.itemsize
-        return Extras(len(kinds["tile"]) + self.plan.temps, sum(i.item_bytes for i in kinds["channel"]) // WORD,
+        return Extras(sum(self.tile_widths), sum(i.item_bytes for i in kinds["channel"]) // WORD,
                       sum(i.item_bytes for i in kinds["scalar"]), any(i.record for i in self.inputs),
                       len(kinds["tile"]), tuple(span_bytes), len(kinds["channel"]),
                       sum(i.itemsize for i in kinds["channel"]), len(kinds["scalar"]),
-                      sum(i.itemsize for i in kinds["scalar"]), *self.vector_ops)
+                      sum(i.itemsize for i in kinds["scalar"]), *self.vector_work)
 
     @property
-    def vector_ops(self) -> tuple[int, int]:
+    def vector_work(self) -> tuple[int, int, int, int]:
         """(plain, transcendental) VECTOR instructions per output tile: what lower.codegen.tile_expr emits (a
-        select is two, a copy onto itself none), counted by running it on a counting emitter."""
+        select is two, a copy onto itself none), counted by running it on a counting emitter, and the
+        bytes per element they read (first operands) and write."""
         n, counts = len(self.inputs) + 1, (2, 2, 2)
-        tiles = [tile_expr.LocalTile(Space.ACC if k == 0 else Space.SPAD, 64 * k, counts) for k in range(n)]
+        tiles = [tile_expr.LocalTile(Space.ACC if k == 0 else Space.SPAD, 64 * k, counts, self.dtypes[k])
+                 for k in range(n)]
         temps = [tile_expr.LocalTile(Space.SPAD, 64 * (n + k), counts) for k in range(self.plan.temps)]
         em = _CountingEmitter()
         tile_expr.emit(em, self.expr, self.plan, tiles, temps, counts)
-        hard = sum(f in TRANSCENDENTAL for f in em.funcs)
-        return len(em.funcs) - hard, hard
+        hard = sum(f in TRANSCENDENTAL for f, _, _ in em.ops)
+        return len(em.ops) - hard, hard, sum(r for _, r, _ in em.ops), sum(w for _, _, w in em.ops)
 
     def vector_offsets(self, channels: int, copies: int) -> dict[int, list[int]]:
         """{input: offset of each copy} in EPILOGUE_VECTORS, holding `copies` of each channel input
@@ -155,13 +170,14 @@ class EpilogueLayout:
 
 
 class _CountingEmitter:
-    """Stands in for lower.codegen.emitter.Emitter: records the function of each VECTOR instruction."""
+    """Stands in for lower.codegen.emitter.Emitter: records the function of each VECTOR instruction and
+    the bytes of an element it reads (first operand) and writes."""
 
     def __init__(self):
-        self.funcs = []
+        self.ops = []
 
-    def vector(self, func, *args, **kwargs):
-        self.funcs.append(func)
+    def vector(self, func, *args, dtype, out_dtype=None, **kwargs):
+        self.ops.append((func, dtype.itemsize, (dtype if out_dtype is None else out_dtype).itemsize))
 
 
 # (the output axes a nest tiles as pixels, the output axes of the tile's (rows, cols, channels))
@@ -195,12 +211,30 @@ def epilogue_layout(node: Node) -> EpilogueLayout | None:
         item = REQUANT_RECORD_BYTES if record else DTYPE_OF[v.dtype].itemsize
         inputs.append(EpilogueInput(kind, record, spans, item))
     writable = frozenset({0} | {k + 1 for k, i in enumerate(inputs) if i.kind == "tile" and all(i.spans)})
-    return EpilogueLayout(expr, tuple(inputs), tile_expr.plan(expr, len(inputs) + 1, writable))
+    x = node.inputs[0].dtype
+    dtypes = (DTYPE_OF[ACCUMULATES.get(x, x)], *(DTYPE_OF[v.dtype] for v in node.inputs[2:]))
+    return EpilogueLayout(expr, tuple(inputs), tile_expr.plan(expr, len(inputs) + 1, writable), dtypes)
 
 
 def epilogue_extras(node: Node) -> Extras:
     layout = epilogue_layout(node)
     return layout.extras if layout else NO_EXTRAS
+
+
+def tile_buffers(name: str, tile_bytes, elements, count) -> Buffer:
+    """`count` buffers of `elements` tile elements of `tile_bytes` bytes each (several slots: see
+    slot_offsets), in whole words (empty where there are no slots)."""
+    return Buffer(name, Space.SPAD, words(elements * tile_bytes, tile_bytes), count)
+
+
+def slot_offsets(widths, elements: int) -> list[int]:
+    """Where each slot of `elements` elements of `widths[k]` bytes lies in a buffer of tile_buffers: the
+    widest first, so that each is aligned to its elements."""
+    offsets, at = [0] * len(widths), 0
+    for k in sorted(range(len(widths)), key=lambda k: -widths[k]):
+        offsets[k] = at
+        at += widths[k] * elements
+    return offsets
 
 
 def epilogue_vectors(extras: Extras, channels) -> Buffer:
@@ -215,37 +249,45 @@ def epilogue_vectors(extras: Extras, channels) -> Buffer:
 
 @dataclass(frozen=True)
 class ElementwiseBuffers:
-    """An elementwise nest (lower.codegen.vector.Elementwise) over tiles (t0, t1, t2): per buffer set, a
-    tile per loaded input and per temporary; once, each requant record and broadcast scalar."""
+    """An elementwise nest (lower.codegen.vector.Elementwise) over tiles (t0, t1, t2): per buffer set,
+    its tile slots (a loaded input's, a temporary's: `tile_bytes` bytes per element over them all);
+    once, each requant record and broadcast scalar."""
 
-    loaded: int
-    temps: int
+    tile_bytes: int
     records: int
     scalars: int
 
     def __call__(self, t0, t1, t2, bufs) -> list[Buffer]:
         return [Buffer("records", Space.SPAD, REQUANT_RECORD_BYTES, self.records, align=REQUANT_RECORD_BYTES),
                 Buffer("scalars", Space.SPAD, WORD, self.scalars),
-                Buffer("tiles", Space.SPAD, t0 * t1 * t2 * FP32, bufs * (self.loaded + self.temps))]
+                tile_buffers("tiles", self.tile_bytes, t0 * t1 * t2, bufs)]
 
 
 @dataclass(frozen=True)
 class ReduceBuffers:
     """A reduction (lower.codegen.vector.Reduce) over tiles (t0, t1, t2), t2 reduced: per buffer set, the
-    input tile, its int32 copy (int8 sums), and the t0 x t1 sums."""
+    input tile, its copy in the sums' type (int8 sums widen to int32), and the t0 x t1 sums."""
 
-    widen: bool
+    itemsize: int
+    out_itemsize: int
 
     def __call__(self, t0, t1, t2, bufs) -> list[Buffer]:
-        return [Buffer("input", Space.SPAD, t0 * t1 * t2 * FP32, bufs),
-                Buffer("widened", Space.SPAD, t0 * t1 * t2 * FP32, bufs * self.widen),
-                Buffer("sums", Space.SPAD, t0 * t1 * FP32, bufs)]
+        return [Buffer("input", Space.SPAD, words(t0 * t1 * t2 * self.itemsize, self.itemsize), bufs),
+                Buffer("widened", Space.SPAD, t0 * t1 * t2 * self.out_itemsize, bufs * self.widen),
+                Buffer("sums", Space.SPAD, words(t0 * t1 * self.out_itemsize, self.out_itemsize), bufs)]
+
+    @property
+    def widen(self) -> bool:
+        return self.itemsize != self.out_itemsize
 
 
 @dataclass(frozen=True)
 class GatherBuffers:
-    """A gather (lower.codegen.vector.Gather) of t0 rows of t2 elements: per buffer set, the indices and
-    the rows."""
+    """A gather (lower.codegen.vector.Gather) of t0 rows of t2 elements of `itemsize` bytes: per buffer
+    set, the int32 indices and the rows."""
+
+    itemsize: int
 
     def __call__(self, t0, t1, t2, bufs) -> list[Buffer]:
-        return [Buffer("indices", Space.SPAD, t0 * FP32, bufs), Buffer("rows", Space.SPAD, t0 * t2 * FP32, bufs)]
+        return [Buffer("indices", Space.SPAD, t0 * WORD, bufs),
+                Buffer("rows", Space.SPAD, words(t0 * t2 * self.itemsize, self.itemsize), bufs)]

@@ -28,7 +28,7 @@ from stagec.isa.instructions import MAX_COUNT
 
 from ..codegen.vector import LayoutViews, VectorNest, vector_jobs
 from ..graph.graph_ir import OpKind
-from .buffers import FP32, NO_EXTRAS, Extras, epilogue_extras
+from .buffers import NO_EXTRAS, Extras, epilogue_extras
 from .layout import Layout
 from .nest import (
     MATRIX,
@@ -43,6 +43,7 @@ from .nest import (
 from .nest_cost import bound, dma_cycles, nest_cost
 from .nest_work import footprint as nest_footprint
 from .nest_work import matmul_k
+from .tensors import DTYPE_OF
 
 INSTRUCTION_CHARGE = 32.0  # cycles the mappers charge an instruction: what the nest latency leaves out, and size
 FIRST_COMPOSED = 256       # candidates map_nest composes the latency of before it prunes by the bound
@@ -203,10 +204,10 @@ def _vector_estimate(nest: VectorNest, m: TileMapping, hw: HardwareConfig):
     tile = m.tile_oh * m.tile_ow * m.tile_o
     spad, acc = nest.footprint(m)
     tiles = -(-d0 // m.tile_oh) * -(-d1 // m.tile_ow) * -(-d2 // m.tile_o)
-    load = loads * dma_cycles(1, tile * FP32, hw)
-    store = dma_cycles(1, tile * FP32, hw)
+    load = dma_cycles(loads, tile * nest.load_bytes, hw)
+    store = dma_cycles(1, tile * nest.store_bytes, hw)
     vec = passes * np.ceil(tile / hw.vector_lanes)
-    channel = (loads + 1) * tile * FP32 / hw.dma_bandwidth_bytes_per_cycle
+    channel = tile * (nest.load_bytes + nest.store_bytes) / hw.dma_bandwidth_bytes_per_cycle
     busiest = np.maximum(np.maximum(load, store), np.maximum(vec, channel))
     cost = (np.where(m.double_buffer == 1, tiles * busiest + load + vec + store, tiles * (load + vec + store))
             + INSTRUCTION_CHARGE * tiles * (loads + 1 + np.ceil(passes)) - 1e-6 * m.tile_o)
@@ -252,8 +253,8 @@ class ConvNest(NamedTuple):
 def node_problem(node) -> ConvNest | None:
     """The ConvNest (kind, problem, epilogue buffers) of a node that runs as a convolution, else None."""
     x = node.inputs[0]
-    itemsize = 1 if x.dtype == "int8" else FP32
-    out_itemsize = 1 if node.output.dtype == "int8" else FP32
+    itemsize, out_itemsize = DTYPE_OF[x.dtype].itemsize, DTYPE_OF[node.output.dtype].itemsize
+    widens = x.dtype == "int8"   # int8 sums and products on the vector unit run in int32
     if node.op == OpKind.CONV:
         (n, c, h, w), (o, cg, kh, kw) = x.shape, node.inputs[1].shape
         g = node.attr("groups")
@@ -261,7 +262,7 @@ def node_problem(node) -> ConvNest | None:
         return ConvNest(kind, ConvProblem(n, c if kind == "depthwise" else cg, h, w,
                                           o if kind == "depthwise" else o // g, kh, kw, node.attr("stride"),
                                           node.attr("padding"), node.attr("dilation"), itemsize,
-                                          kind == "depthwise" and itemsize == 1, out_itemsize), epilogue_extras(node))
+                                          kind == "depthwise" and widens, out_itemsize), epilogue_extras(node))
     if node.op == OpKind.MATMUL:
         (m, k), nn = x.shape[-2:], node.inputs[1].shape[-1]
         problem = ConvProblem(1, k, 1, m, nn, itemsize=itemsize, out_itemsize=out_itemsize)
@@ -271,7 +272,7 @@ def node_problem(node) -> ConvNest | None:
         (kh, kw), stride = node.attr("window"), node.attr("strides")
         return ConvNest("pool", ConvProblem(1, c, h, w, c, kh, kw, stride, node.attr("padding"),
                                             node.attr("dilation"), itemsize,
-                                            itemsize == 1 and node.attr("func") != "max", out_itemsize), NO_EXTRAS)
+                                            widens and node.attr("func") != "max", out_itemsize), NO_EXTRAS)
     return None
 
 

@@ -10,14 +10,24 @@ from __future__ import annotations
 
 from stagec.sim.energy import ActionCounts
 
-from .buffers import FP32
-from .nest import MATRIX, LayerShape, TileMapping
+from .nest import DEPTHWISE, MATRIX, LayerShape, TileMapping
 from .nest_work import (
+    ACC_ITEMSIZE,
     Work,
     epilogue_ops,
     matmuls_per_step,
     taps_per_matmul,
+    window_acc_itemsize,
 )
+
+
+def epilogue_bytes(L: LayerShape, m: TileMapping, out):
+    """(read, written) bytes of the epilogue's VECTOR instructions over `out` elements, each at its
+    own element type (an int8 result is one byte), with a single accumulator tile's COPY out of it
+    where there is no epilogue (lower.schedule.nest_work.epilogue_ops)."""
+    e = L.epilogue
+    copy = (1 - m.transposed) * m.single_acc * (e.plain + e.hard == 0)
+    return out * (e.read_bytes + copy * ACC_ITEMSIZE), out * (e.write_bytes + copy * L.out_itemsize)
 
 
 def matrix_actions(L: LayerShape, m: TileMapping, w: Work, hw, ops) -> ActionCounts:
@@ -35,31 +45,41 @@ def matrix_actions(L: LayerShape, m: TileMapping, w: Work, hw, ops) -> ActionCou
     products = (1 - tr) * pixels + tr * f.lines                  # accumulator elements per output channel
     c_writes = matmuls_per_step(L, m, xp) * products * L.o * (wst * f.k + (1 - wst) * d.n_c)
     epi_ops = epilogue_ops(L, m) * out
+    epi_read, epi_write = epilogue_bytes(L, m, out)
     # with one accumulator tile the epilogue's last op writes the scratchpad and the store reads it;
     # transposed, the COPY moves every tile there and the epilogue runs on it in the scratchpad
-    moved = ((1 - tr) * sa + tr) * out * FP32
-    epi_spad = tr * epi_ops * FP32
-    turned = tr * out * FP32
+    moved = (1 - tr) * sa + tr
+    result = (1 - tr) * sa * out * L.out_itemsize
+    turned = tr * out * ACC_ITEMSIZE
+    stored = out * L.out_itemsize
     return ActionCounts(
-        macs_int8=(L.itemsize == 1) * macs, macs_bf16=0 * macs, macs_fp32=(L.itemsize != 1) * macs,
+        macs_int8=(L.itemsize == 1) * macs, macs_bf16=(L.itemsize == 2) * macs, macs_fp32=(L.itemsize == 4) * macs,
         vector_ops=epi_ops + tr * out,
-        scratchpad_read_bytes=(a_reads + b_reads) * L.itemsize + moved + epi_spad,
-        scratchpad_write_bytes=w.halo_padded - w.halo[1] + w.loads[1] + w.startup[1] + moved + epi_spad,
-        accumulator_read_bytes=(c_writes - products * L.o + epi_ops + out) * FP32 - moved + turned - epi_spad,
-        accumulator_write_bytes=(c_writes + epi_ops) * FP32 - moved + turned - epi_spad,
+        scratchpad_read_bytes=(a_reads + b_reads) * L.itemsize + moved * stored + tr * epi_read,
+        scratchpad_write_bytes=w.halo_padded - w.halo[1] + w.loads[1] + w.startup[1] + result + turned
+        + tr * epi_write,
+        accumulator_read_bytes=(c_writes - products * L.o) * ACC_ITEMSIZE + (1 - tr) * epi_read + turned
+        + (1 - moved) * stored,
+        accumulator_write_bytes=c_writes * ACC_ITEMSIZE + (1 - tr) * epi_write - result,
         dram_read_bytes=w.startup[1] + w.loads[1], dram_write_bytes=w.store[1])
 
 
 def window_actions(L: LayerShape, m: TileMapping, w: Work, hw, ops) -> ActionCounts:
+    """A window nest's: each tap reads the (widened) halo and accumulates; int8 sums first COPY the
+    halos and weights to int32."""
     out = L.n * L.oh * L.ow * L.o
     taps = L.kh * L.kw
-    epi_ops = epilogue_ops(L, m) * out
+    acc = window_acc_itemsize(L)
+    epi_read, epi_write = epilogue_bytes(L, m, out)
+    halo_elements = w.halo_padded / L.itemsize
+    widened = L.widened * (halo_elements + (L.kind == DEPTHWISE) * taps * L.o)
     return ActionCounts(
-        macs_int8=0 * out, macs_bf16=0 * out, macs_fp32=0 * out, vector_ops=taps * out + epi_ops,
-        scratchpad_read_bytes=taps * out * FP32,
-        scratchpad_write_bytes=w.halo_padded - w.halo[1] + w.loads[1] + w.startup[1],
-        accumulator_read_bytes=((taps - 1) * out + epi_ops + out) * FP32,
-        accumulator_write_bytes=(taps * out + epi_ops) * FP32,
+        macs_int8=0 * out, macs_bf16=0 * out, macs_fp32=0 * out,
+        vector_ops=taps * out + epilogue_ops(L, m) * out + widened,
+        scratchpad_read_bytes=taps * out * acc + widened * L.itemsize,
+        scratchpad_write_bytes=w.halo_padded - w.halo[1] + w.loads[1] + w.startup[1] + widened * ACC_ITEMSIZE,
+        accumulator_read_bytes=(taps - 1) * out * acc + epi_read + out * L.out_itemsize,
+        accumulator_write_bytes=taps * out * acc + epi_write,
         dram_read_bytes=w.startup[1] + w.loads[1], dram_write_bytes=w.store[1])
 
 

@@ -19,13 +19,15 @@ from stagec.sim.costs import matmul_fold_cycles
 
 from .buffers import (
     EPILOGUE_TILES,
-    FP32,
     Buffer,
     epilogue_vectors,
     local_bytes,
+    tile_buffers,
     words,
 )
 from .nest import DEPTHWISE, MATRIX, LayerShape, TileMapping, count, halo, stacked_edges, tile_line, tile_sum
+
+ACC_ITEMSIZE = 4   # an array's sums: float32, or int32 for int8 operands (a widened window's too)
 
 
 class Dims(NamedTuple):
@@ -320,7 +322,7 @@ def matrix_buffers(L: LayerShape, m: TileMapping, xp) -> list[Buffer]:
     acc_bufs = bufs - m.double_buffer * sa
     ih, iw = halo(L, th, tw)
     one = one_spatial_tile(L, m, xp)
-    out_tile = th * tw * to * FP32
+    elements = th * tw * to
     halo_rows = st * th * L.kh + (1 - st) * ih   # stacked: each output row's kernel rows
     return [
         Buffer("halo", Space.SPAD, words(halo_rows * iw * tc * L.itemsize, L.itemsize),
@@ -328,10 +330,11 @@ def matrix_buffers(L: LayerShape, m: TileMapping, xp) -> list[Buffer]:
         Buffer("weights", Space.SPAD, words(L.kh * L.kw * (res * L.c * L.o + (1 - res) * tc * to) * L.itemsize,
                                             L.itemsize), res + (1 - res) * bufs),
         epilogue_vectors(L.epilogue, xp.where(one, bufs * to, L.o)),
-        Buffer(EPILOGUE_TILES, Space.SPAD, out_tile, bufs * L.epilogue.tiles),
-        Buffer("result", Space.SPAD, out_tile, sa * (1 - tr)),
-        Buffer("turned", Space.SPAD, out_tile, tr * acc_bufs),
-        Buffer("accumulator", Space.ACC, (tr * tile_line(L, th, tw)[0] + (1 - tr) * th * tw) * to * FP32, acc_bufs),
+        tile_buffers(EPILOGUE_TILES, L.epilogue.tile_bytes, elements, bufs),
+        Buffer("result", Space.SPAD, words(elements * L.out_itemsize, L.out_itemsize), sa * (1 - tr)),
+        Buffer("turned", Space.SPAD, elements * ACC_ITEMSIZE, tr * acc_bufs),
+        Buffer("accumulator", Space.ACC, (tr * tile_line(L, th, tw)[0] + (1 - tr) * th * tw) * to * ACC_ITEMSIZE,
+               acc_bufs),
     ]
 
 
@@ -344,16 +347,22 @@ def window_buffers(L: LayerShape, m: TileMapping, xp) -> list[Buffer]:
     weighted = (L.kind == DEPTHWISE) * 1
     ih, iw = halo(L, th, tw)
     taps = L.kh * L.kw
-    acc_item = L.widened * FP32 + (1 - L.widened) * L.itemsize
+    acc_item = window_acc_itemsize(L)
     return [
         Buffer("halo", Space.SPAD, words(ih * iw * to * L.itemsize, L.itemsize), bufs),
-        Buffer("widened halo", Space.SPAD, ih * iw * to * FP32, bufs * L.widened),
+        Buffer("widened halo", Space.SPAD, ih * iw * to * ACC_ITEMSIZE, bufs * L.widened),
         Buffer("weights", Space.SPAD, words(taps * to * L.itemsize, L.itemsize), bufs * weighted),
-        Buffer("widened weights", Space.SPAD, taps * to * FP32, bufs * weighted * L.widened),
+        Buffer("widened weights", Space.SPAD, taps * to * ACC_ITEMSIZE, bufs * weighted * L.widened),
         epilogue_vectors(L.epilogue, L.o),
-        Buffer(EPILOGUE_TILES, Space.SPAD, th * tw * to * FP32, bufs * L.epilogue.tiles),
+        tile_buffers(EPILOGUE_TILES, L.epilogue.tile_bytes, th * tw * to, bufs),
         Buffer("accumulator", Space.ACC, words(th * tw * to * acc_item, acc_item), bufs),
     ]
+
+
+def window_acc_itemsize(L: LayerShape):
+    """Bytes of a window nest's sums: int32 where int8 widens (sums, products), else its elements'
+    (an int8 max pool stays int8)."""
+    return L.widened * ACC_ITEMSIZE + (1 - L.widened) * L.itemsize
 
 
 def footprint(L: LayerShape, m: TileMapping, xp):
