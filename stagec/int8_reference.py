@@ -69,8 +69,8 @@ def requantize(x: np.ndarray, record: np.ndarray) -> np.ndarray:
 
 def lookup(x: np.ndarray, table: np.ndarray) -> np.ndarray:
     """int8 x through a 256-entry int8 table (TFLite's LUT activations): entry q + 128 for input q."""
-    if table.shape != (256,):
-        raise ValueError(f"a lut table has 256 entries, not shape {table.shape}")
+    if table.shape != (256,) or table.dtype != np.int8:
+        raise ValueError(f"a lut table has 256 int8 entries, not {table.dtype}{list(table.shape)}")
     return table[x.astype(np.int64) + 128]
 
 
