@@ -122,9 +122,13 @@ class VectorFunc(enum.IntEnum):
     RMIN = 34
     # int32 -> int8 with a fixed-point multiplier, shift and zero point (TFLite/gemmlowp rounding)
     REQUANT = 40
+    # int8 -> int8 through a 256-entry int8 table (src2): dst = table[src1 + 128]
+    LUT = 41
 
 
-REQUANT_RECORD_BYTES = 16   # a REQUANT record: int32 multiplier, shift, zero point, 0
+REQUANT_RECORD_BYTES = 16   # a REQUANT record: int32 multiplier, shift, zero point, saturation bounds
+LUT_ENTRIES = 256           # a LUT table: one int8 per int8 input, the entry of q at q + 128
+RECORD_ALIGN = 16           # an element aligns to its size, a record (REQUANT's, a LUT table) to at most this
 MAX_COUNT = 65535           # the largest iteration count n[i] (u16)
 
 INSTRUCTION_BYTES = 64

@@ -28,6 +28,7 @@ from stagec.errors import SimulationError
 
 from .instructions import (
     ITEMSIZE,
+    LUT_ENTRIES,
     REQUANT_RECORD_BYTES,
     AccMode,
     DType,
@@ -39,7 +40,7 @@ from .instructions import (
     Space,
     VectorFunc,
 )
-from .semantics import NUMPY, accumulate, pad_value
+from .semantics import NUMPY, accumulate, lookup, pad_value
 
 OPERANDS = ("x", "y", "z")
 LOCAL = frozenset({Space.SPAD, Space.ACC})
@@ -84,7 +85,7 @@ class Element(enum.Enum):
     IN = "dtype"            # the dtype field
     OUT = "out_dtype"       # the out_dtype field
     INDEX = "int32"         # GATHER's row indices
-    SOURCE2 = "src2"        # a vector function's second source: dtype, or int32 words of a record (REQUANT)
+    SOURCE2 = "src2"        # a vector function's second source: dtype, or the words of a record (REQUANT, LUT)
 
     def types(self, f: Fields) -> tuple[np.ndarray, np.ndarray]:
         """(DType, int32 words per element or 1) of each row."""
@@ -92,8 +93,8 @@ class Element(enum.Enum):
         if self is Element.INDEX:
             return np.full(len(f), int(DType.I32)), ones
         if self is Element.SOURCE2:
-            words = func_table("src2_words", 1)[f.func]
-            return np.where(words > 1, int(DType.I32), f.field("dtype")), words
+            own = func_table("src2_dtype", -1)[f.func]
+            return np.where(own >= 0, own, f.field("dtype")), func_table("src2_words", 1)[f.func]
         return f.field(self.value), ones
 
 
@@ -201,7 +202,9 @@ class VectorFuncDef:
     reduction: bool = False     # reduces over i2: the destination is (n0, n1, 1), its stride s2 must be 0
     transcendental: bool = False
     reads_dst: bool = False     # apply also takes the destination's old value
-    src2_words: int = 1         # > 1: src2 is records of that many int32 words (strides count records)
+    src2_words: int = 1         # > 1: src2 is records of that many words (strides count records)
+    src2_dtype: int = -1        # the DType of src2's words; -1: the instruction's dtype
+    src2_once: bool = False     # src2 is one record for the whole instruction (dims 1, strides 0): a table
     types: frozenset | None = None          # legal (dtype, out_dtype) pairs; None: equal types
 
     @property
@@ -250,9 +253,15 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     _vf(VectorFunc.RSUM, lambda ns, x: ns.xp.sum(x, axis=-1), reduction=True),   # integers wrap, as convert wraps
     _vf(VectorFunc.RMAX, lambda ns, x: ns.xp.max(x, axis=-1), reduction=True),
     _vf(VectorFunc.RMIN, lambda ns, x: ns.xp.min(x, axis=-1), reduction=True),
-    # i32 -> i8 by records (Q31 multiplier, shift, zero point, 0): TFLite/gemmlowp rounding
-    _vf(VectorFunc.REQUANT, lambda ns, x, r: ns.requantize(x, r[..., 0], r[..., 1], r[..., 2]), sources=2,
-        src2_words=REQUANT_RECORD_BYTES // 4, types=frozenset({(DType.I32, DType.I8)})),
+    # i32 -> i8 by records (Q31 multiplier, shift, zero point, saturation bounds): TFLite/gemmlowp
+    # rounding, then TFLite's activation_min/max (isa.semantics.saturation_bounds)
+    _vf(VectorFunc.REQUANT, lambda ns, x, r: ns.requantize(x, r[..., 0], r[..., 1], r[..., 2], r[..., 3]),
+        sources=2, src2_words=REQUANT_RECORD_BYTES // 4, src2_dtype=int(DType.I32),
+        types=frozenset({(DType.I32, DType.I8)})),
+    # i8 -> i8 through one 256-entry int8 table (src2, the entry of q at q + 128): an int8 NPU's
+    # activation function (sigmoid, tanh, GELU, hardswish, ...) at the scales the compiler chose
+    _vf(VectorFunc.LUT, lookup, sources=2, src2_words=LUT_ENTRIES, src2_dtype=int(DType.I8), src2_once=True,
+        types=frozenset({(DType.I8, DType.I8)})),
 )}
 # For the compiler (lower.codegen.vector, stagec.layers); the toolchain reads func_table("transcendental").
 TRANSCENDENTAL = frozenset(VectorFunc(f) for f, d in VECTOR_FUNCS.items() if d.transcendental)
@@ -298,6 +307,10 @@ def _n(*index):
 
 def _padded(f: Fields) -> np.ndarray:
     return f.n[:, :3] + f.pad[:, 0::2] + f.pad[:, 1::2]
+
+
+def _src2(f: Fields) -> np.ndarray:
+    return np.where(func_table("src2_once")[f.func][:, None].astype(bool), 1, f.n[:, :3])
 
 
 def _vector_dst(f: Fields) -> np.ndarray:
@@ -400,13 +413,15 @@ OPCODES: dict[int, OpcodeDef] = {d.opcode: d for d in (
                     when=lambda f: _accumulates(f) | func_table("reads_dst")[f.func].astype(bool)),
                Slot("dst", "x", True, Element.OUT, _vector_dst),
                Slot("src1", "y", False, Element.IN, _n(0, 1, 2)),
-               Slot("src2", "z", False, Element.SOURCE2, _n(0, 1, 2), present=_binary)),
+               Slot("src2", "z", False, Element.SOURCE2, _src2, present=_binary)),
               Lanes(lambda f: f.elements,
                     lambda f: np.where(func_table("reduction")[f.func].astype(bool), f.n[:, 2], 1),
                     lambda f: func_table("transcendental")[f.func].astype(bool)), _vector,
               mode=AccMode, modes=frozenset(AccMode), mode_key="acc", takes_func=True,
               checks=(Check("x_strides", "a reduction's destination stride over the reduced dim (s2) must be 0",
-                            lambda f: func_table("reduction")[f.func].astype(bool) & (f.strides("x")[:, 2] != 0)),)),
+                            lambda f: func_table("reduction")[f.func].astype(bool) & (f.strides("x")[:, 2] != 0)),
+                      Check("z_strides", "a table (src2 of LUT) is one for the instruction: its strides must be 0",
+                            lambda f: func_table("src2_once")[f.func].astype(bool) & (f.strides("z") != 0).any(1)))),
 )}
 
 

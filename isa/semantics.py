@@ -27,7 +27,7 @@ class Namespace:
     xp: Any
     erf: Callable
     rsqrt: Callable
-    requantize: Callable    # (x, multiplier, shift, zero point) -> int8
+    requantize: Callable    # (x, multiplier, shift, zero point, bounds) -> int8
     convert: Callable       # (x, DType) -> x as that type, as COPY converts
 
 
@@ -61,10 +61,20 @@ def pad_value(kind: PadValue, dtype: DType):
     return t.type(info.min if kind == PadValue.NEG_INF else info.max)
 
 
-def requantize(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, zero_point: np.ndarray) -> np.ndarray:
+def saturation_bounds(bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) of a record's bounds word: bits 0-7 hold lo + 128, bits 8-15 hold 127 - hi (the
+    higher bits are ignored), so 0 is the whole int8 range and a fused clamp (ReLU6, hardtanh) is
+    TFLite's activation_min/max."""
+    bounds = np.asarray(bounds, np.int64)
+    return -128 + (bounds & 255), 127 - (bounds >> 8 & 255)
+
+
+def requantize(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, zero_point: np.ndarray,
+               bounds: np.ndarray | int = 0) -> np.ndarray:
     """int32 -> int8 as TFLite's MultiplyByQuantizedMultiplier: a saturating rounding doubling
     high multiply by the Q31 `multiplier`, a rounding shift (positive = left, negative = right,
-    ties away from zero), plus `zero_point`, saturated to [-128, 127]."""
+    ties away from zero), plus `zero_point`, saturated to [-128, 127], then to the record's
+    [lo, hi] (`saturation_bounds`: max with lo, then min with hi)."""
     x = x.astype(np.int64)
     m = multiplier.astype(np.int64)
     shift = shift.astype(np.int64)
@@ -80,7 +90,17 @@ def requantize(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, zero_po
     remainder = high & mask
     threshold = (mask >> 1) + (high < 0)
     rounded = (high >> right) + (remainder > threshold)
-    return np.clip(rounded + zero_point.astype(np.int64), -128, 127).astype(np.int8)
+    lo, hi = saturation_bounds(bounds)
+    y = np.clip(rounded + zero_point.astype(np.int64), -128, 127)
+    return np.minimum(np.maximum(y, lo), hi).astype(np.int8)
+
+
+def lookup(ns: Namespace, x, table):
+    """table[x + 128] of int8 x, a table (256 entries, last axis) per leading index of x's batch
+    (its axes before the instruction's three): the LUT vector function."""
+    lead = table.shape[:-4]   # the table's (1, 1, 1) instruction dims sit between the batch and the entries
+    idx = (x.astype(ns.xp.int32) + 128).reshape(*lead, -1)
+    return ns.xp.take_along_axis(table.reshape(*lead, table.shape[-1]), idx, axis=-1).reshape(x.shape)
 
 
 NUMPY = Namespace(np, lambda x: _erf(x.astype(np.float64)).astype(x.dtype),

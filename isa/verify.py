@@ -16,7 +16,7 @@ from stagec.errors import VerificationError
 from . import opcodes
 from .access import Access, accesses, overlapping_patterns
 from .dataflow import MULTIPLE, Dataflow, DataflowWalk, check_dataflow, const_bytes
-from .instructions import ENCODING, MEMORY_NAMES, DType, Space
+from .instructions import ENCODING, MEMORY_NAMES, RECORD_ALIGN, DType, Space
 from .opcodes import OPERANDS, Fields, OpcodeDef, opcode_table, queues_of
 from .program import Program, RegionKind
 
@@ -200,8 +200,9 @@ def _check_addresses(p: Program, accs: list[Access]) -> None:
 
     for a in accs:
         lo, hi = a.extent()
-        failures.append((a.valid & (a.base % np.maximum(a.itemsize, 1) != 0), f"{a.operand}_base",
-                         lambda i, a=a: f"address {a.base[i]:#x} is not aligned to its {a.itemsize[i]}-byte elements"))
+        align = np.clip(a.itemsize, 1, RECORD_ALIGN)
+        failures.append((a.valid & (a.base % align != 0), f"{a.operand}_base", lambda i, a=a, align=align:
+                         f"address {a.base[i]:#x} is not aligned to {align[i]} bytes ({a.itemsize[i]}-byte elements)"))
         for space, cap in capacity.items():
             rows = a.valid & (a.space == space)
             failures.append((rows & (hi - lo > cap), a.operand, lambda i, lo=lo, hi=hi, s=space, c=cap:

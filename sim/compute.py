@@ -138,7 +138,7 @@ class Vector(Kernel):
             raise PlanError(f"instruction {node.index}: {f.name} with an accumulate mode")
         node.local("src1", "y", node.dtype)
         if f.sources == 2:
-            node.local("src2", "z", node.dtype)
+            node.local("src2", "z", DType(f.src2_dtype) if f.src2_dtype >= 0 else node.dtype)
         node.initial("x")
         dims = _dst_dims(f, node.n)
         if not is_dense(node.strides("x"), dims):
@@ -151,9 +151,9 @@ class Vector(Kernel):
         f = opcodes.VECTOR_FUNCS[self.func]
         if slot == "src1":
             return box(self.src1_strides, self.n)
-        if slot == "src2" and f.src2_words > 1:   # records of src2_words int32 words, strides counting records
+        if slot == "src2" and f.src2_words > 1:   # records of src2_words words, strides counting records
             w = f.src2_words
-            return (*((c, st * w) for c, st in box(self.src2_strides, self.n)), (w, 1))
+            return (*((c, st * w) for c, st in box(self.src2_strides, _src2_dims(f, self.n))), (w, 1))
         if slot == "src2":
             return box(self.src2_strides, self.n)
         return box(self.dst_strides, _dst_dims(f, self.n))
@@ -164,14 +164,15 @@ class Vector(Kernel):
         words = (f.src2_words,) if f.src2_words > 1 else ()
         rel2 = None
         if f.sources == 2:
-            rel2 = (_rel(self.src2_strides, n)[:, None] * f.src2_words + np.arange(f.src2_words)).reshape(-1)
+            rel2 = (_rel(self.src2_strides, _src2_dims(f, n))[:, None] * f.src2_words
+                    + np.arange(f.src2_words)).reshape(-1)
 
         def run(*args):
             t = args[1].shape[0]
             sources = [read(*args[:3], rel1, hows[0]).reshape(t, j, *n)]
             rest = args[3:]
             if f.sources == 2:
-                sources.append(read(*rest[:3], rel2, hows[1]).reshape(t, j, *n, *words))
+                sources.append(read(*rest[:3], rel2, hows[1]).reshape(t, j, *_src2_dims(f, n), *words))
                 rest = rest[3:]
             init = read(*rest, rel_dst, hows[2]).reshape(t, -1) if self.has_init else None
             if f.reads_dst:
@@ -187,6 +188,10 @@ class Vector(Kernel):
 
 def _dst_dims(f: opcodes.VectorFuncDef, n) -> tuple:
     return (n[0], n[1], 1) if f.reduction else tuple(n[:3])
+
+
+def _src2_dims(f: opcodes.VectorFuncDef, n) -> tuple:
+    return (1, 1, 1) if f.src2_once else tuple(n[:3])
 
 
 @dataclass(frozen=True)

@@ -78,10 +78,13 @@ def _saturating_add_int8(x, zero_point):
     return jnp.clip(s, -128, 127).astype(jnp.int8)
 
 
-def requantize(x, multiplier, shift, zero_point):
+def requantize(x, multiplier, shift, zero_point, bounds=0):
     """int32 -> int8 as isa.semantics.requantize (TFLite's MultiplyByQuantizedMultiplier, then the
-    zero point, saturated), on int32 arrays that broadcast together."""
-    x, multiplier, shift, zero_point = (jnp.asarray(v, jnp.int32) for v in (x, multiplier, shift, zero_point))
+    zero point, saturated, then the record's saturation bounds), on int32 arrays that broadcast together."""
+    x, multiplier, shift, zero_point, bounds = (jnp.asarray(v, jnp.int32)
+                                                for v in (x, multiplier, shift, zero_point, bounds))
     x = _saturating_left_shift(x, jnp.maximum(shift, 0))
     high = saturating_rounding_doubling_high_mul(x, multiplier)
-    return _saturating_add_int8(_rounding_right_shift(high, jnp.maximum(-shift, 0)), zero_point)
+    y = _saturating_add_int8(_rounding_right_shift(high, jnp.maximum(-shift, 0)), zero_point)
+    lo, hi = (-128 + (bounds & 255)).astype(jnp.int8), (127 - (bounds >> 8 & 255)).astype(jnp.int8)
+    return jnp.minimum(jnp.maximum(y, lo), hi)

@@ -54,14 +54,24 @@ def rounding_shift_right(x: np.ndarray, exponent: np.ndarray) -> np.ndarray:
 
 
 def requantize(x: np.ndarray, record: np.ndarray) -> np.ndarray:
-    """int32 x to int8 by a record (Q31 multiplier, shift, zero point, 0): TFLite's
+    """int32 x to int8 by a record (Q31 multiplier, shift, zero point, bounds): TFLite's
     MultiplyByQuantizedMultiplier (a left shift that saturates to int32, as 32-bit hardware's),
-    plus the zero point, saturated to [-128, 127]."""
-    multiplier, shift, zero_point = (record[..., i].astype(np.int64) for i in range(3))
+    plus the zero point, saturated to [-128, 127], then clamped to TFLite's activation range
+    [activation_min, activation_max]: the bounds word's low byte is activation_min + 128, its
+    second byte 127 - activation_max (0: the whole int8 range)."""
+    multiplier, shift, zero_point, bounds = (record[..., i].astype(np.int64) for i in range(4))
     left, right = np.maximum(shift, 0), np.maximum(-shift, 0)
     shifted = np.clip(x.astype(np.int64) * (np.int64(1) << left), *INT32)
-    y = rounding_shift_right(high_mul(shifted, multiplier), right) + zero_point
-    return np.clip(y, -128, 127).astype(np.int8)
+    y = np.clip(rounding_shift_right(high_mul(shifted, multiplier), right) + zero_point, -128, 127)
+    activation_min, activation_max = bounds % 256 - 128, 127 - bounds // 256 % 256
+    return np.minimum(np.maximum(y, activation_min), activation_max).astype(np.int8)
+
+
+def lookup(x: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """int8 x through a 256-entry int8 table (TFLite's LUT activations): entry q + 128 for input q."""
+    if table.shape != (256,) or table.dtype != np.int8:
+        raise ValueError(f"a lut table has 256 int8 entries, not {table.dtype}{list(table.shape)}")
+    return table[x.astype(np.int64) + 128]
 
 
 def _to_i32(x: np.ndarray) -> np.ndarray:
@@ -87,8 +97,11 @@ STEPS = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum,
     "cmp_gt": _cmp(np.greater), "cmp_ge": _cmp(np.greater_equal), "cmp_eq": _cmp(np.equal),
     "cmp_ne": _cmp(np.not_equal), "select": lambda p, f, t: np.where(p != 0, t, f),
-    "to_f32": lambda x: x.astype(np.float32), "to_i32": _to_i32, "requant": requantize,
+    "to_f32": lambda x: x.astype(np.float32), "to_i32": _to_i32, "requant": requantize, "lut": lookup,
 }
+
+
+TYPED_STEPS = ("to_f32", "to_i32", "requant", "lut", "select")   # steps that take their operands as they are
 
 
 def _held(x: np.ndarray, dtype: str, where: str) -> np.ndarray:
@@ -115,7 +128,7 @@ def eval_expr(expr, inputs, where: str, steps: dict = STEPS):
     values = list(inputs)
     for step in expr:
         args = [values[a] for a in step.args]
-        if step.func not in ("to_f32", "to_i32", "requant", "select") and any(a.dtype == np.float32 for a in args):
+        if step.func not in TYPED_STEPS and any(a.dtype == np.float32 for a in args):
             args = [a.astype(np.float32) for a in args]   # int operands meet floats only in converted form
         values.append(steps[step.func](*args))
     return values[-1]

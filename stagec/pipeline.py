@@ -36,6 +36,7 @@ from stagec.errors import InputError
 from stagec.frontend import TracedModel, flatten_inputs, trace_jax, trace_torch
 from stagec.isa import HardwareConfig, Program, disassemble, verify
 from stagec.lower.codegen.lowering import lower_to_program
+from stagec.lower.graph.activations import split_activations
 from stagec.lower.graph.calibrate import calibrate
 from stagec.lower.graph.canonicalize import canonicalize
 from stagec.lower.graph.graph_ir import Graph
@@ -218,6 +219,8 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("fuse_epilogues", GraphPass(fuse_epilogues, fusion=True)),
     # per-channel scale and shift (batch norm) -> weights and bias
     Stage("fold_affine", GraphPass(fold_affine)),
+    # int8: a conv/matmul's activation function (not a clamp) -> an elementwise node, calibrated apart
+    Stage("split_activations", GraphPass(split_activations), when=_quantizing),
     # int8: every fp32 value's range over the calibration batches
     Stage("calibrate", _calibrate, show=_amax_table, when=_quantizing),
     # int8: int8 CONV/MATMUL, QUANTIZE/DEQUANTIZE at the fp32 islands' boundaries

@@ -48,7 +48,7 @@ def test_tile_that_does_not_fit_the_memory():
 
 def test_misaligned_address():
     p, _, _ = relu_matmul()
-    broken(mutate(p, 0, y_base=2), "not aligned to its 4-byte elements", 0, "y_base")
+    broken(mutate(p, 0, y_base=2), "not aligned to 4 bytes \\(4-byte elements\\)", 0, "y_base")
 
 
 def test_pop_without_push():

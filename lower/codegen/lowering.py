@@ -20,7 +20,7 @@ from stagec.isa.instructions import DType, Operand, encode
 from stagec.isa.program import Layer, Program, Region, RegionKind, TensorRef
 from stagec.rule_tables import registrar
 
-from ..graph.graph_ir import RECORD_WORDS, Graph, Node, OpKind, Value, record_inputs
+from ..graph.graph_ir import Graph, Node, OpKind, Value, check_records, record_words
 from ..schedule.buffers import epilogue_layout
 from ..schedule.layout import Layout
 from ..schedule.mapper import Schedule, node_problem
@@ -70,9 +70,9 @@ class LowerContext:
 
 
 def _extras(ctx: LowerContext, node: Node, first: int, shape) -> list[DramTensor]:
-    """The epilogue's extra inputs broadcast to the output's shape (requant records: shape + their words)."""
-    records = record_inputs(node.attr("epilogue"))
-    return [ctx.tensor(v).broadcast_to(tuple(shape) + ((RECORD_WORDS,) if k + 1 in records else ()))
+    """The epilogue's extra inputs broadcast to the output's shape (records: shape + their words)."""
+    records = record_words(node.attr("epilogue"))
+    return [ctx.tensor(v).broadcast_to(tuple(shape) + ((records[k + 1],) if k + 1 in records else ()))
             for k, v in enumerate(node.inputs[first:])]
 
 
@@ -177,6 +177,7 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
         em.layer, em.layer_name = len(layers), node.name
         if node.op not in LOWERINGS:
             raise LoweringError(f"no lowering rule for graph op {node.op.value} ({node.name})")
+        check_records(node)
         LOWERINGS[node.op](ctx, node)
         mapping = str(schedule[node.name].mapping) if node_problem(node) else ""
         layers.append(Layer(node.name, node.op.value, [v.shape for v in node.inputs], node.output.shape,

@@ -21,9 +21,8 @@ from collections.abc import Callable
 import numpy as np
 
 from stagec.errors import LoweringError
-from stagec.isa.instructions import REQUANT_RECORD_BYTES, DType, Operand, Space, VectorFunc
+from stagec.isa.instructions import Operand, Space, VectorFunc
 
-from ..graph.graph_ir import RECORD_WORDS
 from ..schedule.buffers import EPILOGUE_TILES, EPILOGUE_VECTORS, NO_EXTRAS, EpilogueLayout, slot_offsets
 from ..schedule.nest import ConvProblem, LayerShape, TileMapping, row_tiles, tile_line, tiles
 from ..schedule.nest_work import matrix_buffers, one_spatial_tile
@@ -37,7 +36,7 @@ OUT_AXES = (2, 3, 1)
 
 class Epilogue:
     """A fused epilogue (lower.schedule.buffers.EpilogueLayout) over its extra inputs (views broadcast to the
-    output's NCHW shape; requant records [N, C, H, W, 4]), in the nest's buffers (`bases`, from
+    output's NCHW shape; records [N, C, H, W, words]: requant records, lut tables), in the nest's buffers (`bases`, from
     Emitter.allocate).
 
     Channel vectors and scalars are loaded once for the whole nest, or, `channels_per_tile` (a
@@ -89,23 +88,24 @@ class Epilogue:
                 _load_channels(em, e, i.record, o0, counts[2], base)
                 tile = tile_expr.LocalTile(Space.SPAD, base, (1, 1, counts[2]), e.dtype)
             else:
-                per = REQUANT_RECORD_BYTES if i.record else e.dtype.itemsize
-                tile = tile_expr.LocalTile(Space.SPAD, self.vectors[k][0] + o0 * per, (1, 1, counts[2]), e.dtype)
+                tile = tile_expr.LocalTile(Space.SPAD, self.vectors[k][0] + o0 * i.itemsize, (1, 1, counts[2]),
+                                           e.dtype)
             args.append(tile)
         temps = [tile_expr.LocalTile(Space.SPAD, b, tuple(counts)) for b in self.temp_buf[buf]]
         return tile_expr.emit(em, self.layout.expr, self.layout.plan, args, temps, counts, final)
 
 
 def _load_channels(em, e: DramTensor, record: bool, o0: int, count: int, base: int) -> None:
-    """LOAD channels o0 .. o0 + count of a per-channel epilogue input (a vector, or requant records;
-    one of them for a scalar)."""
+    """LOAD channels o0 .. o0 + count of a per-channel epilogue input (a vector, or records of
+    e.shape[-1] words; one of them for a scalar)."""
     if not record:
         em.load(e, (0, o0, 0, 0), OUT_AXES, (1, 1, count), Operand(Space.SPAD, base, (0, 0, 1)))
         return
-    if count > 1 and (e.strides[1], e.strides[-1]) != (RECORD_WORDS, 1):   # rows and columns: see Epilogue
-        raise ValueError(f"{em.layer_name}: requant records must be dense along the channels")
-    words = count * RECORD_WORDS
-    em.load(DramTensor(e.region, e.address((0, o0, 0, 0, 0)), (words,), (1,), DType.I32), (0,), (None, None, 0),
+    per = e.shape[-1]
+    if count > 1 and (e.strides[1], e.strides[-1]) != (per, 1):   # rows and columns: see Epilogue
+        raise ValueError(f"{em.layer_name}: records must be dense along the channels")
+    words = count * per
+    em.load(DramTensor(e.region, e.address((0, o0, 0, 0, 0)), (words,), (1,), e.dtype), (0,), (None, None, 0),
             (1, 1, words), Operand(Space.SPAD, base, (0, 0, 1)))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stagec.isa.instructions import DType, Operand, Space, VectorFunc
+from stagec.isa.opcodes import VECTOR_FUNCS
 
 from ..graph.graph_ir import CONVERSIONS, RESULT_DTYPES, Expr, Step
 from ..schedule.tensors import DTYPE_OF
@@ -112,7 +113,10 @@ def emit(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTi
             pass
         else:
             func = VectorFunc.COPY if step.func in CONVERSIONS else VectorFunc[step.func.upper()]
-            em.vector(func, out.operand(counts), src[0].operand(counts), src[1].operand(counts) if len(src) > 1
-                      else None, counts, dtype=src[0].dtype, out_dtype=out_type)
+            second = src[1].operand(counts) if len(src) > 1 else None
+            if second is not None and VECTOR_FUNCS[func].src2_once:   # one record (a table) for the whole tile
+                second = Operand(second.space, second.base, (0, 0, 0))
+            em.vector(func, out.operand(counts), src[0].operand(counts), second, counts, dtype=src[0].dtype,
+                      out_dtype=out_type)
         values.append(out)
     return values[-1]

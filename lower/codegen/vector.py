@@ -27,7 +27,7 @@ from stagec.isa.instructions import MAX_COUNT, AccMode, DType, Operand, Space, V
 from stagec.isa.opcodes import TRANSCENDENTAL
 from stagec.rule_tables import registrar
 
-from ..graph.graph_ir import RECORD_WORDS, Expr, Node, OpKind, Step, record_inputs
+from ..graph.graph_ir import Expr, Node, OpKind, Step, record_words
 from ..schedule.buffers import ElementwiseBuffers, GatherBuffers, ReduceBuffers, local_bytes, slot_offsets
 from ..schedule.layout import ALWAYS_VIEWS, Layout, view_of
 from ..schedule.nest import TileMapping, tiles
@@ -82,7 +82,7 @@ def _at(t: DramTensor, lead_idx, lead_strides, inner_strides) -> DramTensor:
 # --- the jobs -----------------------------------------------------------------------------------
 
 class _ElementwisePlan(NamedTuple):
-    records: frozenset     # the inputs that are requant records (one for the whole tensor)
+    records: dict          # the inputs that are records (one for the whole tensor): their words
     data: list             # the other inputs, in order
     views: list            # each of those broadcast to the output's shape
     lead: tuple            # the coalesced iteration space: looped-over dims, the tiled 3-D one,
@@ -98,8 +98,8 @@ class _ElementwisePlan(NamedTuple):
 
 @dataclass(frozen=True)
 class Elementwise:
-    """out = expr(inputs...), inputs broadcast numpy-style to out's shape; requant records (one
-    record for the whole tensor) and broadcast scalars are loaded once."""
+    """out = expr(inputs...), inputs broadcast numpy-style to out's shape; records (one requant
+    record or lut table for the whole tensor) and broadcast scalars are loaded once."""
 
     expr: Expr
     inputs: tuple[DramTensor, ...]
@@ -107,7 +107,7 @@ class Elementwise:
 
     def _plan(self) -> _ElementwisePlan:
         inputs, out = self.inputs, self.out
-        records = frozenset(record_inputs(self.expr))
+        records = record_words(self.expr)
         data = [k for k in range(len(inputs)) if k not in records]
         views = [inputs[k].broadcast_to(out.shape) for k in data]
         shape, strides = coalesce(out.shape, out.strides, *[v.strides for v in views])
@@ -120,7 +120,9 @@ class Elementwise:
         loaded = [i for i, k in enumerate(data) if k not in scalars]
         widths = tile_expr.slot_itemsizes(self.expr, p, [t.dtype for t in inputs], [data[i] for i in loaded])
         return _ElementwisePlan(records, data, views, lead, lead_s, inner, inner_s, scalars, loaded, p, widths,
-                                ElementwiseBuffers(sum(widths), len(records), len(scalars)))
+                                ElementwiseBuffers(sum(widths), tuple(inputs[k].dtype.itemsize * w
+                                                                      for k, w in sorted(records.items())),
+                                                   len(scalars)))
 
     def nest(self, hw, layer: str) -> VectorNest:
         p = self._plan()
@@ -133,8 +135,10 @@ class Elementwise:
         p = self._plan()
         bufs = 2 if m.double_buffer else 1
         bases = em.allocate(p.buffers(m.tile_oh, m.tile_ow, m.tile_o, bufs))
-        record_tiles = {k: _load_record(em, base, inputs[k])
-                        for k, base in zip(sorted(p.records), bases["records"], strict=True)}
+        record_tiles, at = {}, bases["records"][0] if p.records else 0
+        for k, words in sorted(p.records.items()):   # one after another in the one records buffer
+            record_tiles[k] = _load_record(em, at, inputs[k], words)
+            at += words * inputs[k].dtype.itemsize
         record_tiles |= {k: _load_scalar(em, base, p.views[p.data.index(k)])
                          for k, base in zip(sorted(p.scalars), bases["scalars"], strict=True)}
         slots = [[base + at for at in slot_offsets(p.widths, m.tile_oh * m.tile_ow * m.tile_o)]
@@ -179,12 +183,13 @@ def _load_scalar(em, base: int, t: DramTensor) -> tile_expr.LocalTile:
     return tile
 
 
-def _load_record(em, base: int, t: DramTensor) -> tile_expr.LocalTile:
-    """LOAD the one requant record of an elementwise node (its words) into the scratchpad."""
-    if t.size != RECORD_WORDS:
-        raise ValueError(f"{em.layer_name}: an elementwise requant takes one record for the whole tensor, "
-                         f"not {t.size // RECORD_WORDS}")
-    em.load(t.reshape((RECORD_WORDS,)), (0,), (None, None, 0), (1, 1, RECORD_WORDS),
+def _load_record(em, base: int, t: DramTensor, words: int) -> tile_expr.LocalTile:
+    """LOAD the one record of an elementwise node (a requant record, a lut table: its words) into the
+    scratchpad."""
+    if t.size != words:
+        raise ValueError(f"{em.layer_name}: an elementwise requant or lut takes one record of {words} words for the "
+                         f"whole tensor, not {t.size} words")
+    em.load(t.reshape((words,)), (0,), (None, None, 0), (1, 1, words),
             Operand(Space.SPAD, base, (0, 0, 1)))
     return tile_expr.LocalTile(Space.SPAD, base, (1, 1, 1), t.dtype)
 

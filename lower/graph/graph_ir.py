@@ -23,7 +23,9 @@ CONV/MATMUL result and whose other inputs are the node's trailing inputs `e*`:
 it runs on the accumulator tile before the store, so the result never
 round-trips through DRAM.  `requant(x, r)` takes int32 x to int8 (isa REQUANT):
 r is an int32 constant of shape [..., 4] whose leading dims broadcast to x, one
-record (multiplier, shift, zero point, 0) per element.
+record (multiplier, shift, zero point, saturation bounds) per element.  `lut(x, t)`
+takes int8 x to int8 t[x + 128] (isa LUT): t is one int8 table of 256 entries.
+Both second operands are records (`RECORDS`): constants whose last dim is the record's.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from types import MappingProxyType
 import numpy as np
 
 from stagec.errors import LoweringError
+from stagec.isa.instructions import LUT_ENTRIES
 
 
 class OpKind(enum.StrEnum):
@@ -148,8 +151,10 @@ def _ty_of(a: np.ndarray) -> str:
 
 
 CONVERSIONS = {"to_f32": "float32", "to_i32": "int32"}
-RESULT_DTYPES = {**CONVERSIONS, "requant": "int8"}   # steps whose result type is not their first operand's
+RESULT_DTYPES = {**CONVERSIONS, "requant": "int8", "lut": "int8"}   # steps whose result type is not their first
 RECORD_WORDS = 4                                      # int32 words of one requant record
+RECORDS = {"requant": RECORD_WORDS, "lut": LUT_ENTRIES}   # steps whose second operand is records: their words
+RECORD_DTYPES = {"requant": "int32", "lut": "int8"}
 
 
 def storage_dtype(dtype) -> str:
@@ -170,9 +175,29 @@ def expr_dtype(expr: Expr, input_dtypes) -> list[str]:
     return dtypes
 
 
+def record_words(expr: Expr) -> dict[int, int]:
+    """{expr argument read as records (a requant's or a lut's second argument): words per record}."""
+    return {s.args[1]: RECORDS[s.func] for s in expr or () if s.func in RECORDS}
+
+
 def record_inputs(expr: Expr) -> frozenset[int]:
-    """The expr arguments read as requant records (each step's second argument)."""
-    return frozenset(s.args[1] for s in expr or () if s.func == "requant")
+    """The expr arguments read as records (`record_words`)."""
+    return frozenset(record_words(expr))
+
+
+def check_records(node: Node) -> None:
+    """Each record operand of `node`'s expr or epilogue is what its step reads: int32 requant records
+    [..., 4]; one int8 lut table of exactly 256 entries (isa LUT reads one table per instruction)."""
+    expr, first = (node.attr("epilogue"), 1) if node.op in MATRIX_OPS else (node.attr("expr"), 0)
+    for s in expr or ():
+        if s.func not in RECORDS or s.args[1] >= expr_inputs(node) or (s.args[1] == 0 and first):
+            continue
+        v = node.inputs[s.args[1] + first]
+        shape = (LUT_ENTRIES,) if s.func == "lut" else v.shape[:-1] + (RECORD_WORDS,)
+        if v.dtype != RECORD_DTYPES[s.func] or v.shape != shape:
+            what = "a lut table" if s.func == "lut" else "requant records"
+            raise LoweringError(f"{node.name}: {what} must be {RECORD_DTYPES[s.func]}[{','.join(map(str, shape))}], "
+                                f"not {_ty(v)}")
 
 
 def expr_inputs(node: Node) -> int:

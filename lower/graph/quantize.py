@@ -5,14 +5,17 @@ symmetric int8 per tensor (scale amax / 127, amax from lower.graph.calibrate), b
 int32 at the accumulator's scale s_x * s_w.  A CONV/MATMUL with constant weights
 multiplies int8 x int8 -> int32 on the array; its epilogue is then
 
-  - integer, when it is a bias add and/or a ReLU (TFLite/gemmlowp): add the int32
+  - integer, when it is a bias add and/or a clamp (TFLite/gemmlowp): add the int32
     bias, REQUANT by M = s_x * s_w / s_y (fixed-point multiplier and shift,
-    rounding to nearest, saturating), ReLU on int8 (the zero point is 0);
+    rounding to nearest, saturating to the clamp's bounds on the int8 grid: ReLU,
+    ReLU6, hardtanh; lower.graph.activations);
   - otherwise fp32: the accumulator is dequantized per channel (to_f32, times
     s_x * s_w) and the original epilogue runs on it (a residual add, GELU, ...).
 
 Max pooling, max/min reductions, lone ReLUs and views (reshape, transpose, slice,
-broadcast, zero padding) keep int8 and the scale; sums of int8 accumulate in int32.  Every
+broadcast, zero padding) keep int8 and the scale; sums of int8 accumulate in int32.  Any
+other expression of one int8 value and scalar constants (a clamp, hardswish, sigmoid, GELU,
+...) is a 256-entry table lookup (lower.graph.activations), int8 to int8.  Every
 other op runs in fp32 on the vector unit; the pass inserts QUANTIZE (x * 256/s,
 truncate to int32, REQUANT by exactly 1/256: round half away from zero) and
 DEQUANTIZE (to_f32, times s) nodes at the boundaries, once per value.  Fusion
@@ -29,6 +32,7 @@ import numpy as np
 from stagec.errors import QuantizationError
 from stagec.rule_tables import registrar
 
+from .activations import bias_steps, clamp_bounds, int8_bounds, integer_matrix, lut_table, scalar, unary_input
 from .graph_ir import Graph, Node, OpKind, Step, Value
 from .requant import QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, records
 
@@ -140,25 +144,22 @@ def quantize_weights(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(np.round(w / scale), -QMAX, QMAX).astype(np.int8), scale.reshape(-1)
 
 
-def _integer_epilogue(node: Node, consts) -> tuple[np.ndarray | None, bool] | None:
-    """(per-channel bias or None, relu?) when the epilogue is [add(acc, const bias)] [relu], else None."""
+def _integer_epilogue(node: Node, consts) -> tuple[np.ndarray | None, tuple[float, float] | None] | None:
+    """(per-channel bias or None, clamp bounds or None) when the epilogue is [add(acc, const bias)]
+    [clamp], else None."""
     expr, n_in = node.attr("epilogue") or (), len(node.inputs) - 1
-    bias, k, cur = None, 0, 0
-    if k < len(expr) and expr[k].func == "add" and 0 in expr[k].args and len(node.inputs) == 3:
-        other = node.inputs[2]
-        channels = node.output.shape[1 if node.op == OpKind.CONV else -1]
-        arr = consts.get(other.id)
-        if arr is None or arr.size != channels or expr[k].args not in ((0, 1), (1, 0)):
-            return None
-        bias, k, cur = np.asarray(arr, np.float64).reshape(-1), 1, n_in
-    relu = k < len(expr) and expr[k] == Step("relu", (cur,))
-    return (bias, relu) if k + relu == len(expr) else None
+    bias, k = bias_steps(node, consts)
+    if k == len(expr):
+        return bias, None
+    bounds = clamp_bounds(expr[k:], n_in if k else 0, n_in + k,
+                          lambda a: scalar(node.inputs[a + 1], consts) if 0 < a < n_in else None)
+    return None if bounds is None else (bias, bounds)
 
 
 @register(OpKind.CONV, OpKind.MATMUL)
 def _matrix(rw: _Rewriter, node: Node) -> None:
     w = node.inputs[1]
-    if w.id not in rw.consts or (node.op == OpKind.MATMUL and len(w.shape) != 2):
+    if not integer_matrix(node, rw.consts):
         return rw.keep_fp32(node)   # activations times activations (attention) stay fp32
     axis = 0 if node.op == OpKind.CONV else -1
     wq, s_w = quantize_weights(rw.consts[w.id], axis)
@@ -181,7 +182,7 @@ def _matrix(rw: _Rewriter, node: Node) -> None:
                              tuple(sorted({**dict(node.attrs), "epilogue": steps}.items())), node.name))
         rw.fp32[node.output.id] = node.output
         return
-    bias, relu = integer
+    bias, bounds = integer
     s_y = rw.scale_of(node.output)
     where = f"{node.name}: requantization"
     steps, inputs = [], [x, wv]
@@ -191,12 +192,10 @@ def _matrix(rw: _Rewriter, node: Node) -> None:
             raise QuantizationError(f"{node.name}: a bias is {np.abs(bq).max():.3g} accumulator units, beyond int32")
         inputs.append(rw.const(bq.astype(np.int32).reshape(cshape)))
         steps.append(Step("add", (0, 1)))
-    rec = records(acc_scale / s_y, where)
+    rec = records(acc_scale / s_y, where, bounds=int8_bounds(bounds, s_y))
     inputs.append(rw.const(rec.reshape(cshape + (rec.shape[-1],))))
     n = len(inputs) - 1   # epilogue inputs: acc, [bias], records; steps are numbered from n
     steps.append(Step("requant", (n if bias is not None else 0, n - 1)))
-    if relu:
-        steps.append(Step("relu", (n + len(steps) - 1,)))
     rw.int8_result(node, inputs, s_y, epilogue=tuple(steps))
 
 
@@ -221,13 +220,25 @@ def _view(rw: _Rewriter, node: Node) -> None:
 
 @register(OpKind.ELEMENTWISE)
 def _elementwise(rw: _Rewriter, node: Node) -> None:
-    """A lone ReLU of an int8 value stays int8 at its scale (the zero point is 0); any other
-    expression runs in fp32."""
-    x = node.inputs[0]
-    if node.attr("expr") != (Step("relu", (0,)),) or x.id not in rw.int8:
+    """An expression of one int8 value and scalar constants stays int8: a lone ReLU at the value's
+    scale (the zero point is 0), any other as a table lookup (lower.graph.activations) -- to the
+    value's own scale for a clamp, which only narrows the range its int8 grid already holds, to the
+    result's calibrated scale for the rest.  Any other expression runs in fp32."""
+    expr = node.attr("expr")
+    k = unary_input(expr, node.inputs, rw.consts)
+    if k is None or node.inputs[k].id not in rw.int8 or node.output.dtype != "float32":
         return rw.keep_fp32(node)
-    q = rw.int8[x.id]
-    rw.int8_result(node, (q,), rw.scales[q.id])
+    q = rw.int8[node.inputs[k].id]
+    s_in = rw.scales[q.id]
+    if expr == (Step("relu", (0,)),):
+        return rw.int8_result(node, (q,), s_in)
+    bounds = clamp_bounds(expr, k, len(node.inputs), lambda a: scalar(node.inputs[a], rw.consts)
+                          if a < len(node.inputs) else None)
+    s_out = s_in if bounds is not None else rw.scale_of(node.output)
+    table = lut_table(expr, node.inputs, rw.consts, k, s_in, s_out)
+    if table is None:
+        return rw.keep_fp32(node)
+    rw.int8_result(node, (q, rw.const(table)), s_out, expr=(Step("lut", (0, 1)),))
 
 
 def quantize(graph: Graph, amax: dict[int, float]) -> tuple[Graph, QuantParams]:

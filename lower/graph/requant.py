@@ -2,7 +2,9 @@
 
 A real multiplier M > 0 is M = (multiplier / 2**31) * 2**shift with a Q31 multiplier in
 [2**30, 2**31) (TFLite's QuantizeMultiplier), so that isa REQUANT computes
-round(x * M) + zero point.  Records are int32 [..., 4]: (multiplier, shift, zero point, 0).
+round(x * M) + zero point, saturated to [lo, hi].  Records are int32 [..., 4]: (multiplier, shift,
+zero point, bounds), bounds = (lo + 128) | (127 - hi) << 8 (0: the whole int8 range;
+isa.semantics.saturation_bounds).
 """
 
 from __future__ import annotations
@@ -37,12 +39,20 @@ def quantize_multiplier(real: float, where: str = "") -> tuple[int, int]:
     return multiplier, shift
 
 
-def records(reals, where: str = "", zero_point: int = 0) -> np.ndarray:
-    """REQUANT records, int32 [*reals.shape, 4], of an array of real multipliers."""
+def bounds_word(lo: int = -128, hi: int = 127) -> int:
+    """A record's saturation bounds [lo, hi] (int8, lo <= hi) as its fourth word."""
+    if not -128 <= lo <= hi <= 127:
+        raise QuantizationError(f"saturation bounds [{lo}, {hi}] are not an int8 range")
+    return (lo + 128) | (127 - hi) << 8
+
+
+def records(reals, where: str = "", zero_point: int = 0, bounds: tuple[int, int] = (-128, 127)) -> np.ndarray:
+    """REQUANT records, int32 [*reals.shape, 4], of an array of real multipliers, saturating to `bounds`."""
     reals = np.asarray(reals, np.float64)
     out = np.zeros(reals.shape + (RECORD_WORDS,), np.int32)
+    word = bounds_word(*bounds)
     for idx in np.ndindex(*reals.shape):
-        out[idx] = (*quantize_multiplier(reals[idx], where), zero_point, 0)
+        out[idx] = (*quantize_multiplier(reals[idx], where), zero_point, word)
     return out
 
 

@@ -27,7 +27,7 @@ from stagec.isa.instructions import REQUANT_RECORD_BYTES, Space
 from stagec.isa.opcodes import TRANSCENDENTAL
 
 from ..codegen import tile_expr
-from ..graph.graph_ir import Node, OpKind, record_inputs
+from ..graph.graph_ir import Node, OpKind, record_words
 from .tensors import DTYPE_OF
 
 FP32 = 4
@@ -100,12 +100,12 @@ class EpilogueInput:
     kind: str
     record: bool
     spans: tuple[bool, bool, bool]
-    itemsize: int = FP32   # bytes of one element as LOADed (a record: REQUANT_RECORD_BYTES)
+    itemsize: int = FP32   # bytes of one element as LOADed (a record: all its words, 16 or a table's 256)
 
     @property
     def item_bytes(self) -> int:
         """Bytes of one element (a record, or any other element in a word of its own)."""
-        return REQUANT_RECORD_BYTES if self.record else WORD
+        return self.itemsize if self.record else WORD
 
     def extent(self, counts) -> tuple[int, int, int]:
         return tuple(c if s else 1 for c, s in zip(counts, self.spans, strict=True))
@@ -196,7 +196,7 @@ def epilogue_layout(node: Node) -> EpilogueLayout | None:
         return None
     out = node.output.shape
     pixel_axes, tile_axes = _nest_axes(node)
-    records = record_inputs(expr)
+    records = record_words(expr)
     inputs = []
     for k, v in enumerate(node.inputs[2:]):
         record = k + 1 in records
@@ -208,7 +208,7 @@ def epilogue_layout(node: Node) -> EpilogueLayout | None:
             raise LoweringError(f"{node.name}: requant records vary over rows or columns; they are per channel or "
                                 f"per tensor")
         spans = tuple(a is None or padded[a] == out[a] for a in tile_axes)
-        item = REQUANT_RECORD_BYTES if record else DTYPE_OF[v.dtype].itemsize
+        item = DTYPE_OF[v.dtype].itemsize * records.get(k + 1, 1)
         inputs.append(EpilogueInput(kind, record, spans, item))
     writable = frozenset({0} | {k + 1 for k, i in enumerate(inputs) if i.kind == "tile" and all(i.spans)})
     x = node.inputs[0].dtype
@@ -251,14 +251,15 @@ def epilogue_vectors(extras: Extras, channels) -> Buffer:
 class ElementwiseBuffers:
     """An elementwise nest (lower.codegen.vector.Elementwise) over tiles (t0, t1, t2): per buffer set,
     its tile slots (a loaded input's, a temporary's: `tile_bytes` bytes per element over them all);
-    once, each requant record and broadcast scalar."""
+    once, the records (requant records, lut tables: `records` holds the bytes of each, all multiples
+    of 16) and each broadcast scalar."""
 
     tile_bytes: int
-    records: int
+    records: tuple[int, ...]
     scalars: int
 
     def __call__(self, t0, t1, t2, bufs) -> list[Buffer]:
-        return [Buffer("records", Space.SPAD, REQUANT_RECORD_BYTES, self.records, align=REQUANT_RECORD_BYTES),
+        return [Buffer("records", Space.SPAD, sum(self.records), int(bool(self.records)), align=REQUANT_RECORD_BYTES),
                 Buffer("scalars", Space.SPAD, WORD, self.scalars),
                 tile_buffers("tiles", self.tile_bytes, t0 * t1 * t2, bufs)]
 
