@@ -122,6 +122,8 @@ class VectorFunc(enum.IntEnum):
     RMIN = 34
     # int32 -> int8 with a fixed-point multiplier, shift and zero point (TFLite/gemmlowp rounding)
     REQUANT = 40
+    # int8/int32 -> int32 by the same records, a left shift first and no int8 saturation (TFLite Add's inputs)
+    RESCALE = 44
 
 
 REQUANT_RECORD_BYTES = 16   # a REQUANT record: int32 multiplier, shift, zero point, 0

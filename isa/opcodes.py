@@ -253,6 +253,9 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     # i32 -> i8 by records (Q31 multiplier, shift, zero point, 0): TFLite/gemmlowp rounding
     _vf(VectorFunc.REQUANT, lambda ns, x, r: ns.requantize(x, r[..., 0], r[..., 1], r[..., 2]), sources=2,
         src2_words=REQUANT_RECORD_BYTES // 4, types=frozenset({(DType.I32, DType.I8)})),
+    # i8/i32 -> i32 by records (Q31 multiplier, shift, zero point, left shift): TFLite Add's input scaling
+    _vf(VectorFunc.RESCALE, lambda ns, x, r: ns.rescale(x, r[..., 0], r[..., 1], r[..., 2], r[..., 3]), sources=2,
+        src2_words=REQUANT_RECORD_BYTES // 4, types=frozenset({(DType.I8, DType.I32), (DType.I32, DType.I32)})),
 )}
 # For the compiler (lower.codegen.vector, stagec.layers); the toolchain reads func_table("transcendental").
 TRANSCENDENTAL = frozenset(VectorFunc(f) for f, d in VECTOR_FUNCS.items() if d.transcendental)

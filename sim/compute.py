@@ -22,7 +22,7 @@ from stagec.isa.instructions import AccMode, DType, Opcode
 from stagec.isa.semantics import ACCUMULATE, Namespace, accumulate
 
 from .boxes import box, read
-from .fixed_point import requantize
+from .fixed_point import requantize, rescale
 from .fusion import matmul_blocks
 from .kernel import Kernel, Prepared, register
 
@@ -38,7 +38,8 @@ def _convert(x, to: DType):
     return x.astype(t)
 
 
-JAX = Namespace(jnp, lax.erf, lax.rsqrt, requantize, _convert)   # the vector functions' semantics, in JAX
+# the vector functions' semantics, in JAX
+JAX = Namespace(jnp, lax.erf, lax.rsqrt, requantize, _convert, rescale=rescale)
 
 
 def _rel(strides, dims) -> np.ndarray:
@@ -137,8 +138,8 @@ class Vector(Kernel):
         if node.acc != AccMode.OVERWRITE and (f.reads_dst or f.src2_words > 1):
             raise PlanError(f"instruction {node.index}: {f.name} with an accumulate mode")
         node.local("src1", "y", node.dtype)
-        if f.sources == 2:
-            node.local("src2", "z", node.dtype)
+        if f.sources == 2:   # records are int32 words whatever the source type (isa.opcodes Element.SOURCE2)
+            node.local("src2", "z", DType.I32 if f.src2_words > 1 else node.dtype)
         node.initial("x")
         dims = _dst_dims(f, node.n)
         if not is_dense(node.strides("x"), dims):

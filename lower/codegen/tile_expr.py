@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from stagec.isa.instructions import DType, Operand, Space, VectorFunc
 
 from ..graph.graph_ir import CONVERSIONS, RESULT_DTYPES, Expr
@@ -45,8 +47,14 @@ class ExprPlan:
     temps: int
 
 
-def plan(expr: Expr, n_inputs: int, writable: frozenset[int]) -> ExprPlan:
-    """In-place where a step is the last use of a writable tile (an input tile or an earlier result)."""
+def plan(expr: Expr, n_inputs: int, writable: frozenset[int], itemsizes=None) -> ExprPlan:
+    """In-place where a step is the last use of a writable tile (an input tile or an earlier result)
+    whose elements are no smaller than the step's (`itemsizes`: bytes of each input's elements; a
+    tile sized for int8 cannot take int32 results)."""
+    sizes = list(itemsizes or [4] * n_inputs)
+    for s in expr:
+        sizes.append(np.dtype(RESULT_DTYPES[s.func]).itemsize if s.func in RESULT_DTYPES
+                     else sizes[s.args[2] if s.func == "select" else s.args[0]])
     last_use = {}
     for j, step in enumerate(expr):
         for a in step.args:
@@ -56,7 +64,8 @@ def plan(expr: Expr, n_inputs: int, writable: frozenset[int]) -> ExprPlan:
     for j, step in enumerate(expr):
         # select(pred, on_false, on_true) first copies on_false to its destination: only that tile
         # may be overwritten in place
-        candidates = step.args[1:2] if step.func == "select" else step.args
+        candidates = [a for a in (step.args[1:2] if step.func == "select" else step.args)
+                      if sizes[a] >= sizes[n_inputs + j]]
         chosen = next((slot_of[a] for a in candidates if a in slot_of and last_use.get(a) == j), None)
         for a in step.args:   # values dying here free their temporaries for later steps
             if a in slot_of and last_use.get(a) == j and slot_of[a] != chosen and slot_of[a][0] == "tmp":

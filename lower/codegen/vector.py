@@ -112,7 +112,7 @@ class Elementwise:
                              if all(inner_s[i + 1][d] or inner[d] == 1 for d in range(3)))
         # a broadcast scalar (a constant of the expression) is loaded once, not per tile
         scalars = frozenset(k for i, k in enumerate(data) if not any(inner_s[i + 1]) and not any(lead_s[i + 1]))
-        p = tile_expr.plan(self.expr, len(inputs), writable)
+        p = tile_expr.plan(self.expr, len(inputs), writable, [t.dtype.itemsize for t in inputs])
         loaded = [i for i, k in enumerate(data) if k not in scalars]
         return _ElementwisePlan(records, data, views, lead, lead_s, inner, inner_s, scalars, loaded, p,
                                 ElementwiseBuffers(len(loaded), p.temps, len(records), len(scalars)))

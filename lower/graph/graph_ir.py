@@ -23,7 +23,9 @@ CONV/MATMUL result and whose other inputs are the node's trailing inputs `e*`:
 it runs on the accumulator tile before the store, so the result never
 round-trips through DRAM.  `requant(x, r)` takes int32 x to int8 (isa REQUANT):
 r is an int32 constant of shape [..., 4] whose leading dims broadcast to x, one
-record (multiplier, shift, zero point, 0) per element.
+record (multiplier, shift, zero point, 0) per element.  `rescale(x, r)` takes int8
+or int32 x to int32 (isa RESCALE, TFLite Add's input scaling): records (multiplier,
+shift, zero point, left shift), x shifted left first, the result not saturated to int8.
 """
 
 from __future__ import annotations
@@ -148,8 +150,9 @@ def _ty_of(a: np.ndarray) -> str:
 
 
 CONVERSIONS = {"to_f32": "float32", "to_i32": "int32"}
-RESULT_DTYPES = {**CONVERSIONS, "requant": "int8"}   # steps whose result type is not their first operand's
+RESULT_DTYPES = {**CONVERSIONS, "requant": "int8", "rescale": "int32"}   # result type not the first operand's
 RECORD_WORDS = 4                                      # int32 words of one requant record
+RECORD_STEPS = frozenset({"requant", "rescale"})      # steps whose second argument is records
 
 
 def storage_dtype(dtype) -> str:
@@ -171,8 +174,8 @@ def expr_dtype(expr: Expr, input_dtypes) -> list[str]:
 
 
 def record_inputs(expr: Expr) -> frozenset[int]:
-    """The expr arguments read as requant records (each step's second argument)."""
-    return frozenset(s.args[1] for s in expr or () if s.func == "requant")
+    """The expr arguments read as requant records (each requant's or rescale's second argument)."""
+    return frozenset(s.args[1] for s in expr or () if s.func in RECORD_STEPS)
 
 
 def expr_inputs(node: Node) -> int:

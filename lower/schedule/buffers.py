@@ -195,7 +195,8 @@ def epilogue_layout(node: Node) -> EpilogueLayout | None:
         item = REQUANT_RECORD_BYTES if record else DTYPE_OF[v.dtype].itemsize
         inputs.append(EpilogueInput(kind, record, spans, item))
     writable = frozenset({0} | {k + 1 for k, i in enumerate(inputs) if i.kind == "tile" and all(i.spans)})
-    return EpilogueLayout(expr, tuple(inputs), tile_expr.plan(expr, len(inputs) + 1, writable))
+    sizes = [4] + [i.itemsize for i in inputs]   # the accumulator's elements are 4 bytes
+    return EpilogueLayout(expr, tuple(inputs), tile_expr.plan(expr, len(inputs) + 1, writable, sizes))
 
 
 def epilogue_extras(node: Node) -> Extras:
