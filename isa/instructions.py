@@ -124,6 +124,8 @@ class VectorFunc(enum.IntEnum):
     REQUANT = 40
     # int8 -> int8 through a 256-entry int8 table (src2): dst = table[src1 + 128]
     LUT = 41
+    # int8/int32 -> int32 by the same records, a left shift first and no int8 saturation (TFLite Add's inputs)
+    RESCALE = 44
 
 
 REQUANT_RECORD_BYTES = 16   # a REQUANT record: int32 multiplier, shift, zero point, saturation bounds

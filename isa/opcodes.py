@@ -262,6 +262,10 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     # activation function (sigmoid, tanh, GELU, hardswish, ...) at the scales the compiler chose
     _vf(VectorFunc.LUT, lookup, sources=2, src2_words=LUT_ENTRIES, src2_dtype=int(DType.I8), src2_once=True,
         types=frozenset({(DType.I8, DType.I8)})),
+    # i8/i32 -> i32 by records (Q31 multiplier, shift, zero point, left shift): TFLite Add's input scaling
+    _vf(VectorFunc.RESCALE, lambda ns, x, r: ns.rescale(x, r[..., 0], r[..., 1], r[..., 2], r[..., 3]), sources=2,
+        src2_words=REQUANT_RECORD_BYTES // 4, src2_dtype=int(DType.I32),
+        types=frozenset({(DType.I8, DType.I32), (DType.I32, DType.I32)})),
 )}
 # For the compiler (lower.codegen.vector, stagec.layers); the toolchain reads func_table("transcendental").
 TRANSCENDENTAL = frozenset(VectorFunc(f) for f, d in VECTOR_FUNCS.items() if d.transcendental)

@@ -29,6 +29,7 @@ class Namespace:
     rsqrt: Callable
     requantize: Callable    # (x, multiplier, shift, zero point, bounds) -> int8
     convert: Callable       # (x, DType) -> x as that type, as COPY converts
+    rescale: Callable       # (x, multiplier, shift, zero point, left shift) -> int32
 
 
 def convert(x: np.ndarray, to: DType) -> np.ndarray:
@@ -61,6 +62,27 @@ def pad_value(kind: PadValue, dtype: DType):
     return t.type(info.min if kind == PadValue.NEG_INF else info.max)
 
 
+def _scaled(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, left: np.ndarray) -> np.ndarray:
+    """TFLite's MultiplyByQuantizedMultiplier of x shifted left by `left` first (int64 results): a
+    left shift saturating to int32 (by `left` + max(shift, 0)), a saturating rounding doubling high
+    multiply by the Q31 `multiplier`, a rounding right shift by max(-shift, 0), ties away from zero."""
+    x = x.astype(np.int64)
+    m = multiplier.astype(np.int64)
+    shift = shift.astype(np.int64)
+    x = x << np.minimum(np.clip(left.astype(np.int64), 0, 32) + np.maximum(shift, 0), 32)   # 32 saturates any int32
+    x = np.clip(x, -2**31, 2**31 - 1)   # the left shift saturates as the 32-bit hardware would
+    prod = x * m
+    nudge = np.where(prod >= 0, 1 << 30, 1 - (1 << 30))
+    num = prod + nudge
+    high = np.where(num >= 0, num >> 31, -((-num) >> 31))   # C division truncates toward zero
+    high = np.where((x == -2**31) & (m == -2**31), 2**31 - 1, high)
+    right = np.maximum(-shift, 0)
+    mask = (np.int64(1) << right) - 1
+    remainder = high & mask
+    threshold = (mask >> 1) + (high < 0)
+    return (high >> right) + (remainder > threshold)
+
+
 def saturation_bounds(bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(lo, hi) of a record's bounds word: bits 0-7 hold lo + 128, bits 8-15 hold 127 - hi (the
     higher bits are ignored), so 0 is the whole int8 range and a fused clamp (ReLU6, hardtanh) is
@@ -75,21 +97,7 @@ def requantize(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, zero_po
     high multiply by the Q31 `multiplier`, a rounding shift (positive = left, negative = right,
     ties away from zero), plus `zero_point`, saturated to [-128, 127], then to the record's
     [lo, hi] (`saturation_bounds`: max with lo, then min with hi)."""
-    x = x.astype(np.int64)
-    m = multiplier.astype(np.int64)
-    shift = shift.astype(np.int64)
-    x = x << np.maximum(shift, 0)
-    x = np.clip(x, -2**31, 2**31 - 1)   # the left shift saturates as the 32-bit hardware would
-    prod = x * m
-    nudge = np.where(prod >= 0, 1 << 30, 1 - (1 << 30))
-    num = prod + nudge
-    high = np.where(num >= 0, num >> 31, -((-num) >> 31))   # C division truncates toward zero
-    high = np.where((x == -2**31) & (m == -2**31), 2**31 - 1, high)
-    right = np.maximum(-shift, 0)
-    mask = (np.int64(1) << right) - 1
-    remainder = high & mask
-    threshold = (mask >> 1) + (high < 0)
-    rounded = (high >> right) + (remainder > threshold)
+    rounded = _scaled(x, multiplier, shift, np.zeros((), np.int64))
     lo, hi = saturation_bounds(bounds)
     y = np.clip(rounded + zero_point.astype(np.int64), -128, 127)
     return np.minimum(np.maximum(y, lo), hi).astype(np.int8)
@@ -103,5 +111,13 @@ def lookup(ns: Namespace, x, table):
     return ns.xp.take_along_axis(table.reshape(*lead, table.shape[-1]), idx, axis=-1).reshape(x.shape)
 
 
+def rescale(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, zero_point: np.ndarray,
+            left: np.ndarray) -> np.ndarray:
+    """int8 or int32 -> int32 as TFLite Add scales each input: x * 2**max(left, 0) (saturating), then
+    MultiplyByQuantizedMultiplier as `requantize`, plus `zero_point`, saturated to int32."""
+    rounded = _scaled(x, multiplier, shift, left)
+    return np.clip(rounded + zero_point.astype(np.int64), -2**31, 2**31 - 1).astype(np.int32)
+
+
 NUMPY = Namespace(np, lambda x: _erf(x.astype(np.float64)).astype(x.dtype),
-                  lambda x: x.dtype.type(1) / np.sqrt(x), requantize, convert)
+                  lambda x: x.dtype.type(1) / np.sqrt(x), requantize, convert, rescale=rescale)

@@ -22,7 +22,7 @@ from stagec.isa.instructions import AccMode, DType, Opcode
 from stagec.isa.semantics import ACCUMULATE, Namespace, accumulate
 
 from .boxes import box, read
-from .fixed_point import requantize
+from .fixed_point import requantize, rescale
 from .fusion import matmul_blocks
 from .kernel import Kernel, Prepared, register
 
@@ -38,7 +38,8 @@ def _convert(x, to: DType):
     return x.astype(t)
 
 
-JAX = Namespace(jnp, lax.erf, lax.rsqrt, requantize, _convert)   # the vector functions' semantics, in JAX
+# the vector functions' semantics, in JAX
+JAX = Namespace(jnp, lax.erf, lax.rsqrt, requantize, _convert, rescale=rescale)
 
 
 def _rel(strides, dims) -> np.ndarray:

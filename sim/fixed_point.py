@@ -1,4 +1,5 @@
-"""REQUANT in 32-bit JAX arithmetic, bit for bit equal to isa.semantics.requantize.
+"""REQUANT and RESCALE in 32-bit JAX arithmetic, bit for bit equal to isa.semantics.requantize and
+isa.semantics.rescale.
 
 JAX runs without x64, so the 64-bit product of gemmlowp's saturating rounding
 doubling high multiply is formed from 16-bit limbs in uint32 (its magnitude, the
@@ -70,12 +71,18 @@ def _rounding_right_shift(x, right):
     return jnp.where(right > 31, beyond, rounded)
 
 
-def _saturating_add_int8(x, zero_point):
-    """clip(x + zero_point) to [-128, 127] for any int32 x and zero_point."""
-    s = _i32(_u32(x) + _u32(zero_point))                        # wraps on overflow
-    overflow = ((x < 0) == (zero_point < 0)) & ((s < 0) != (x < 0))
-    s = jnp.where(overflow, jnp.where(x < 0, INT32_MIN, INT32_MAX), s)
-    return jnp.clip(s, -128, 127).astype(jnp.int8)
+def _saturating_add(x, y):
+    """x + y for any int32 x and y, saturated to int32."""
+    s = _i32(_u32(x) + _u32(y))                                 # wraps on overflow
+    overflow = ((x < 0) == (y < 0)) & ((s < 0) != (x < 0))
+    return jnp.where(overflow, jnp.where(x < 0, INT32_MIN, INT32_MAX), s)
+
+
+def _scaled(x, multiplier, shift, left):
+    """MultiplyByQuantizedMultiplier of x shifted left by `left` first (isa.semantics._scaled)."""
+    x = _saturating_left_shift(x, jnp.minimum(left, 32) + jnp.maximum(shift, 0))
+    high = saturating_rounding_doubling_high_mul(x, multiplier)
+    return _rounding_right_shift(high, jnp.maximum(-shift, 0))
 
 
 def requantize(x, multiplier, shift, zero_point, bounds=0):
@@ -83,8 +90,15 @@ def requantize(x, multiplier, shift, zero_point, bounds=0):
     zero point, saturated, then the record's saturation bounds), on int32 arrays that broadcast together."""
     x, multiplier, shift, zero_point, bounds = (jnp.asarray(v, jnp.int32)
                                                 for v in (x, multiplier, shift, zero_point, bounds))
-    x = _saturating_left_shift(x, jnp.maximum(shift, 0))
-    high = saturating_rounding_doubling_high_mul(x, multiplier)
-    y = _saturating_add_int8(_rounding_right_shift(high, jnp.maximum(-shift, 0)), zero_point)
+    scaled = _scaled(x, multiplier, shift, jnp.zeros((), jnp.int32))
+    y = jnp.clip(_saturating_add(scaled, zero_point), -128, 127).astype(jnp.int8)
     lo, hi = (-128 + (bounds & 255)).astype(jnp.int8), (127 - (bounds >> 8 & 255)).astype(jnp.int8)
     return jnp.minimum(jnp.maximum(y, lo), hi)
+
+
+def rescale(x, multiplier, shift, zero_point, left):
+    """int8/int32 -> int32 as isa.semantics.rescale (TFLite Add's input scaling: a left shift, then
+    MultiplyByQuantizedMultiplier, plus the zero point, saturated to int32)."""
+    x, multiplier, shift, zero_point, left = (jnp.asarray(v, jnp.int32)
+                                              for v in (x, multiplier, shift, zero_point, left))
+    return _saturating_add(_scaled(x, multiplier, shift, jnp.maximum(left, 0)), zero_point)

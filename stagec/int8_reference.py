@@ -53,16 +53,23 @@ def rounding_shift_right(x: np.ndarray, exponent: np.ndarray) -> np.ndarray:
     return (x >> exponent) + (remainder > threshold)
 
 
+def _multiply_by_quantized_multiplier(x: np.ndarray, multiplier, shift, pre_shift=0) -> np.ndarray:
+    """TFLite's MultiplyByQuantizedMultiplier of x * 2**pre_shift: one left shift by pre_shift +
+    max(shift, 0) that saturates to int32 (as 32-bit hardware's), SaturatingRoundingDoublingHighMul,
+    RoundingDivideByPOT by max(-shift, 0)."""
+    left, right = np.maximum(shift, 0) + pre_shift, np.maximum(-shift, 0)
+    big = np.abs(x) >= np.int64(1) << np.maximum(31 - left, 0)     # |x| << left would leave int64 too
+    shifted = np.clip(np.where(big, np.sign(x) * 2**31, x.astype(np.int64) << np.minimum(left, 32)), *INT32)
+    return rounding_shift_right(high_mul(shifted, multiplier), right)
+
+
 def requantize(x: np.ndarray, record: np.ndarray) -> np.ndarray:
     """int32 x to int8 by a record (Q31 multiplier, shift, zero point, bounds): TFLite's
-    MultiplyByQuantizedMultiplier (a left shift that saturates to int32, as 32-bit hardware's),
-    plus the zero point, saturated to [-128, 127], then clamped to TFLite's activation range
-    [activation_min, activation_max]: the bounds word's low byte is activation_min + 128, its
-    second byte 127 - activation_max (0: the whole int8 range)."""
+    MultiplyByQuantizedMultiplier, plus the zero point, saturated to [-128, 127], then clamped to
+    TFLite's activation range [activation_min, activation_max]: the bounds word's low byte is
+    activation_min + 128, its second byte 127 - activation_max (0: the whole int8 range)."""
     multiplier, shift, zero_point, bounds = (record[..., i].astype(np.int64) for i in range(4))
-    left, right = np.maximum(shift, 0), np.maximum(-shift, 0)
-    shifted = np.clip(x.astype(np.int64) * (np.int64(1) << left), *INT32)
-    y = np.clip(rounding_shift_right(high_mul(shifted, multiplier), right) + zero_point, -128, 127)
+    y = np.clip(_multiply_by_quantized_multiplier(x.astype(np.int64), multiplier, shift) + zero_point, -128, 127)
     activation_min, activation_max = bounds % 256 - 128, 127 - bounds // 256 % 256
     return np.minimum(np.maximum(y, activation_min), activation_max).astype(np.int8)
 
@@ -72,6 +79,15 @@ def lookup(x: np.ndarray, table: np.ndarray) -> np.ndarray:
     if table.shape != (256,) or table.dtype != np.int8:
         raise ValueError(f"a lut table has 256 int8 entries, not {table.dtype}{list(table.shape)}")
     return table[x.astype(np.int64) + 128]
+
+
+def rescale(x: np.ndarray, record: np.ndarray) -> np.ndarray:
+    """int8 or int32 x to int32 by a record (Q31 multiplier, shift, zero point, left shift): TFLite
+    Add's scaling of an input (x << left_shift, then MultiplyByQuantizedMultiplier), plus the zero
+    point, saturated to int32 (held in int64)."""
+    multiplier, shift, zero_point, pre = (record[..., i].astype(np.int64) for i in range(4))
+    y = _multiply_by_quantized_multiplier(x.astype(np.int64), multiplier, shift, np.clip(pre, 0, 32)) + zero_point
+    return np.clip(y, *INT32)
 
 
 def _to_i32(x: np.ndarray) -> np.ndarray:
@@ -98,6 +114,7 @@ STEPS = {
     "cmp_gt": _cmp(np.greater), "cmp_ge": _cmp(np.greater_equal), "cmp_eq": _cmp(np.equal),
     "cmp_ne": _cmp(np.not_equal), "select": lambda p, f, t: np.where(p != 0, t, f),
     "to_f32": lambda x: x.astype(np.float32), "to_i32": _to_i32, "requant": requantize, "lut": lookup,
+    "rescale": rescale,
 }
 
 

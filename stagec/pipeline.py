@@ -41,7 +41,7 @@ from stagec.lower.graph.calibrate import calibrate
 from stagec.lower.graph.canonicalize import canonicalize
 from stagec.lower.graph.graph_ir import Graph
 from stagec.lower.graph.passes import dce, defer_row_scale, fold_affine, fuse_elementwise, fuse_epilogues, sink_reshapes
-from stagec.lower.graph.quantize import QuantParams
+from stagec.lower.graph.quantize import QuantParams, split_residuals
 from stagec.lower.graph.quantize import quantize as quantize_graph
 from stagec.lower.schedule.layout import Layout, assign_layout
 from stagec.lower.schedule.mapper import Schedule, make_schedule
@@ -221,6 +221,8 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("fold_affine", GraphPass(fold_affine)),
     # int8: a conv/matmul's activation function (not a clamp) -> an elementwise node, calibrated apart
     Stage("split_activations", GraphPass(split_activations), when=_quantizing),
+    # int8: residual adds out of conv/matmul epilogues, so the conv's own result is calibrated
+    Stage("split_residuals", GraphPass(split_residuals), when=_quantizing),
     # int8: every fp32 value's range over the calibration batches
     Stage("calibrate", _calibrate, show=_amax_table, when=_quantizing),
     # int8: int8 CONV/MATMUL, QUANTIZE/DEQUANTIZE at the fp32 islands' boundaries

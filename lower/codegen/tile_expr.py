@@ -47,7 +47,8 @@ class ExprPlan:
 
 
 def plan(expr: Expr, n_inputs: int, writable: frozenset[int]) -> ExprPlan:
-    """In-place where a step is the last use of a writable tile (an input tile or an earlier result)."""
+    """In-place where a step is the last use of a writable tile (an input tile or an earlier result);
+    a slot is then as wide as the widest value it holds (slot_itemsizes)."""
     last_use = {}
     for j, step in enumerate(expr):
         for a in step.args:

@@ -9,13 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from stagec.isa.semantics import requantize
+from stagec.isa.semantics import requantize, rescale
 
 from .graph_ir import Expr, Graph, Node, OpKind
 
 
 def _requant(x, records):
     return jnp.asarray(requantize(np.asarray(x), *(np.asarray(records)[..., i] for i in range(4))))
+
+
+def _rescale(x, records):
+    return jnp.asarray(rescale(np.asarray(x), *(np.asarray(records)[..., i] for i in range(4))))
 
 
 STEP_FUNCS = {
@@ -27,7 +31,7 @@ STEP_FUNCS = {
     "cmp_eq": lambda a, b: (a == b).astype(a.dtype), "cmp_ne": lambda a, b: (a != b).astype(a.dtype),
     "select": lambda p, f, t: jnp.where(p != 0, t, f),
     "to_f32": lambda x: x.astype(jnp.float32), "to_i32": lambda x: jnp.trunc(x).astype(jnp.int32),
-    "requant": _requant, "lut": lambda x, table: jnp.take(table, x.astype(jnp.int32) + 128),
+    "requant": _requant, "rescale": _rescale, "lut": lambda x, table: jnp.take(table, x.astype(jnp.int32) + 128),
 }
 ACC_TYPE = {jnp.dtype(jnp.int8): jnp.int32}   # int8 products and sums accumulate in int32
 

@@ -25,7 +25,10 @@ round-trips through DRAM.  `requant(x, r)` takes int32 x to int8 (isa REQUANT):
 r is an int32 constant of shape [..., 4] whose leading dims broadcast to x, one
 record (multiplier, shift, zero point, saturation bounds) per element.  `lut(x, t)`
 takes int8 x to int8 t[x + 128] (isa LUT): t is one int8 table of 256 entries.
-Both second operands are records (`RECORDS`): constants whose last dim is the record's.
+`rescale(x, r)` takes int8 or int32 x to int32 (isa RESCALE, TFLite Add's input scaling):
+records (multiplier, shift, zero point, left shift), x shifted left first, the result not
+saturated to int8.  The second operands of all three are records (`RECORDS`): constants whose
+last dim is the record's.
 """
 
 from __future__ import annotations
@@ -151,10 +154,10 @@ def _ty_of(a: np.ndarray) -> str:
 
 
 CONVERSIONS = {"to_f32": "float32", "to_i32": "int32"}
-RESULT_DTYPES = {**CONVERSIONS, "requant": "int8", "lut": "int8"}   # steps whose result type is not their first
-RECORD_WORDS = 4                                      # int32 words of one requant record
-RECORDS = {"requant": RECORD_WORDS, "lut": LUT_ENTRIES}   # steps whose second operand is records: their words
-RECORD_DTYPES = {"requant": "int32", "lut": "int8"}
+RESULT_DTYPES = {**CONVERSIONS, "requant": "int8", "lut": "int8", "rescale": "int32"}   # result type not the first's
+RECORD_WORDS = 4                                      # int32 words of one requant or rescale record
+RECORDS = {"requant": RECORD_WORDS, "rescale": RECORD_WORDS, "lut": LUT_ENTRIES}   # steps reading records: words
+RECORD_DTYPES = {"requant": "int32", "rescale": "int32", "lut": "int8"}
 
 
 def storage_dtype(dtype) -> str:
@@ -195,7 +198,7 @@ def check_records(node: Node) -> None:
         v = node.inputs[s.args[1] + first]
         shape = (LUT_ENTRIES,) if s.func == "lut" else v.shape[:-1] + (RECORD_WORDS,)
         if v.dtype != RECORD_DTYPES[s.func] or v.shape != shape:
-            what = "a lut table" if s.func == "lut" else "requant records"
+            what = "a lut table" if s.func == "lut" else f"{s.func} records"
             raise LoweringError(f"{node.name}: {what} must be {RECORD_DTYPES[s.func]}[{','.join(map(str, shape))}], "
                                 f"not {_ty(v)}")
 

@@ -10,12 +10,27 @@ multiplies int8 x int8 -> int32 on the array; its epilogue is then
     rounding to nearest, saturating to the clamp's bounds on the int8 grid: ReLU,
     ReLU6, hardtanh; lower.graph.activations);
   - otherwise fp32: the accumulator is dequantized per channel (to_f32, times
-    s_x * s_w) and the original epilogue runs on it (a residual add, GELU, ...).
+    s_x * s_w) and the original epilogue runs on it (GELU, ...).
+
+A residual add in an epilogue is split off before calibration (`split_residuals`), so the
+conv's own result gets a range, an int8 result and a TFLite Add; fusion puts the add back
+into the epilogue afterwards.  Int8 integer ops with TFLite's semantics (zero points 0):
+
+  - an add of two int8 values [then ReLU] (TFLite Add): each input shifted left by 20 bits
+    and RESCALEd to the common scale 2 max(s_a, s_b) / 2**20, an int32 add, REQUANT to s_y;
+  - a concatenation stays int8 at its calibrated scale; each input whose only use is the
+    concat is given the concat's range at quantization time (TFLite's shared scale), any
+    other input at another scale is requantized to it (to_i32, REQUANT by s_in / s_out);
+  - an average (a window or reduction sum times 1/count) is the int32 sum requantized by
+    s_in / (count * s_out) (TFLite Mean); where the count varies per window (padding left
+    out of the count, ceil mode) the sum is first multiplied by the int32 L / count, L the
+    least common multiple of the counts, and requantized by s_in / (L * s_out).
 
 Max pooling, max/min reductions, lone ReLUs and views (reshape, transpose, slice,
-broadcast, zero padding) keep int8 and the scale; sums of int8 accumulate in int32.  Any
-other expression of one int8 value and scalar constants (a clamp, hardswish, sigmoid, GELU,
-...) is a 256-entry table lookup (lower.graph.activations), int8 to int8.  Every
+broadcast, zero padding) keep int8 and the scale; sums of int8 accumulate in int32 (and are
+dequantized when no average takes them).  Any other expression of one int8 value and scalar
+constants (a clamp, hardswish, sigmoid, GELU, ...) is a 256-entry table lookup
+(lower.graph.activations), int8 to int8.  Every
 other op runs in fp32 on the vector unit; the pass inserts QUANTIZE (x * 256/s,
 truncate to int32, REQUANT by exactly 1/256: round half away from zero) and
 DEQUANTIZE (to_f32, times s) nodes at the boundaries, once per value.  Fusion
@@ -24,6 +39,7 @@ afterwards folds them into their neighbours' expressions and epilogues.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -33,8 +49,8 @@ from stagec.errors import QuantizationError
 from stagec.rule_tables import registrar
 
 from .activations import bias_steps, clamp_bounds, int8_bounds, integer_matrix, lut_table, scalar, unary_input
-from .graph_ir import Graph, Node, OpKind, Step, Value
-from .requant import QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, records
+from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value
+from .requant import QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, add_records, records
 
 QMAX = 127
 INT8_VIEWS = frozenset({OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.SLICE, OpKind.BROADCAST})
@@ -63,6 +79,7 @@ class _Rewriter:
         self.int8: dict[int, Value] = {}     # original value id -> its int8 version
         self.fp32: dict[int, Value] = {v.id: v for v in graph.inputs}   # original id -> its fp32 version
         self.scales: dict[int, float] = {}   # int8 value id -> scale
+        self.sums: dict[int, tuple[Value, float]] = {}   # original id -> its int32 sum of int8 values, their scale
 
     def fresh(self, shape, dtype: str = "float32") -> Value:
         return Value(next(self.ids), tuple(shape), dtype)
@@ -108,8 +125,8 @@ class _Rewriter:
         if v.id in self.consts:
             return v
         if v.id not in self.fp32:
-            q = self.int8[v.id]
-            self.fp32[v.id] = self.dequantize(q, self.scales[q.id], self.names[v.id])
+            q, scale = self.sums[v.id] if v.id in self.sums else (self.int8[v.id], self.scales[self.int8[v.id].id])
+            self.fp32[v.id] = self.dequantize(q, scale, self.names[v.id])
         return self.fp32[v.id]
 
     def keep_fp32(self, node: Node) -> None:
@@ -124,8 +141,19 @@ class _Rewriter:
                                node.name))
         if dtype == "int8":
             self.int8[node.output.id], self.scales[out.id] = out, scale
-        else:   # an int32 sum of int8 values at `scale`: dequantized at once
-            self.fp32[node.output.id] = self.dequantize(out, scale, node.name)
+        else:   # an int32 sum of int8 values at `scale`: an average requantizes it, anything else dequantizes it
+            self.sums[node.output.id] = (out, scale)
+
+    def requantized(self, q: Value, scale: float, name: str) -> Value:
+        """int8 `q` at `scale` (TFLite's int8 -> int8 REQUANTIZE: to_i32, REQUANT by s_q / scale)."""
+        if self.scales[q.id] == scale:
+            return q
+        out = self.fresh(q.shape, "int8")
+        rec = self.const(records(self.scales[q.id] / scale, f"{name}: requantization"))
+        self.emit(OpKind.ELEMENTWISE, (q, rec), out, f"{name}/requantize",
+                  expr=(Step("to_i32", (0,)), Step("requant", (2, 1))))
+        self.scales[out.id] = scale
+        return out
 
 
 QUANT_RULES = {}
@@ -211,19 +239,37 @@ def _window(rw: _Rewriter, node: Node) -> None:
 
 @register(*INT8_VIEWS, OpKind.PAD)
 def _view(rw: _Rewriter, node: Node) -> None:
+    """Views and zero padding keep an int8 value int8 at its scale, an int32 sum int32."""
     x = node.inputs[0]
-    if x.id not in rw.int8 or (node.op == OpKind.PAD and node.attr("value") != 0):
+    if node.op == OpKind.PAD and node.attr("value") != 0:
+        return rw.keep_fp32(node)
+    if x.id in rw.sums and node.op in INT8_VIEWS:
+        q, scale = rw.sums[x.id]
+        return rw.int8_result(node, (q,), scale, "int32")
+    if x.id not in rw.int8:
         return rw.keep_fp32(node)
     q = rw.int8[x.id]
     rw.int8_result(node, (q,), rw.scales[q.id])
 
 
+@register(OpKind.CONCAT)
+def _concat(rw: _Rewriter, node: Node) -> None:
+    """Int8 at the concat's calibrated scale, inputs at another scale requantized to it."""
+    if any(v.id not in rw.int8 for v in node.inputs):
+        return rw.keep_fp32(node)
+    scale = rw.scale_of(node.output)
+    rw.int8_result(node, [rw.requantized(rw.int8[v.id], scale, node.name) for v in node.inputs], scale)
+
+
 @register(OpKind.ELEMENTWISE)
 def _elementwise(rw: _Rewriter, node: Node) -> None:
-    """An expression of one int8 value and scalar constants stays int8: a lone ReLU at the value's
-    scale (the zero point is 0), any other as a table lookup (lower.graph.activations) -- to the
-    value's own scale for a clamp, which only narrows the range its int8 grid already holds, to the
+    """An add of two int8 values [then ReLU] is a TFLite Add, a sum times 1/count an average; an
+    expression of one int8 value and scalar constants stays int8: a lone ReLU at the value's scale
+    (the zero point is 0), any other as a table lookup (lower.graph.activations) -- to the value's
+    own scale for a clamp, which only narrows the range its int8 grid already holds, to the
     result's calibrated scale for the rest.  Any other expression runs in fp32."""
+    if _int8_add(rw, node) or _average(rw, node):
+        return
     expr = node.attr("expr")
     k = unary_input(expr, node.inputs, rw.consts)
     if k is None or node.inputs[k].id not in rw.int8 or node.output.dtype != "float32":
@@ -241,10 +287,123 @@ def _elementwise(rw: _Rewriter, node: Node) -> None:
     rw.int8_result(node, (q, rw.const(table)), s_out, expr=(Step("lut", (0, 1)),))
 
 
+def _int8_add(rw: _Rewriter, node: Node) -> bool:
+    """add(a, b) [relu] of int8 a and b as TFLite's int8 Add (lower.graph.requant.add_records)."""
+    expr, n = node.attr("expr"), len(node.inputs)
+    if (not expr or expr[0].func != "add" or expr[1:] not in ((), (Step("relu", (n,)),))
+            or any(v.id not in rw.int8 for v in node.inputs)):
+        return False
+    a, b = (rw.int8[node.inputs[k].id] for k in expr[0].args)
+    s_y = rw.scale_of(node.output)
+    recs = add_records(rw.scales[a.id], rw.scales[b.id], s_y, f"{node.name}: add")
+    steps = (Step("rescale", (0, 2)), Step("rescale", (1, 3)), Step("add", (5, 6)), Step("requant", (7, 4)))
+    rw.int8_result(node, (a, b, *(rw.const(r) for r in recs)), s_y,
+                   expr=steps + ((Step("relu", (8,)),) if len(expr) == 2 else ()))
+    return True
+
+
+def _average(rw: _Rewriter, node: Node) -> bool:
+    """mul(sum, 1/count) of an int32 sum of int8 values: int8 at the result's scale (module doc)."""
+    expr, ins = node.attr("expr"), node.inputs
+    if expr not in ((Step("mul", (0, 1)),), (Step("mul", (1, 0)),)) or len(ins) != 2:
+        return False
+    (total, c), = [(x, k) for x, k in (ins, ins[::-1]) if x.id in rw.sums and k.id in rw.consts] or [(None, None)]
+    counts = _counts(rw.consts[c.id]) if total is not None else None
+    if counts is None:
+        return False
+    q, s_in = rw.sums[total.id]
+    s_y = rw.scale_of(node.output)
+    common = math.lcm(*np.unique(counts).tolist())
+    if common * QMAX * counts.max() >= 2**31:
+        return False
+    rec = rw.const(records(s_in / (common * s_y), f"{node.name}: average"))
+    if (counts == common).all():
+        return rw.int8_result(node, (q, rec), s_y, expr=(Step("requant", (0, 1)),)) or True
+    factor = rw.const((common // counts).astype(np.int32))
+    rw.int8_result(node, (q, factor, rec), s_y, expr=(Step("mul", (0, 1)), Step("requant", (3, 2))))
+    return True
+
+
+def _counts(c: np.ndarray) -> np.ndarray | None:
+    """The integer counts whose reciprocals `c` holds (to float32 rounding), or None."""
+    c = np.asarray(c, np.float64)
+    if c.size == 0 or not (c > 0).all() or not np.isfinite(c).all():
+        return None
+    counts = np.rint(1 / c)
+    ok = (counts >= 1).all() and np.allclose(c * counts, 1, rtol=1e-6, atol=0) and counts.max() < 2**16
+    return counts.astype(np.int64) if ok else None
+
+
+def _shared_concat_ranges(graph: Graph, amax: dict[int, float]) -> dict[int, float]:
+    """`amax` with each concat input whose only use is the concat given the concat's range (never
+    smaller than its own: the concat holds it), so it is produced at the concat's scale (TFLite's
+    int8 concatenation shares one scale).  Outer concats first, so nested ones pass it inward."""
+    amax, uses = dict(amax), graph.consumers()
+    outputs = {v.id for v in graph.outputs}
+    for node in reversed(graph.nodes):
+        if node.op != OpKind.CONCAT or node.output.id not in amax:
+            continue
+        for v in node.inputs:
+            if len(uses[v.id]) == 1 and v.id not in outputs and v.id in amax:
+                amax[v.id] = max(amax[v.id], amax[node.output.id])
+    return amax
+
+
+def split_residuals(graph: Graph) -> Graph:
+    """A CONV/MATMUL with constant weights whose epilogue is [bias] add(residual) [relu] becomes the
+    CONV/MATMUL with [bias] and an ELEMENTWISE add [relu]: calibration then sees the conv's own
+    result, which int8 needs (a TFLite Add takes two int8 values).  fuse_quantized fuses the add
+    back, under the fused node's name."""
+    ids, nodes = graph.fresh_ids(), []
+    for node in graph.nodes:
+        split = _residual_split(graph, node)
+        if split is None:
+            nodes.append(node)
+            continue
+        bias, residual, relu = split
+        conv_name, _, add_name = node.name.partition("+")
+        acc = Value(next(ids), node.output.shape, node.output.dtype)
+        nodes.append(Node(node.op, node.inputs[:2] + bias, acc,
+                          _attrs_with(node, epilogue=(Step("add", (0, 1)),) if bias else None), conv_name))
+        nodes.append(Node(OpKind.ELEMENTWISE, (acc, residual), node.output,
+                          (("expr", (Step("add", (0, 1)),) + ((Step("relu", (2,)),) if relu else ())),),
+                          add_name or f"{node.name}/residual"))
+    return Graph(graph.inputs, graph.outputs, tuple(nodes), graph.constants)
+
+
+def _attrs_with(node: Node, **changes) -> tuple:
+    return tuple(sorted((k, v) for k, v in {**dict(node.attrs), **changes}.items() if v is not None))
+
+
+def _residual_split(graph: Graph, node: Node):
+    """((bias input) or (), residual input, relu?) of a quantizable CONV/MATMUL whose epilogue is
+    [add(acc, constant bias)] add(·, activation) [relu], else None."""
+    w, expr = node.inputs[1] if len(node.inputs) > 1 else None, node.attr("epilogue") or ()
+    if (node.op not in MATRIX_OPS or w.id not in graph.constants or node.op == OpKind.MATMUL and len(w.shape) != 2
+            or not expr):
+        return None
+    n_in, consts = len(node.inputs) - 1, graph.constants
+    bias, cur, k = (), 0, 0
+    first = expr[0]
+    if first.func == "add" and 0 in first.args and len(set(first.args)) == 2:
+        other = node.inputs[1 + first.args[first.args[0] == 0]]
+        if other.id in consts:
+            bias, cur, k = (other,), n_in, 1
+    if k >= len(expr) or expr[k].func != "add" or cur not in expr[k].args or len(set(expr[k].args)) != 2:
+        return None
+    r = expr[k].args[expr[k].args[0] == cur]
+    if not 0 < r < n_in or node.inputs[1 + r].id in consts or node.inputs[1 + r].shape != node.output.shape:
+        return None
+    rest = expr[k + 1:]
+    if rest not in ((), (Step("relu", (n_in + k,)),)):
+        return None
+    return bias, node.inputs[1 + r], bool(rest)
+
+
 def quantize(graph: Graph, amax: dict[int, float]) -> tuple[Graph, QuantParams]:
     """The int8 graph of `graph` (same inputs and fp32 outputs) and its activation scales;
     `amax` ({value id: calibrated range}) comes from lower.graph.calibrate on this same graph."""
-    rw = _Rewriter(graph, amax)
+    rw = _Rewriter(graph, _shared_concat_ranges(graph, amax))
     for node in graph.nodes:
         QUANT_RULES.get(node.op, _Rewriter.keep_fp32)(rw, node)
     outputs = tuple(rw.as_fp32(v) for v in graph.outputs)

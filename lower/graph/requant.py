@@ -62,3 +62,18 @@ def records(reals, where: str = "", zero_point: int = 0, bounds: tuple[int, int]
 # multiples of 1/2), so the result is round-half-away-from-zero(y / 256), saturated.
 QUANTIZE_FRACTION_BITS = 8
 QUANTIZE_RECORD = np.array([2**31 - 1, -QUANTIZE_FRACTION_BITS, 0, 0], np.int32)
+
+
+# TFLite Add (reference_ops::Add, int8): both inputs shifted left by 20 bits, each scaled by
+# s_in / (2 max(s_a, s_b)) to a common scale, summed in int32, the sum requantized by
+# 2 max(s_a, s_b) / (2**20 s_out).
+ADD_LEFT_SHIFT = 20
+
+
+def add_records(s_a: float, s_b: float, s_out: float, where: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(RESCALE record of a, RESCALE record of b, REQUANT record of the sum) of a TFLite int8 Add."""
+    twice = 2 * max(s_a, s_b)
+    rescales = [records(s / twice, where) for s in (s_a, s_b)]
+    for r in rescales:
+        r[..., 3] = ADD_LEFT_SHIFT
+    return *rescales, records(twice / (2**ADD_LEFT_SHIFT * s_out), where)
