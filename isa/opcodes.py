@@ -215,8 +215,8 @@ class VectorFuncDef:
 
 ANY_TYPES = frozenset((a, b) for a in DType for b in DType)
 SAME_TYPES = frozenset((a, a) for a in DType)
-# A DMA moves elements as they are, or widens bf16 in DRAM to float32 in local memory (LOAD) and
-# rounds local float32 to bf16 in DRAM (STORE: dtype is the DRAM side): what the vector unit
+# A DMA moves elements as they are, or widens bf16 in DRAM to float32 in local memory (LOAD, GATHER)
+# and rounds local float32 to bf16 in DRAM (STORE: dtype is the DRAM side): what the vector unit
 # computes on is float32, what DRAM holds is half its size.
 DMA_TYPES = SAME_TYPES | {(DType.BF16, DType.F32)}
 
@@ -346,7 +346,7 @@ def _store(ins: Instruction, v) -> None:
 def _gather(ins: Instruction, v) -> None:
     rows = v.read("index").reshape(-1)
     check_gather_indices(v.index, rows, ins.n[3])
-    v.write("dst", v.read("table", rows=rows))
+    v.write("dst", cast(NUMPY, v.read("table", rows=rows), ins.out_dtype))
 
 
 def _matmul(ins: Instruction, v) -> None:
@@ -392,7 +392,7 @@ OPCODES: dict[int, OpcodeDef] = {d.opcode: d for d in (
               (Slot("table", "x", False, Element.IN, _n(3, 1, 2), DRAM),
                Slot("dst", "y", True, Element.OUT, _n(0, 1, 2)),
                Slot("index", "z", False, Element.INDEX, _n(0, None, None), strides=1)),
-              Dma(_moved), _gather),
+              Dma(_moved), _gather, types=DMA_TYPES),
     # C = acc(C, A @ B) with A over (m1, m0, k), B over (k, n), C over (m1, m0, n): M = m1 * m0 rows
     OpcodeDef(Opcode.MATMUL, Queue.MATRIX, ("m1", "m0", "k", "n"),
               (Slot("a", "x", False, Element.IN, _n(0, 1, 2), frozenset({Space.SPAD})),

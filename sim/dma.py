@@ -112,6 +112,7 @@ class Gather(Kernel):
     index_stride: int
     space: int
     dtype: DType
+    out_dtype: DType
     kind = "gather"
     reads_dram = True
     slots = ("idx",)
@@ -123,7 +124,7 @@ class Gather(Kernel):
         if not is_dense(node.strides("y"), node.n[:3]):
             raise PlanError(f"instruction {node.index}: GATHER writes a non-contiguous local region")
         n = node.n
-        sig = cls(n, node.strides("x"), node.strides("z")[0], space, node.dtype)
+        sig = cls(n, node.strides("x"), node.strides("z")[0], space, node.dtype, node.out_dtype)
         return sig, (node.source("idx"),), n[0] * n[1] * n[2]
 
     def read_dims(self, slot):
@@ -138,7 +139,7 @@ class Gather(Kernel):
             idx = read(P, rows, offs, rel_idx, hows[0])[:, 0]                      # (T, n0)
             safe = jnp.where((idx < 0) | (idx >= n[3]), 0, idx)   # out-of-range rows are reported, not read
             addr = bases[:, None, None] + safe[..., None] * strides[0] + rel_row   # (T, n0, n1*n2)
-            return mem.at[addr].get(mode="promise_in_bounds").reshape(idx.shape[0], -1), idx
+            return cast(JAX, mem.at[addr].get(mode="promise_in_bounds").reshape(idx.shape[0], -1), self.out_dtype), idx
         return jax.jit(run)
 
     def run(self, step, args, values, data, executor) -> None:

@@ -31,6 +31,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     int8 activations per tensor with ranges from `calibration` (a list of batches, each a tuple of
     the model's positional inputs or a dict of its keyword inputs; default: the example inputs
     alone), the largest |x| seen or, with `percentile` (e.g. 99.99), that percentile of |x|.
+    `quantize="bf16"` holds activations and weights as bfloat16 (lower.graph.bfloat16): half the
+    DRAM and scratchpad bytes of fp32, bf16 MACs into float32 accumulators, no calibration.
 
     `stages` is the pipeline to walk: stagec.pipeline.PIPELINE, or a copy with a pass of one's own.
 
@@ -41,7 +43,7 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     """
     if tune is not None and quantize is not None:
         raise InputError("tune with quantize: the cost model (stagec.costmodel) models fp32 layers only; "
-                         "tune the fp32 model or pass int8 mappings=")
+                         "tune the fp32 model or pass int8 or bf16 mappings=")
     request = Request(model_or_fn, example_args, kwargs, hw or HardwareConfig(), fuse, quantize, calibration,
                       percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective))
     return run(stages, Compilation(request), dump).program

@@ -33,7 +33,7 @@ from ..schedule.layout import ALWAYS_VIEWS, Layout, view_of
 from ..schedule.nest import TileMapping, tiles
 from ..schedule.tensors import DramTensor, coalesce
 from . import tile_expr
-from .emitter import ConstPool
+from .emitter import ConstPool, local_type
 
 COPY: Expr = (Step("copy", (0,)),)
 _REDUCE = {"sum": (VectorFunc.RSUM, AccMode.ADD), "max": (VectorFunc.RMAX, AccMode.MAX),
@@ -148,7 +148,7 @@ class Elementwise:
                         loaded = {}
                         for i, src in srcs.items():
                             extent = tuple(c if s else 1 for c, s in zip(counts, src.strides, strict=True))
-                            tile = tile_expr.LocalTile(Space.SPAD, in_buf[buf][i], extent, src.dtype)
+                            tile = tile_expr.LocalTile(Space.SPAD, in_buf[buf][i], extent, local_type(src.dtype))
                             em.load(src, start, (0, 1, 2), extent, tile.operand(extent))
                             loaded[p.data[i]] = tile
                         args = [loaded[j] if j in loaded else record_tiles[j] for j in range(n_in)]
@@ -167,7 +167,7 @@ def _passes(expr: Expr, hw) -> float:
 
 def _load_scalar(em, base: int, t: DramTensor) -> tile_expr.LocalTile:
     """LOAD a broadcast scalar operand (one element) into the scratchpad once."""
-    tile = tile_expr.LocalTile(Space.SPAD, base, (1, 1, 1), t.dtype)
+    tile = tile_expr.LocalTile(Space.SPAD, base, (1, 1, 1), local_type(t.dtype))
     em.load(_at(t, (), (), (0, 0, 0)), (0, 0, 0), (0, 1, 2), (1, 1, 1), tile.operand((1, 1, 1)))
     return tile
 
@@ -207,7 +207,7 @@ class Reduce:
 
     def _plan(self, layer: str) -> _ReducePlan:
         x, axes, out = self.x, self.axes, self.out
-        widen = x.dtype != out.dtype
+        widen = local_type(x.dtype) != local_type(out.dtype)   # float32 and bf16 both sum in float32
         if widen and not (x.dtype == DType.I8 and out.dtype == DType.I32):
             raise TypeError(f"{layer}: a reduction of {x.dtype.name} gives {x.dtype.name} or (int8 sums) "
                             f"int32, not {out.dtype.name}")
@@ -258,7 +258,7 @@ class Reduce:
                                 tile = wide
                             chunk += 1
                             em.vector(vfunc, dst, tile, None, (t0, t1, t2),
-                                      acc=AccMode.OVERWRITE if first else acc_mode, dtype=out.dtype)
+                                      acc=AccMode.OVERWRITE if first else acc_mode, dtype=local_type(out.dtype))
                             first = False
                     o = DramTensor(out.region, o_off, (1 << 30,) * 3, p.kin_o + (0,), out.dtype)
                     em.store(o, (a0, a1, 0), (0, 1, 2), (t0, t1, 1), dst)

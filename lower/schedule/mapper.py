@@ -43,6 +43,7 @@ from .nest import (
 from .nest_cost import bound, dma_cycles, nest_cost
 from .nest_work import footprint as nest_footprint
 from .nest_work import matmul_k
+from .tensors import DTYPE_OF
 
 INSTRUCTION_CHARGE = 32.0  # cycles the mappers charge an instruction: what the nest latency leaves out, and size
 FIRST_COMPOSED = 256       # candidates map_nest composes the latency of before it prunes by the bound
@@ -252,8 +253,9 @@ class ConvNest(NamedTuple):
 def node_problem(node) -> ConvNest | None:
     """The ConvNest (kind, problem, epilogue buffers) of a node that runs as a convolution, else None."""
     x = node.inputs[0]
-    itemsize = 1 if x.dtype == "int8" else FP32
-    out_itemsize = 1 if node.output.dtype == "int8" else FP32
+    itemsize, out_itemsize = DTYPE_OF[x.dtype].itemsize, DTYPE_OF[node.output.dtype].itemsize
+    # widened: the vector unit sums int8 in int32 and computes on bf16 in float32, on copies per tile
+    bf16 = x.dtype == "bfloat16"
     if node.op == OpKind.CONV:
         (n, c, h, w), (o, cg, kh, kw) = x.shape, node.inputs[1].shape
         g = node.attr("groups")
@@ -261,7 +263,8 @@ def node_problem(node) -> ConvNest | None:
         return ConvNest(kind, ConvProblem(n, c if kind == "depthwise" else cg, h, w,
                                           o if kind == "depthwise" else o // g, kh, kw, node.attr("stride"),
                                           node.attr("padding"), node.attr("dilation"), itemsize,
-                                          kind == "depthwise" and itemsize == 1, out_itemsize), epilogue_extras(node))
+                                          kind == "depthwise" and (itemsize == 1 or bf16), out_itemsize),
+                        epilogue_extras(node))
     if node.op == OpKind.MATMUL:
         (m, k), nn = x.shape[-2:], node.inputs[1].shape[-1]
         problem = ConvProblem(1, k, 1, m, nn, itemsize=itemsize, out_itemsize=out_itemsize)
@@ -271,7 +274,8 @@ def node_problem(node) -> ConvNest | None:
         (kh, kw), stride = node.attr("window"), node.attr("strides")
         return ConvNest("pool", ConvProblem(1, c, h, w, c, kh, kw, stride, node.attr("padding"),
                                             node.attr("dilation"), itemsize,
-                                            itemsize == 1 and node.attr("func") != "max", out_itemsize), NO_EXTRAS)
+                                            bf16 or itemsize == 1 and node.attr("func") != "max", out_itemsize),
+                        NO_EXTRAS)
     return None
 
 

@@ -41,7 +41,7 @@ def matrix_actions(L: LayerShape, m: TileMapping, w: Work, hw, ops) -> ActionCou
     epi_spad = tr * epi_ops * FP32
     turned = tr * out * FP32
     return ActionCounts(
-        macs_int8=(L.itemsize == 1) * macs, macs_bf16=0 * macs, macs_fp32=(L.itemsize != 1) * macs,
+        macs_int8=(L.itemsize == 1) * macs, macs_bf16=(L.itemsize == 2) * macs, macs_fp32=(L.itemsize == 4) * macs,
         vector_ops=epi_ops + tr * out,
         scratchpad_read_bytes=(a_reads + b_reads) * L.itemsize + moved + epi_spad,
         scratchpad_write_bytes=w.halo_padded - w.halo[1] + w.loads[1] + w.startup[1] + moved + epi_spad,

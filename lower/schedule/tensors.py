@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from stagec.isa.instructions import DType
 
-DTYPE_OF = {"float32": DType.F32, "int32": DType.I32, "int8": DType.I8}   # graph value types -> element types
+DTYPE_OF = {"float32": DType.F32, "bfloat16": DType.BF16, "int32": DType.I32,   # graph value types -> element types
+            "int8": DType.I8}
 
 
 class DramRegion(enum.IntEnum):
