@@ -1,5 +1,6 @@
-"""int8 against fp32 over the zoo, in one run: per model, DRAM bytes, simulated cycles and energy of
-each, and the int8 outputs' cosine similarity and max relative error against fp32 PyTorch.
+"""int8 and bf16 against fp32 over the zoo, in one run: per model, DRAM bytes, simulated cycles and
+energy of each, and the int8 and bf16 outputs' cosine similarity and max relative error against
+fp32 PyTorch (bf16: its ratios to fp32 and its cosine).
 
     python experiments/bench_int8.py [models...] [--full resnet18 ...] [--calibration 4] [--out FILE]
 
@@ -36,10 +37,13 @@ def bench(name: str, full: bool, n_calibration: int) -> dict:
                          reference=ref)
     int8_s = time.perf_counter() - t
     fp32 = run_precision(model, args, kwargs, "fp32", reference=ref)
+    bf16 = run_precision(model, args, kwargs, "bf16", reference=ref)
     return {"model": name, "size": "full" if full else "reduced", "int8": int8.to_dict(), "fp32": fp32.to_dict(),
-            "dram_ratio": int8.dram_bytes / fp32.dram_bytes, "cycles_ratio": int8.cycles / fp32.cycles,
-            "energy_ratio": int8.energy_uj / fp32.energy_uj, "int8_compile_and_simulate_s": int8_s,
-            "cosine_target_met": int8.cosine >= 0.99 if name in CNNS else None}
+            "bf16": bf16.to_dict(), "dram_ratio": int8.dram_bytes / fp32.dram_bytes,
+            "cycles_ratio": int8.cycles / fp32.cycles, "energy_ratio": int8.energy_uj / fp32.energy_uj,
+            "bf16_ratios": {"dram": bf16.dram_bytes / fp32.dram_bytes, "cycles": bf16.cycles / fp32.cycles,
+                            "energy": bf16.energy_uj / fp32.energy_uj},
+            "int8_compile_and_simulate_s": int8_s, "cosine_target_met": int8.cosine >= 0.99 if name in CNNS else None}
 
 
 def main():
@@ -51,7 +55,8 @@ def main():
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     header = (f"{'model':<21} {'size':<7} {'DRAM MB int8':>12} {'fp32':>8} {'ratio':>6} {'Mcycles int8':>12} "
-              f"{'fp32':>7} {'ratio':>6} {'energy uJ int8':>14} {'fp32':>9} {'ratio':>6} {'cosine':>8} {'rel err':>8}")
+              f"{'fp32':>7} {'ratio':>6} {'energy uJ int8':>14} {'fp32':>9} {'ratio':>6} {'cosine':>8} {'rel err':>8}"
+              f" | {'bf16/fp32: DRAM':>15} {'cycles':>6} {'energy':>6} {'cosine':>9} {'rel err':>8}")
     print(header, flush=True)
     rows = []
     for name in args.models:
@@ -63,11 +68,13 @@ def main():
             print(f"{name:<21} FAILED {rows[-1]['error'][:200]}", flush=True)
             continue
         rows.append(r)
-        i8, f32 = r["int8"], r["fp32"]
+        i8, f32, b = r["int8"], r["fp32"], r["bf16_ratios"]
         print(f"{name:<21} {r['size']:<7} {i8['dram_bytes'] / 1e6:>12.2f} {f32['dram_bytes'] / 1e6:>8.2f} "
               f"{r['dram_ratio']:>6.2f} {i8['cycles'] / 1e6:>12.3f} {f32['cycles'] / 1e6:>7.3f} "
               f"{r['cycles_ratio']:>6.2f} {i8['energy_uj']:>14.1f} {f32['energy_uj']:>9.1f} "
-              f"{r['energy_ratio']:>6.2f} {i8['cosine']:>8.5f} {i8['max_rel_err']:>8.2e}", flush=True)
+              f"{r['energy_ratio']:>6.2f} {i8['cosine']:>8.5f} {i8['max_rel_err']:>8.2e} | "
+              f"{b['dram']:>15.2f} {b['cycles']:>6.2f} {b['energy']:>6.2f} "
+              f"{r['bf16']['cosine']:>9.6f} {r['bf16']['max_rel_err']:>8.2e}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": platform.platform(), "rows": rows}, indent=2))

@@ -197,9 +197,11 @@ def store(dst: Operand, src: Operand, n, *, dtype=DType.F32, out_dtype=None) -> 
                        out_dtype=dtype if out_dtype is None else out_dtype)
 
 
-def gather(table: Operand, dst: Operand, index: Operand, n, rows: int, *, dtype=DType.F32) -> Instruction:
+def gather(table: Operand, dst: Operand, index: Operand, n, rows: int, *, dtype=DType.F32,
+           out_dtype=None) -> Instruction:
     """Indirect DMA: dst[i0, i1, i2] = table row index[i0] (rows < `rows`), elements (i1, i2)."""
-    return Instruction(Opcode.GATHER, (*_dims(n, 3)[:3], int(rows)), table, dst, index, dtype=dtype, out_dtype=dtype)
+    return Instruction(Opcode.GATHER, (*_dims(n, 3)[:3], int(rows)), table, dst, index, dtype=dtype,
+                       out_dtype=dtype if out_dtype is None else out_dtype)
 
 
 def matmul(a: Operand, b: Operand, c: Operand, m1: int, m0: int, k: int, n: int, *,

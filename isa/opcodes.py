@@ -40,7 +40,7 @@ from .instructions import (
     Space,
     VectorFunc,
 )
-from .semantics import NUMPY, accumulate, lookup, pad_value
+from .semantics import NUMPY, accumulate, cast, lookup, pad_value, widen
 
 OPERANDS = ("x", "y", "z")
 LOCAL = frozenset({Space.SPAD, Space.ACC})
@@ -213,9 +213,15 @@ class VectorFuncDef:
 
 
 # --- vector functions -----------------------------------------------------------------------------
-# dst = acc(dst, func(src1[, src2])) over n, converted to out_dtype (float -> int truncates, saturating).
+# dst = acc(dst, func(src1[, src2])) over n, converted to out_dtype (float -> int truncates, saturating;
+# bf16 operands are computed on as float32 and a bf16 result is rounded: isa.semantics.cast).
 
 ANY_TYPES = frozenset((a, b) for a in DType for b in DType)
+SAME_TYPES = frozenset((a, a) for a in DType)
+# A DMA moves elements as they are, or widens bf16 in DRAM to float32 in local memory (LOAD, GATHER)
+# and rounds local float32 to bf16 in DRAM (STORE: dtype is the DRAM side): what the vector unit
+# computes on is float32, what DRAM holds is half its size.
+DMA_TYPES = SAME_TYPES | {(DType.BF16, DType.F32)}
 
 
 def _vf(func: VectorFunc, apply, **flags) -> VectorFuncDef:
@@ -346,23 +352,24 @@ def check_gather_indices(index: int, rows: np.ndarray, bound: int) -> None:
 def _load(ins: Instruction, v) -> None:
     n, p = ins.n, ins.pad
     box = np.full(v.dims("dst"), pad_value(PadValue(ins.mode), ins.out_dtype), ins.out_dtype.numpy)
-    box[p[0]:p[0] + n[0], p[2]:p[2] + n[1], p[4]:p[4] + n[2]] = v.read("src")
+    box[p[0]:p[0] + n[0], p[2]:p[2] + n[1], p[4]:p[4] + n[2]] = cast(NUMPY, v.read("src"), ins.out_dtype)
     v.write("dst", box)
 
 
 def _store(ins: Instruction, v) -> None:
-    v.write("dst", v.read("src"))
+    v.write("dst", cast(NUMPY, v.read("src"), ins.dtype))
 
 
 def _gather(ins: Instruction, v) -> None:
     rows = v.read("index").reshape(-1)
     check_gather_indices(v.index, rows, ins.n[3])
-    v.write("dst", v.read("table", rows=rows))
+    v.write("dst", cast(NUMPY, v.read("table", rows=rows), ins.out_dtype))
 
 
 def _matmul(ins: Instruction, v) -> None:
     m1, m0, k, n = ins.n
-    a, b = v.read("a").reshape(m1 * m0, k), v.read("b").reshape(k, n)
+    # bf16 operands widen exactly: their products are exact in float32, the sums are float32's
+    a, b = widen(NUMPY, v.read("a")).reshape(m1 * m0, k), widen(NUMPY, v.read("b")).reshape(k, n)
     if ins.out_dtype == DType.I32:   # two's-complement wraparound, as the hardware adder
         prod = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
     else:
@@ -376,7 +383,7 @@ def _matmul(ins: Instruction, v) -> None:
 def _vector(ins: Instruction, v) -> None:
     f = VECTOR_FUNCS[ins.func]
     args = [v.read(role) for role in ("src1", "src2")[:f.sources]] + ([v.read("dst")] if f.reads_dst else [])
-    result = NUMPY.convert(f.apply(NUMPY, *args), ins.out_dtype).reshape(v.dims("dst"))
+    result = cast(NUMPY, f.apply(NUMPY, *(widen(NUMPY, a) for a in args)), ins.out_dtype).reshape(v.dims("dst"))
     if ins.mode != AccMode.OVERWRITE:
         result = accumulate(NUMPY, ins.mode, v.read("dst"), result)
     v.write("dst", result)
@@ -389,19 +396,20 @@ OPCODES: dict[int, OpcodeDef] = {d.opcode: d for d in (
     OpcodeDef(Opcode.LOAD, Queue.LOAD, ("n0", "n1", "n2"),
               (Slot("src", "x", False, Element.IN, _n(0, 1, 2), DRAM),
                Slot("dst", "y", True, Element.OUT, _padded)),
-              Dma(_moved), _load, mode=PadValue, modes=frozenset(PadValue), mode_key="padval", pads=True),
+              Dma(_moved), _load, mode=PadValue, modes=frozenset(PadValue), mode_key="padval", pads=True,
+              types=DMA_TYPES),
     # DMA local -> DRAM: x = y over n
     OpcodeDef(Opcode.STORE, Queue.STORE, ("n0", "n1", "n2"),
               (Slot("dst", "x", True, Element.IN, _n(0, 1, 2), DRAM),
                Slot("src", "y", False, Element.OUT, _n(0, 1, 2))),
-              Dma(_moved), _store),
+              Dma(_moved), _store, types=DMA_TYPES),
     # indirect DMA (embedding lookup): y[i0, i1, i2] = table x at row z[i0] (int32, stride s0), element
     # (i1, i2); every index must lie in [0, R), checked when it runs (the value is data)
     OpcodeDef(Opcode.GATHER, Queue.LOAD, ("n0", "n1", "n2", "R"),
               (Slot("table", "x", False, Element.IN, _n(3, 1, 2), DRAM),
                Slot("dst", "y", True, Element.OUT, _n(0, 1, 2)),
                Slot("index", "z", False, Element.INDEX, _n(0, None, None), strides=1)),
-              Dma(_moved), _gather),
+              Dma(_moved), _gather, types=DMA_TYPES),
     # C = acc(C, A @ B) with A over (m1, m0, k), B over (k, n), C over (m1, m0, n): M = m1 * m0 rows
     OpcodeDef(Opcode.MATMUL, Queue.MATRIX, ("m1", "m0", "k", "n"),
               (Slot("a", "x", False, Element.IN, _n(0, 1, 2), frozenset({Space.SPAD})),
@@ -425,7 +433,9 @@ OPCODES: dict[int, OpcodeDef] = {d.opcode: d for d in (
               checks=(Check("x_strides", "a reduction's destination stride over the reduced dim (s2) must be 0",
                             lambda f: func_table("reduction")[f.func].astype(bool) & (f.strides("x")[:, 2] != 0)),
                       Check("z_strides", "a table (src2 of LUT) is one for the instruction: its strides must be 0",
-                            lambda f: func_table("src2_once")[f.func].astype(bool) & (f.strides("z") != 0).any(1)))),
+                            lambda f: func_table("src2_once")[f.func].astype(bool) & (f.strides("z") != 0).any(1)),
+                      Check("mode", "a bf16 destination cannot accumulate (each step would round): accumulate in "
+                                    "float32", lambda f: _accumulates(f) & (f.field("out_dtype") == DType.BF16)))),
 )}
 
 

@@ -1,5 +1,11 @@
 """The arithmetic the reference semantics (isa.opcodes) are written with: pad values, gemmlowp
-requantization, COPY's conversion, the accumulate modes, and the numpy namespace.
+requantization, COPY's conversion, bf16, the accumulate modes, and the numpy namespace.
+
+bf16 is held as its 16-bit pattern (DType.BF16.numpy is uint16).  Arithmetic never happens on
+bf16: a bf16 operand is widened to float32 (exact), and a float32 result is rounded to bf16 to
+nearest, ties to even (as torch's `.to(torch.bfloat16)`), where an instruction writes a bf16
+element.  `widen`, `round_bf16` and `cast` say this once, over a namespace, for the reference
+interpreter (numpy) and the batched executor (jax.numpy) alike.
 
 This is the definition the simulator's fast path is tested against; it is
 written for clarity, not speed.
@@ -28,8 +34,34 @@ class Namespace:
     erf: Callable
     rsqrt: Callable
     requantize: Callable    # (x, multiplier, shift, zero point, bounds) -> int8
-    convert: Callable       # (x, DType) -> x as that type, as COPY converts
+    convert: Callable       # (x, DType) -> x as that type, as COPY converts (bf16 aside: `cast`)
+    bitcast: Callable       # (x, numpy dtype of the same width) -> x's bits read as that type
     rescale: Callable       # (x, multiplier, shift, zero point, left shift) -> int32
+
+
+BF16_BITS = np.dtype(np.uint16)   # how a bf16 element is held (DType.BF16.numpy)
+
+
+def widen(ns: Namespace, x):
+    """x as the arithmetic sees it: bf16 bit patterns widened exactly to float32, others as they are."""
+    if x.dtype != BF16_BITS:
+        return x
+    return ns.bitcast(x.astype(np.uint32) << 16, np.float32)
+
+
+def round_bf16(ns: Namespace, x):
+    """float32 -> bf16 bit patterns, to nearest, ties to even; a NaN stays a (quiet) NaN of its sign."""
+    bits = ns.bitcast(x.astype(np.float32), np.uint32)
+    nearest = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
+    return ns.xp.where(ns.xp.isnan(x), (bits >> 16) | 0x40, nearest).astype(np.uint16)
+
+
+def cast(ns: Namespace, x, to: DType):
+    """x (an element type's storage) as `to`: bf16 through float32 both ways; otherwise COPY's conversion."""
+    x = widen(ns, x)
+    if to == DType.BF16:
+        return round_bf16(ns, x.astype(np.float32))
+    return ns.convert(x, to)
 
 
 def convert(x: np.ndarray, to: DType) -> np.ndarray:
@@ -54,6 +86,9 @@ def accumulate(ns: Namespace, mode: AccMode, old, new):
 def pad_value(kind: PadValue, dtype: DType):
     """The fill value of a LOAD's padding, in the element type."""
     t = dtype.numpy
+    if dtype == DType.BF16:
+        return round_bf16(NUMPY, np.float32(0 if kind == PadValue.ZERO else -np.inf if kind == PadValue.NEG_INF
+                                            else np.inf))[()]
     if kind == PadValue.ZERO:
         return t.type(0)
     if np.issubdtype(t, np.floating):
@@ -120,4 +155,5 @@ def rescale(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, zero_point
 
 
 NUMPY = Namespace(np, lambda x: _erf(x.astype(np.float64)).astype(x.dtype),
-                  lambda x: x.dtype.type(1) / np.sqrt(x), requantize, convert, rescale=rescale)
+                  lambda x: x.dtype.type(1) / np.sqrt(x), requantize, convert, lambda x, t: np.asarray(x).view(t),
+                  rescale)

@@ -19,7 +19,7 @@ from stagec.errors import PlanError
 from stagec.isa import opcodes
 from stagec.isa.access import element_offsets, is_dense
 from stagec.isa.instructions import AccMode, DType, Opcode
-from stagec.isa.semantics import ACCUMULATE, Namespace, accumulate
+from stagec.isa.semantics import ACCUMULATE, Namespace, accumulate, cast, widen
 
 from .boxes import box, read
 from .fixed_point import requantize, rescale
@@ -39,7 +39,7 @@ def _convert(x, to: DType):
 
 
 # the vector functions' semantics, in JAX
-JAX = Namespace(jnp, lax.erf, lax.rsqrt, requantize, _convert, rescale=rescale)
+JAX = Namespace(jnp, lax.erf, lax.rsqrt, requantize, _convert, lax.bitcast_convert_type, rescale)
 
 
 def _rel(strides, dims) -> np.ndarray:
@@ -102,8 +102,8 @@ class Matmul(Kernel):
         def run(pa, ra, oa, pb, rb, ob, *rest):
             *init, sel = rest
             blocks = ra.shape[0] // s
-            a = read(pa, ra, oa, rel_a, hows[0]).reshape(blocks, s, j, m1 * m0, k)
-            b = read(pb, rb, ob, rel_b, hows[1]).reshape(blocks, o, j, k, n)
+            a = widen(JAX, read(pa, ra, oa, rel_a, hows[0])).reshape(blocks, s, j, m1 * m0, k)
+            b = widen(JAX, read(pb, rb, ob, rel_b, hows[1])).reshape(blocks, o, j, k, n)
             out = jnp.einsum("bsjmk,bojkn->bsomn", a, b, precision=HIGHEST, preferred_element_type=acc)
             out = out.reshape(blocks * s * o, m1 * m0 * n)
             out = out[sel] if permuted else out
@@ -178,7 +178,7 @@ class Vector(Kernel):
             init = read(*rest, rel_dst, hows[2]).reshape(t, -1) if self.has_init else None
             if f.reads_dst:
                 sources.append(init.reshape(sources[0].shape))
-            v = JAX.convert(f.apply(JAX, *sources).reshape(t, j, -1), self.out_dtype)
+            v = cast(JAX, f.apply(JAX, *(widen(JAX, x) for x in sources)).reshape(t, j, -1), self.out_dtype)
             if self.acc == AccMode.OVERWRITE:
                 return v[:, 0]
             # the members, in order; an integer sum wraps in the value's type, as each add would

@@ -18,7 +18,7 @@ from stagec.errors import PlanError
 from stagec.isa.access import element_offsets, is_dense
 from stagec.isa.instructions import DType, Opcode, PadValue
 from stagec.isa.opcodes import check_gather_indices
-from stagec.isa.semantics import pad_value
+from stagec.isa.semantics import cast, pad_value
 
 from .boxes import (
     as_slices,
@@ -32,6 +32,7 @@ from .boxes import (
     read,
     take_box,
 )
+from .compute import JAX
 from .kernel import DRAM_CONST, Kernel, Prepared, register
 
 ROW_SCATTER = lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(),
@@ -57,6 +58,7 @@ class Load(Kernel):
     pad_value: int
     space: int              # DRAM_CONST or DRAM_DATA
     dtype: DType
+    out_dtype: DType        # the local type: dtype, or float32 widened from bf16
     kind = "load"
     reads_dram = True
     slots = ()
@@ -68,7 +70,8 @@ class Load(Kernel):
         dims = tuple(node.n[k] + p[2 * k] + p[2 * k + 1] for k in range(3))
         if not is_dense(node.strides("y"), dims):
             raise PlanError(f"instruction {node.index}: LOAD writes a non-contiguous local region")
-        return cls(node.n[:3], node.strides("x"), p, node.mode, space, node.dtype), (), int(np.prod(dims))
+        return (cls(node.n[:3], node.strides("x"), p, node.mode, space, node.dtype, node.out_dtype), (),
+                int(np.prod(dims)))
 
     def prepare(self, group) -> Prepared:
         return Prepared({}, layout=grid(group.dram))
@@ -86,7 +89,7 @@ class Load(Kernel):
                 if any(pad):
                     v = jnp.pad(v, ((0, 0), (pad[0], pad[1]), (pad[2], pad[3]), (pad[4], pad[5])),
                                 constant_values=fill)
-                return v.reshape(v.shape[0], -1)
+                return cast(JAX, v.reshape(v.shape[0], -1), self.out_dtype)
             return jax.jit(run_box)
         dims = (n[0] + pad[0] + pad[1], n[1] + pad[2] + pad[3], n[2] + pad[4] + pad[5])
         i0, i1, i2 = np.meshgrid(*(np.arange(d) - pad[2 * k] for k, d in enumerate(dims)), indexing="ij")
@@ -95,7 +98,7 @@ class Load(Kernel):
 
         def run(mem, bases):
             v = mem.at[bases[:, None] + rel].get(mode="promise_in_bounds")
-            return v if inside.all() else jnp.where(inside, v, fill)
+            return cast(JAX, v if inside.all() else jnp.where(inside, v, fill), self.out_dtype)
         return jax.jit(run)
 
     def run(self, step, args, values, data, executor) -> None:
@@ -120,6 +123,7 @@ class Gather(Kernel):
     index_stride: int
     space: int
     dtype: DType
+    out_dtype: DType
     kind = "gather"
     reads_dram = True
     slots = ("idx",)
@@ -131,7 +135,7 @@ class Gather(Kernel):
         if not is_dense(node.strides("y"), node.n[:3]):
             raise PlanError(f"instruction {node.index}: GATHER writes a non-contiguous local region")
         n = node.n
-        sig = cls(n, node.strides("x"), node.strides("z")[0], space, node.dtype)
+        sig = cls(n, node.strides("x"), node.strides("z")[0], space, node.dtype, node.out_dtype)
         return sig, (node.source("idx"),), n[0] * n[1] * n[2]
 
     def read_dims(self, slot):
@@ -146,7 +150,7 @@ class Gather(Kernel):
             idx = read(P, rows, offs, rel_idx, hows[0])[:, 0]                      # (T, n0)
             safe = jnp.where((idx < 0) | (idx >= n[3]), 0, idx)   # out-of-range rows are reported, not read
             addr = bases[:, None, None] + safe[..., None] * strides[0] + rel_row   # (T, n0, n1*n2)
-            return mem.at[addr].get(mode="promise_in_bounds").reshape(idx.shape[0], -1), idx
+            return cast(JAX, mem.at[addr].get(mode="promise_in_bounds").reshape(idx.shape[0], -1), self.out_dtype), idx
         return jax.jit(run)
 
     def run(self, step, args, values, data, executor) -> None:
@@ -168,7 +172,8 @@ class Store(Kernel):
     n: tuple
     dram_strides: tuple
     local_strides: tuple
-    dtype: DType
+    dtype: DType            # DRAM's
+    local: DType            # the value's: dtype, or float32 rounded to bf16
     kind = "store"
     slots = ("src",)
 
@@ -176,7 +181,8 @@ class Store(Kernel):
     def describe(cls, node):
         node.local("src", "y", node.out_dtype)
         node.dram("x", node.dtype)
-        return cls(node.n[:3], node.strides("x"), node.strides("y"), node.dtype), (node.source("src"),), 0
+        sig = cls(node.n[:3], node.strides("x"), node.strides("y"), node.dtype, node.out_dtype)
+        return sig, (node.source("src"),), 0
 
     def read_dims(self, slot):
         return box(self.local_strides, self.n)
@@ -185,15 +191,17 @@ class Store(Kernel):
         return Prepared(super().prepare(group).reads, layout=grid(group.dram))
 
     def build(self, hows, layout):
-        n, how = self.n, hows[0]
-        rel_src = _rel(self.local_strides, n)
+        n, to, rel_src = self.n, self.dtype, _rel(self.local_strides, self.n)
+
+        def stored(P, rows, offs):   # the values read, as DRAM holds them
+            return cast(JAX, read(P, rows, offs, rel_src, hows[0]), to)
         dims = (*layout, *zip(n, self.dram_strides, strict=True)) if layout is not None else None
         slices = as_slices(dims, unique=True) if dims is not None else None
         if slices is None:
             rel_dram = _rel(self.dram_strides, n)
 
             def run(data, P, rows, offs, bases):
-                vals = read(P, rows, offs, rel_src, how)
+                vals = stored(P, rows, offs)
                 idx = (bases[:, None] + rel_dram).reshape(-1)
                 return data.at[idx].set(vals.reshape(-1), mode="promise_in_bounds", unique_indices=True)
             return jax.jit(run, donate_argnums=0)
@@ -201,37 +209,37 @@ class Store(Kernel):
         inner, width = contiguous_run(live)
         outer, run = natural_run(dims)
         if width >= 64 and run >= 16:   # the values' own runs, as they are: no transpose
-            return _store_windows(box_positions(outer), run, lambda v: v, rel_src, how)
+            return _store_windows(box_positions(outer), run, stored)
         if width >= 64:                 # the box's runs in memory, the values transposed to them
             return _store_windows(box_positions([(c, s) for _, c, s in live[:inner]]), width,
-                                  lambda v: in_live_order(v, dims, live), rel_src, how)
-        return _store_padded(dims, live, span, rel_src, how)
+                                  lambda *a: in_live_order(stored(*a), dims, live))
+        return _store_padded(dims, live, span, stored)
 
     def run(self, step, args, values, data, executor) -> None:
         data[self.dtype] = step.fn(data[self.dtype], *args, step.dram)
 
 
-def _store_windows(starts: np.ndarray, width: int, order, rel_src, how):
-    """A store as one windowed scatter, in place: `order`(the values) laid out as runs of `width`
-    contiguous elements at DRAM offsets `starts` (from the group's first base)."""
+def _store_windows(starts: np.ndarray, width: int, stored):
+    """A store as one windowed scatter, in place: `stored`(the values, as DRAM holds them) laid out
+    as runs of `width` contiguous elements at DRAM offsets `starts` (from the group's first base)."""
     starts = starts.astype(np.int32)[:, None]
     ascending = bool((np.diff(starts[:, 0]) > 0).all())
 
     def run_rows(data, P, rows, offs, bases):
-        vals = order(read(P, rows, offs, rel_src, how)).reshape(-1, width)
+        vals = stored(P, rows, offs).reshape(-1, width)
         return lax.scatter(data, bases[0] + starts, vals, ROW_SCATTER, indices_are_sorted=ascending,
                            unique_indices=True, mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
     return jax.jit(run_rows, donate_argnums=0)
 
 
-def _store_padded(dims, live, span: int, rel_src, how):
+def _store_padded(dims, live, span: int, stored):
     """A store of the box laid out over its whole span (zeros between), then written in place where
     the box's mask says."""
     mask = np.zeros(span, bool)
     mask[box_positions(dims)] = True
     # NOTE: two computations: XLA fuses the box's transposes and pads into an in-place update of the
     # whole DRAM array as one slow loop
-    layout = jax.jit(lambda P, rows, offs: put_box(read(P, rows, offs, rel_src, how), dims, live, span))
+    layout = jax.jit(lambda P, rows, offs: put_box(stored(P, rows, offs), dims, live, span))
 
     def write(data, new, bases):
         if not mask.all():

@@ -79,7 +79,7 @@ class Executor:
         self.plan = build_plan(program)
         blob = program.constants
         self.const = {d: jnp.asarray(np.frombuffer(blob[:len(blob) // d.itemsize * d.itemsize], d.numpy))
-                      for d in DType if d != DType.BF16}
+                      for d in DType}
         self.const_values = {}   # loads of the constant region, computed on the first run
         self.spare = None        # the last run's DRAM arrays
         self.pending_checks = []  # a run's data-dependent checks (gathers' indices)

@@ -23,8 +23,8 @@ list of *groups*, each executed as one batched gather -> compute -> (scatter):
 
 DRAM holds one array per element type; a read of DRAM bytes last written as
 another type is outside the model.  Programs outside it (a producer writing a
-non-contiguous region, a read spanning values of several types, bf16, an
-opcode with no kernel) raise PlanError, and the simulator falls back to the
+non-contiguous region, a read spanning values of several types, an opcode
+with no kernel) raise PlanError, and the simulator falls back to the
 reference interpreter.
 """
 
@@ -89,8 +89,6 @@ def build_plan(program: Program) -> Plan:
         return program.cache["plan"]
     flow = verify(program)
     code = program.code
-    if len(code) and ((code["dtype"] == DType.BF16) | (code["out_dtype"] == DType.BF16)).any():
-        raise PlanError("bf16 is not simulated by the batched executor")
     data_origin = const_bytes(program)
     nodes = Nodes(program, flow, accesses(code), data_origin)
     plan = Plan(_Grouping(code, nodes, data_origin).run(), data_origin, max(flow.dram_end - data_origin, 0),

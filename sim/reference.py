@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from stagec.errors import SimulationError
 from stagec.isa import opcodes
 from stagec.isa.access import Access, accesses, element_offsets
 from stagec.isa.instructions import DType, Space
@@ -80,8 +79,6 @@ def execute(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
     slots = {(a.operand, a.write): a for a in accesses(program.code)}
     for index, record in enumerate(program.code):
         ins = decode(record)
-        if DType.BF16 in (ins.dtype, ins.out_dtype):
-            raise SimulationError("bf16 arithmetic is not simulated yet")
         d = opcodes.OPCODES[ins.opcode]
         d.semantics(ins, _Values(mem, slots, d, index))
     dram = mem.bytes[Space.DRAM]

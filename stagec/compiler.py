@@ -32,6 +32,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     int8 activations per tensor with ranges from `calibration` (a list of batches, each a tuple of
     the model's positional inputs or a dict of its keyword inputs; default: the example inputs
     alone), the largest |x| seen or, with `percentile` (e.g. 99.99), that percentile of |x|.
+    `quantize="bf16"` holds activations and weights as bfloat16 (lower.graph.bfloat16): half the
+    DRAM and scratchpad bytes of fp32, bf16 MACs into float32 accumulators, no calibration.
 
     `stages` is the pipeline to walk: stagec.pipeline.PIPELINE, or a copy with a pass of one's own.
 
@@ -40,6 +42,9 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     >>> program.outputs[0].shape
     (2, 4)
     """
+    if tune is not None and quantize == "bf16":
+        raise InputError("tune with quantize='bf16': the tuner maps int8 and fp32 layers (stagec.costmodel); "
+                         "tune the fp32 model or pass bf16 mappings=")
     request = Request(model_or_fn, example_args, kwargs, hw or HardwareConfig(), fuse, quantize, calibration,
                       percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective))
     return run(stages, Compilation(request), dump).program

@@ -37,6 +37,7 @@ from stagec.frontend import TracedModel, flatten_inputs, trace_jax, trace_torch
 from stagec.isa import HardwareConfig, Program, disassemble, verify
 from stagec.lower.codegen.lowering import lower_to_program
 from stagec.lower.graph.activations import split_activations
+from stagec.lower.graph.bfloat16 import to_bfloat16
 from stagec.lower.graph.calibrate import calibrate
 from stagec.lower.graph.canonicalize import canonicalize
 from stagec.lower.graph.graph_ir import Graph
@@ -47,7 +48,7 @@ from stagec.lower.schedule.layout import Layout, assign_layout
 from stagec.lower.schedule.mapper import Schedule, make_schedule
 from stagec.lower.schedule.pack import pack_depthwise
 
-QUANTIZE_MODES = (None, "int8")
+QUANTIZE_MODES = (None, "int8", "bf16")
 _PACKAGE = str(Path(__file__).parent)
 
 
@@ -61,7 +62,7 @@ class Request:
     kwargs: dict | None = None
     hw: HardwareConfig = field(default_factory=HardwareConfig)
     fuse: bool = True                        # False: the fusion passes leave the graph as it is
-    quantize: str | None = None              # None (fp32) or "int8"
+    quantize: str | None = None              # None (fp32), "int8" or "bf16"
     calibration: Sequence | None = None      # int8: batches of the model's inputs; None: the example inputs
     percentile: float | None = None          # int8: the percentile of |x| that is its range; None: max |x|
     # layer name -> TileMapping: the caller's, kept as given (not packed, not tuned)
@@ -73,7 +74,7 @@ class Request:
             raise InputError(f"hw must be a HardwareConfig, not {type(self.hw).__name__}")
         if self.quantize not in QUANTIZE_MODES:
             raise InputError(f"quantize must be one of {QUANTIZE_MODES}, not {self.quantize!r}")
-        if self.quantize is None and (self.calibration is not None or self.percentile is not None):
+        if self.quantize != "int8" and (self.calibration is not None or self.percentile is not None):
             raise InputError("calibration and percentile need quantize='int8'")
         if self.calibration is not None and (not isinstance(self.calibration, (list, tuple)) or not self.calibration):
             got = f"an empty {type(self.calibration).__name__}" if isinstance(self.calibration, (list, tuple)) \
@@ -195,7 +196,7 @@ def _metadata(c: Compilation) -> dict | None:
 
 
 def _quantizing(request: Request) -> bool:
-    return request.quantize is not None
+    return request.quantize == "int8"
 
 
 def _amax_table(c: Compilation) -> str:
@@ -229,6 +230,8 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("quantize", _quantize, show=lambda c: f"{c.graph}\n{c.quantization}", when=_quantizing),
     # int8: the boundaries -> their neighbours' expressions and epilogues
     Stage("fuse_quantized", GraphPass(lambda g: fuse_epilogues(fuse_elementwise(g)), fusion=True), when=_quantizing),
+    # bf16: activations and weights bf16 in DRAM, inputs and outputs as the model has them
+    Stage("bf16", GraphPass(to_bfloat16), when=lambda r: r.quantize == "bf16"),
     # depthwise convs that run cheaper packed on the array -> grouped convs (lower.schedule.pack)
     Stage("pack", _pack),
     # tune=: mappings by gradient on the cost model (stagec.tune), with the collector on

@@ -1,4 +1,4 @@
-"""int8 next to fp32: one model compiled both ways, simulated, and compared with fp32 PyTorch.
+"""int8 and bf16 next to fp32: one model compiled each way, simulated, and compared with fp32 PyTorch.
 
 The demo, `stagec report` and experiments/bench_int8.py print the same table.
 
@@ -20,7 +20,7 @@ from stagec.errors import InputError
 from .api import compile, simulate  # noqa: A004
 from .report import Report
 
-PRECISIONS = ("int8", "fp32")
+PRECISIONS = ("int8", "bf16", "fp32")
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def run_precision(model, args: tuple, kwargs: dict, precision: str, hw=None, cal
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     int8 = precision == "int8"
-    program = compile(model, args, hw=hw, kwargs=kwargs, quantize="int8" if int8 else None,
+    program = compile(model, args, hw=hw, kwargs=kwargs, quantize=None if precision == "fp32" else precision,
                       calibration=(calibration or calibration_batches(args, kwargs, 4)) if int8 else None)
     out, report = simulate(program, *args, **kwargs)
     if reference is None:

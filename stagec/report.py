@@ -22,10 +22,12 @@ is span / bound (1.0 = on the roofline).
     actions             action -> count (MACs by mode, vector ops, bytes per level and direction)
     energy_pj           component -> pJ (mac, vector, scratchpad, accumulator, dram, leakage), "total"
     area_mm2            component -> mm^2 (array, scratchpad, accumulator, vector, fixed), "total"
+    macs_by_precision   precision (int8, bf16, fp32) -> MACs run in it, those with any
     roofline_cycles     sum of the layers' roofline bounds
     cycles_over_roofline  cycles / roofline_cycles
     layers              list of per-layer records:
-        name, op, in_shapes, out_shape, macs, instructions (unit -> count),
+        name, op, in_shapes, out_shape, macs, precision (of its MACs: int8, bf16, fp32; None without),
+        instructions (unit -> count),
         start_cycle, end_cycle, span_cycles, cycles, busy_cycles (unit -> cycles),
         array_utilization (MACs / (peak x span)), bytes (level -> read/write), actions,
         energy_pj (component -> pJ, leakage over the layer's `cycles`, "total"),
@@ -76,7 +78,9 @@ class LayerReport:
     def to_dict(self, hw: HardwareConfig) -> dict:
         return {
             "name": self.name, "op": self.op, "in_shapes": [list(s) for s in self.in_shapes],
-            "out_shape": list(self.out_shape), "macs": self.macs, "instructions": self.instructions,
+            "out_shape": list(self.out_shape), "macs": self.macs,
+            "precision": max(macs_by_precision(self.actions).items(), key=lambda kv: kv[1], default=(None,))[0],
+            "instructions": self.instructions,
             "start_cycle": self.start_cycle, "end_cycle": self.end_cycle, "span_cycles": self.span_cycles,
             "cycles": self.cycles, "busy_cycles": self.busy_cycles, "array_utilization": self.array_utilization(hw),
             "bytes": _bytes(self.actions), "actions": self.actions.to_dict(),
@@ -122,7 +126,7 @@ class Report:
             "hw": self.hw.to_dict(), "cycles": self.cycles, "latency_s": self.latency_s, "clock_hz": self.clock_hz,
             "instructions": self.instructions, "busy_cycles": self.busy_cycles,
             "array_utilization": self.array_utilization, "bytes": _bytes(self.actions),
-            "actions": self.actions.to_dict(),
+            "actions": self.actions.to_dict(), "macs_by_precision": macs_by_precision(self.actions),
             "energy_pj": {**self.energy_pj, "total": sum(self.energy_pj.values())},
             "area_mm2": {**self.area_mm2, "total": sum(self.area_mm2.values())},
             "roofline_cycles": self.roofline_cycles,
@@ -150,6 +154,8 @@ class Report:
             f"{self.cycles / self.roofline_cycles if self.roofline_cycles else float('nan'):.2f}x the sum of "
             f"per-layer roofline bounds ({self.roofline_cycles:.0f}); array utilization "
             f"{100 * self.array_utilization:.1f}%",
+            "MACs by precision: " + (", ".join(f"{p} {m / 1e6:.2f} M"
+                                               for p, m in macs_by_precision(self.actions).items()) or "none"),
             "instructions per unit: " + ", ".join(f"{u} {c}" for u, c in self.instructions.items()),
             "busy cycles per unit:  " + ", ".join(f"{u} {c:.0f}" for u, c in self.busy_cycles.items()),
             "bytes:  " + "; ".join(f"{lvl} read {v['read'] / 2**20:.2f} MiB, written {v['write'] / 2**20:.2f} MiB"
@@ -160,6 +166,12 @@ class Report:
                 f"{k} {v:.2f}" for k, v in self.area_mm2.items()),
         ]
         return "\n".join(lines)
+
+
+def macs_by_precision(actions: ActionCounts) -> dict:
+    """{precision: MACs} of the precisions the array ran MACs in."""
+    counts = {p: float(getattr(actions, f"macs_{p}")) for p in ("int8", "bf16", "fp32")}
+    return {p: m for p, m in counts.items() if m > 0}
 
 
 def _bytes(actions: ActionCounts) -> dict:

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import stagec
+from stagec.errors import SimulationError
 from stagec.isa import (
     AccMode,
     DType,
@@ -22,7 +23,6 @@ from stagec.isa import load as load_ins
 from stagec.isa.instructions import encode, gather
 from stagec.lower.codegen.tokens import insert_tokens
 from stagec.sim.executor import execute
-from stagec.sim.reference import SimulationError
 from stagec.sim.reference import execute as reference
 
 

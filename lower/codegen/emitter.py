@@ -7,6 +7,7 @@ once its size is known), and the constant blob itself.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -28,12 +29,14 @@ from stagec.isa.instructions import (
     store,
     vector,
 )
+from stagec.isa.semantics import NUMPY, round_bf16
 
 from ..schedule.buffers import Buffer, local_bytes
-from ..schedule.tensors import DTYPE_OF, DramRegion, DramTensor, coalesce
+from ..schedule.tensors import DTYPE_OF, DramRegion, DramTensor, coalesce, local_type
 from .memory import ALIGN, LocalAllocator, align
 
-ACC_DTYPE = {DType.F32: DType.F32, DType.I8: DType.I32}   # a MATMUL's operand type -> its accumulator's
+ACC_DTYPE = {DType.F32: DType.F32, DType.BF16: DType.F32, DType.I8: DType.I32}   # a MATMUL's operand type -> its
+# accumulator's
 
 
 @dataclass
@@ -63,6 +66,9 @@ class ConstPool:
         """One constant element of `dtype` as a 0-d tensor; an infinity fills an integer type with its
         extreme (the identity of max/min, as PadValue's)."""
         t = dtype.numpy
+        if dtype == DType.BF16:
+            offset = self.place(("scalar", dtype, value), round_bf16(NUMPY, np.array([value], np.float32)))
+            return DramTensor(DramRegion.CONST, offset, (), (), dtype)
         if np.issubdtype(t, np.integer):
             info = np.iinfo(t)
             value = info.min if value == -np.inf else info.max if value == np.inf else value
@@ -109,24 +115,26 @@ class Emitter:
 
     # --- DMA ----------------------------------------------------------------------------------
     def load(self, src: DramTensor, start, axes, counts, dst: Operand, *, pad=(0,) * 6,
-             pad_value=PadValue.ZERO) -> None:
+             pad_value=PadValue.ZERO, local: DType | None = None) -> None:
         """LOAD the box of `src` at `start` spanning `axes` (3 logical dims, None = unit) into a
-        dense local box (counts + pads)."""
+        dense local box (counts + pads), as `local` elements (default: local_type)."""
         self._append(load(_dram_operand(src, start, axes), dst, counts, pad=pad, pad_value=pad_value,
-                          dtype=src.dtype), src.region)
+                          dtype=src.dtype, out_dtype=local or local_type(src.dtype)), src.region)
 
     def gather(self, table: DramTensor, start, rows: int, width: int, dst: Operand, index: Operand) -> None:
         """GATHER `rows` rows of a 2-D table (columns from start[1], `width` of them) by the int32
         indices at `index` into the dense local `dst`."""
         self._append(gather(_dram_operand(table, start, (0, None, 1)), dst, index, (rows, 1, width), table.shape[0],
-                            dtype=table.dtype), table.region)
+                            dtype=table.dtype, out_dtype=local_type(table.dtype)), table.region)
 
     def store(self, dst: DramTensor, start, axes, counts, src: Operand) -> None:
-        self._append(store(_dram_operand(dst, start, axes), src, counts, dtype=dst.dtype), dst.region)
+        self._append(store(_dram_operand(dst, start, axes), src, counts, dtype=dst.dtype,
+                           out_dtype=local_type(dst.dtype)), dst.region)
 
-    def load_box(self, src: DramTensor, start, axes, counts, space: Space, base: int) -> None:
+    def load_box(self, src: DramTensor, start, axes, counts, space: Space, base: int, *,
+                 local: DType | None = None) -> None:
         """LOAD an N-D box (dense in local memory, in `axes` order) with as few 3-D LOADs as possible."""
-        self._box(src, start, axes, counts, space, base, self.load)
+        self._box(src, start, axes, counts, space, base, functools.partial(self.load, local=local))
 
     def store_box(self, dst: DramTensor, start, axes, counts, space: Space, base: int) -> None:
         self._box(dst, start, axes, counts, space, base, self.store)
@@ -158,7 +166,7 @@ class Emitter:
     # --- compute --------------------------------------------------------------------------------
     def matmul(self, a: Operand, b: Operand, c: Operand, m1, m0, k, n, *, accumulate: bool,
                dtype: DType = DType.F32) -> None:
-        """C (+)= A @ B; int8 operands accumulate in int32, float32 ones in float32."""
+        """C (+)= A @ B; int8 operands accumulate in int32, float32 and bf16 ones in float32."""
         self._append(matmul(a, b, c, m1, m0, k, n, accumulate=accumulate, dtype=dtype, out_dtype=ACC_DTYPE[dtype]))
 
     def vector(self, func: VectorFunc, dst: Operand, src1: Operand, src2: Operand | None, counts, *,
@@ -203,4 +211,4 @@ def dense_strides(counts) -> tuple[int, int, int]:
     return (c1 * c2, c2, 1)
 
 
-__all__ = ["ALIGN", "ConstPool", "DType", "Emitter", "dense_strides"]
+__all__ = ["ALIGN", "ConstPool", "DType", "Emitter", "dense_strides", "local_type"]

@@ -66,7 +66,8 @@ class LowerContext:
     def fill(self, dst: Operand, counts, value: float, dtype: DType = DType.F32) -> None:
         """Fill a local tile with a constant (a stride-0 LOAD of one constant element)."""
         scalar = self.scalar(value, dtype)
-        self.em.load(DramTensor(scalar.region, scalar.offset, (1,), (0,), dtype), (0,), (0, 0, 0), counts, dst)
+        self.em.load(DramTensor(scalar.region, scalar.offset, (1,), (0,), dtype), (0,), (0, 0, 0), counts, dst,
+                     local=dtype)
 
 
 def _extras(ctx: LowerContext, node: Node, first: int, shape) -> list[DramTensor]:

@@ -28,7 +28,7 @@ from ..schedule.nest import ConvProblem, LayerShape, TileMapping, row_tiles, til
 from ..schedule.nest_work import matrix_buffers, one_spatial_tile
 from ..schedule.tensors import DramTensor
 from . import tile_expr
-from .emitter import ACC_DTYPE
+from .emitter import ACC_DTYPE, local_type
 
 # Tile axes of an NCHW output: rows (H), cols (W), channels (O).
 OUT_AXES = (2, 3, 1)
@@ -79,17 +79,18 @@ class Epilogue:
         for k, (e, i) in enumerate(zip(self.extras, self.layout.inputs, strict=True)):
             if i.kind == "tile":
                 extent = i.extent(counts)
-                tile = tile_expr.LocalTile(Space.SPAD, self.tile_buf[buf][k], extent, e.dtype)
+                tile = tile_expr.LocalTile(Space.SPAD, self.tile_buf[buf][k], extent, local_type(e.dtype))
                 em.load(e, (n, o0, h0, w0), OUT_AXES, extent, tile.operand(extent))
             elif i.kind == "scalar":
-                tile = tile_expr.LocalTile(Space.SPAD, self.vectors[k][0], (1, 1, 1), e.dtype)
+                tile = tile_expr.LocalTile(Space.SPAD, self.vectors[k][0], (1, 1, 1), local_type(e.dtype))
             elif self.per_tile:
                 base = self.vectors[k][buf]
                 _load_channels(em, e, i.record, o0, counts[2], base)
-                tile = tile_expr.LocalTile(Space.SPAD, base, (1, 1, counts[2]), e.dtype)
+                tile = tile_expr.LocalTile(Space.SPAD, base, (1, 1, counts[2]), local_type(e.dtype))
             else:
-                tile = tile_expr.LocalTile(Space.SPAD, self.vectors[k][0] + o0 * i.itemsize, (1, 1, counts[2]),
-                                           e.dtype)
+                held = local_type(e.dtype)
+                per = i.itemsize if i.record else held.itemsize
+                tile = tile_expr.LocalTile(Space.SPAD, self.vectors[k][0] + o0 * per, (1, 1, counts[2]), held)
             args.append(tile)
         temps = [tile_expr.LocalTile(Space.SPAD, b, tuple(counts)) for b in self.temp_buf[buf]]
         return tile_expr.emit(em, self.layout.expr, self.layout.plan, args, temps, counts, final)
@@ -133,7 +134,7 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
 
 def _check_operands(em, p: ConvProblem, x: DramTensor, w: DramTensor) -> None:
     if x.dtype != w.dtype or x.dtype not in ACC_DTYPE:
-        raise TypeError(f"{em.layer_name}: the array multiplies float32 or int8 operands, not {x.dtype.name} "
+        raise TypeError(f"{em.layer_name}: the array multiplies float32, bf16 or int8 operands, not {x.dtype.name} "
                         f"by {w.dtype.name}")
     if x.dtype.itemsize != p.itemsize:
         raise AssertionError(f"{em.layer_name}: internal error: {x.dtype.name} operands of a problem of "
@@ -173,7 +174,7 @@ class _ConvNest:
         p, base = self.p, self.bases["weights"][0]
         for c0, tc in self.c_tiles:
             self.em.load_box(self.w, (0, c0, 0, 0), self.w_axes, (*self.w_counts, tc, p.o), Space.SPAD,
-                             base + c0 * self.taps * p.o * self.w.dtype.itemsize)
+                             base + c0 * self.taps * p.o * self.w.dtype.itemsize, local=self.w.dtype)
 
     def load_halo(self, n, oh0, th, ow0, tw, c0, tc):
         """LOAD the input window of an output tile; returns (base, iw) or None if all padding."""
@@ -194,7 +195,8 @@ class _ConvNest:
             self._load_stacked_rows(base, n, r0, q0, th, iw, left, right, c0, tc)
         else:
             self.em.load(self.x, (n, c0, r0 + top, q0 + left), (2, 3, 1), (ih - top - bottom, iw - left - right, tc),
-                         Operand(Space.SPAD, base, (iw * tc, tc, 1)), pad=(top, bottom, left, right, 0, 0))
+                         Operand(Space.SPAD, base, (iw * tc, tc, 1)), pad=(top, bottom, left, right, 0, 0),
+                         local=self.x.dtype)
         return base, iw
 
     def _load_stacked_rows(self, base, n, r0, q0, th, iw, left, right, c0, tc) -> None:
@@ -209,7 +211,8 @@ class _ConvNest:
                 self.fill(Operand(Space.SPAD, row, (p.kh * tc, tc, 1)), (iw, p.kh, tc), 0.0, x.dtype)
                 continue
             self.em.load(x, (n, c0, first + above, q0 + left), (3, 2, 1), (iw - left - right, p.kh - above - below, tc),
-                         Operand(Space.SPAD, row, (p.kh * tc, tc, 1)), pad=(left, right, above, below, 0, 0))
+                         Operand(Space.SPAD, row, (p.kh * tc, tc, 1)), pad=(left, right, above, below, 0, 0),
+                         local=x.dtype)
 
     def accumulate(self, n, oh0, th, ow0, tw, o0, to, shared, line, pitch) -> tile_expr.LocalTile:
         """An output tile's sums over every input-channel tile, zero where its whole receptive field is
@@ -243,7 +246,8 @@ class _ConvNest:
             return self.bases["weights"][0] + (c0 * self.taps * p.o + o0) * wb, p.o, tc * p.o
         base = self.bases["weights"][self.n_w % self.bufs]
         self.n_w += 1
-        self.em.load_box(self.w, (o0, c0, 0, 0), self.w_axes, (*self.w_counts, tc, to), Space.SPAD, base)
+        self.em.load_box(self.w, (o0, c0, 0, 0), self.w_axes, (*self.w_counts, tc, to), Space.SPAD, base,
+                         local=self.w.dtype)
         return base, to, tc * to
 
     def matmuls(self, c_op: Operand, halo, weights, th, tw, tc, to, line, accumulate: bool) -> None:

@@ -33,7 +33,7 @@ from ..schedule.layout import ALWAYS_VIEWS, Layout, view_of
 from ..schedule.nest import TileMapping, tiles
 from ..schedule.tensors import DramTensor, coalesce
 from . import tile_expr
-from .emitter import ConstPool
+from .emitter import ConstPool, local_type
 
 COPY: Expr = (Step("copy", (0,)),)
 _REDUCE = {"sum": (VectorFunc.RSUM, AccMode.ADD), "max": (VectorFunc.RMAX, AccMode.MAX),
@@ -118,7 +118,8 @@ class Elementwise:
         scalars = frozenset(k for i, k in enumerate(data) if not any(inner_s[i + 1]) and not any(lead_s[i + 1]))
         p = tile_expr.plan(self.expr, len(inputs), writable)
         loaded = [i for i, k in enumerate(data) if k not in scalars]
-        widths = tile_expr.slot_itemsizes(self.expr, p, [t.dtype for t in inputs], [data[i] for i in loaded])
+        widths = tile_expr.slot_itemsizes(self.expr, p, [local_type(t.dtype) for t in inputs],
+                                          [data[i] for i in loaded])
         return _ElementwisePlan(records, data, views, lead, lead_s, inner, inner_s, scalars, loaded, p, widths,
                                 ElementwiseBuffers(sum(widths), tuple(inputs[k].dtype.itemsize * w
                                                                       for k, w in sorted(records.items())),
@@ -159,7 +160,7 @@ class Elementwise:
                         loaded = {}
                         for i, src in srcs.items():
                             extent = tuple(c if s else 1 for c, s in zip(counts, src.strides, strict=True))
-                            tile = tile_expr.LocalTile(Space.SPAD, in_buf[buf][i], extent, src.dtype)
+                            tile = tile_expr.LocalTile(Space.SPAD, in_buf[buf][i], extent, local_type(src.dtype))
                             em.load(src, start, (0, 1, 2), extent, tile.operand(extent))
                             loaded[p.data[i]] = tile
                         args = [loaded[j] if j in loaded else record_tiles[j] for j in range(n_in)]
@@ -178,7 +179,7 @@ def _passes(expr: Expr, hw) -> float:
 
 def _load_scalar(em, base: int, t: DramTensor) -> tile_expr.LocalTile:
     """LOAD a broadcast scalar operand (one element) into the scratchpad once."""
-    tile = tile_expr.LocalTile(Space.SPAD, base, (1, 1, 1), t.dtype)
+    tile = tile_expr.LocalTile(Space.SPAD, base, (1, 1, 1), local_type(t.dtype))
     em.load(_at(t, (), (), (0, 0, 0)), (0, 0, 0), (0, 1, 2), (1, 1, 1), tile.operand((1, 1, 1)))
     return tile
 
@@ -219,7 +220,7 @@ class Reduce:
 
     def _plan(self, layer: str) -> _ReducePlan:
         x, axes, out = self.x, self.axes, self.out
-        widen = x.dtype != out.dtype
+        widen = local_type(x.dtype) != local_type(out.dtype)   # float32 and bf16 both sum in float32
         if widen and not (x.dtype == DType.I8 and out.dtype == DType.I32):
             raise TypeError(f"{layer}: a reduction of {x.dtype.name} gives {x.dtype.name} or (int8 sums) "
                             f"int32, not {out.dtype.name}")
@@ -240,7 +241,7 @@ class Reduce:
                           passes=1 + p.widen, load_bytes=self.x.dtype.itemsize, store_bytes=self.out.dtype.itemsize)
 
     def _buffers(self) -> ReduceBuffers:
-        return ReduceBuffers(self.x.dtype.itemsize, self.out.dtype.itemsize)
+        return ReduceBuffers(local_type(self.x.dtype).itemsize, local_type(self.out.dtype).itemsize)
 
     def emit(self, em, m: TileMapping) -> None:
         x, out = self.x, self.out
@@ -273,7 +274,7 @@ class Reduce:
                                 tile = wide
                             chunk += 1
                             em.vector(vfunc, dst, tile, None, (t0, t1, t2),
-                                      acc=AccMode.OVERWRITE if first else acc_mode, dtype=out.dtype)
+                                      acc=AccMode.OVERWRITE if first else acc_mode, dtype=local_type(out.dtype))
                             first = False
                     o = DramTensor(out.region, o_off, (1 << 30,) * 3, p.kin_o + (0,), out.dtype)
                     em.store(o, (a0, a1, 0), (0, 1, 2), (t0, t1, 1), dst)
@@ -303,14 +304,14 @@ class Gather:
 
     def nest(self, hw, layer: str) -> VectorNest:
         row, idx, _ = self._plan(layer)
-        return VectorNest("gather", (idx.size, 1, row.shape[1]), 1, GatherBuffers(row.dtype.itemsize), passes=0,
-                          load_bytes=row.dtype.itemsize, store_bytes=row.dtype.itemsize)
+        return VectorNest("gather", (idx.size, 1, row.shape[1]), 1, GatherBuffers(local_type(row.dtype).itemsize),
+                          passes=0, load_bytes=row.dtype.itemsize, store_bytes=row.dtype.itemsize)
 
     def emit(self, em, m: TileMapping) -> None:
         row, idx, dst = self._plan(em.layer_name)
         width = row.shape[1]
         bufs = 2 if m.double_buffer else 1
-        bases = em.allocate(GatherBuffers(row.dtype.itemsize)(m.tile_oh, m.tile_ow, m.tile_o, bufs))
+        bases = em.allocate(GatherBuffers(local_type(row.dtype).itemsize)(m.tile_oh, m.tile_ow, m.tile_o, bufs))
         idx_buf, row_buf = bases["indices"], bases["rows"]
         k = 0
         for a0, t0 in tiles(idx.size, m.tile_oh):

@@ -21,7 +21,7 @@ from ..schedule.nest import ConvProblem, LayerShape, TileMapping, tiles
 from ..schedule.nest_work import window_buffers
 from ..schedule.tensors import DramTensor
 from . import tile_expr
-from .emitter import dense_strides
+from .emitter import ACC_DTYPE, dense_strides
 from .matrix import Epilogue
 
 _REDUCE = {"sum": (VectorFunc.COPY, AccMode.ADD, PadValue.ZERO),
@@ -32,13 +32,14 @@ _REDUCE = {"sum": (VectorFunc.COPY, AccMode.ADD, PadValue.ZERO),
 def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, out: DramTensor,
                 w: DramTensor | None = None, epilogue: EpilogueLayout | None = None, extras=(), fill=None) -> None:
     """x [N,C,H,W] -> out [N,C,OH,OW] (p.c == p.o); w [C,1,KH,KW] for depthwise.  An int8 max pool
-    stays int8; int8 sums and products run in int32 on halos (and weights) widened by a COPY."""
+    stays int8; int8 sums and products run in int32, bf16 ones in float32, on halos (and weights)
+    widened by a COPY (p.widened, decided by the schedule)."""
     func, acc_mode, pad_value = _REDUCE[kind]
-    widen = x.dtype == DType.I8 and kind != "max"
-    if (x.dtype.itemsize, widen) != (p.itemsize, p.widened) or w is not None and w.dtype != x.dtype:
+    widen = bool(p.widened)
+    if x.dtype.itemsize != p.itemsize or w is not None and w.dtype != x.dtype:
         raise AssertionError(f"{em.layer_name}: internal error: {x.dtype.name} operands of a problem of "
-                             f"{p.itemsize}-byte elements (widened: {p.widened})")
-    acc_type = DType.I32 if widen else x.dtype
+                             f"{p.itemsize}-byte elements")
+    acc_type = ACC_DTYPE[x.dtype] if widen else x.dtype
     cb = acc_type.itemsize
     bufs = 2 if m.double_buffer else 1
     (pt, _), (pl, _) = p.padding
@@ -56,7 +57,7 @@ def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, ou
     for c0, tc in tiles(p.o, m.tile_o):
         if w is not None:   # the channel tile's weights, [taps, tc], reused by every spatial tile
             w_base = w_buf[(c0 // m.tile_o) % bufs]
-            em.load_box(w, (c0, 0, 0, 0), (2, 3, 0), (p.kh, p.kw, tc), Space.SPAD, w_base)
+            em.load_box(w, (c0, 0, 0, 0), (2, 3, 0), (p.kh, p.kw, tc), Space.SPAD, w_base, local=w.dtype)
             if widen:
                 _widen(em, w_wide[(c0 // m.tile_o) % bufs], w_base, (p.kh * p.kw, 1, tc), w.dtype, acc_type)
             w_base = w_wide[(c0 // m.tile_o) % bufs]
@@ -78,7 +79,7 @@ def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, ou
                         em.load(x, (n, c0, r0 + top, q0 + left), (2, 3, 1),
                                 (ih - top - bottom, iw - left - right, tc),
                                 Operand(Space.SPAD, halo_buf[buf], (iw * tc, tc, 1)),
-                                pad=(top, bottom, left, right, 0, 0), pad_value=pad_value)
+                                pad=(top, bottom, left, right, 0, 0), pad_value=pad_value, local=x.dtype)
                         if widen:
                             _widen(em, wide_buf[buf], halo_buf[buf], (ih, iw, tc), x.dtype, acc_type)
                         for t, (kh, kw) in enumerate((a, b) for a in range(p.kh) for b in range(p.kw)):
@@ -93,7 +94,7 @@ def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, ou
 
 
 def _widen(em, dst: int, src: int, counts, dtype: DType, to: DType) -> None:
-    """COPY a dense scratchpad box to another one, converting its elements (int8 -> int32)."""
+    """COPY a dense scratchpad box to another one, converting its elements (int8 -> int32, bf16 -> float32)."""
     strides = dense_strides(counts)
     em.vector(VectorFunc.COPY, Operand(Space.SPAD, dst, strides), Operand(Space.SPAD, src, strides), None, counts,
               dtype=dtype, out_dtype=to)

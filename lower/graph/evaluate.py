@@ -1,6 +1,7 @@
 """The graph IR's reference semantics: evaluate a Graph with jax.numpy (slow is fine).
 
-Passes are tested by evaluating the graph before and after them.
+Passes are tested by evaluating the graph before and after them.  A node computes on bfloat16
+inputs as float32 and rounds its result once when it is bfloat16 (lower.graph.bfloat16).
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ STEP_FUNCS = {
     "requant": _requant, "rescale": _rescale, "lut": lambda x, table: jnp.take(table, x.astype(jnp.int32) + 128),
 }
 ACC_TYPE = {jnp.dtype(jnp.int8): jnp.int32}   # int8 products and sums accumulate in int32
+COMPUTED = {"bfloat16": "float32"}            # the type a node of a result type computes in
+
+
+def _widened(x):
+    return x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x
 
 
 def eval_expr(expr: Expr, inputs):
@@ -78,7 +84,7 @@ EVAL_RULES = {
     OpKind.MATMUL: _matmul,
     OpKind.ELEMENTWISE: lambda n, *xs: eval_expr(n.attr("expr"), xs),
     OpKind.REDUCE: lambda n, x: {"sum": jnp.sum, "max": jnp.max, "min": jnp.min}[n.attr("func")](
-        x.astype(n.output.dtype), n.attr("axes")),
+        x.astype(COMPUTED.get(n.output.dtype, n.output.dtype)), n.attr("axes")),
     OpKind.POOL: _pool,
     OpKind.BROADCAST: lambda n, x: lax.broadcast_in_dim(x, n.output.shape, n.attr("dims")),
     OpKind.RESHAPE: lambda n, x: jnp.reshape(x, n.output.shape),
@@ -100,7 +106,8 @@ def evaluate(graph: Graph, *inputs, observe=None) -> list[np.ndarray]:
         if observe:
             observe(v, env[v.id])
     for node in graph.nodes:
-        env[node.output.id] = EVAL_RULES[node.op](node, *[env[v.id] for v in node.inputs])
+        out = EVAL_RULES[node.op](node, *[_widened(env[v.id]) for v in node.inputs])
+        env[node.output.id] = out.astype(node.output.dtype) if node.output.dtype in COMPUTED else out
         if observe:
             observe(node.output, env[node.output.id])
     return [np.asarray(env[v.id]) for v in graph.outputs]

@@ -28,11 +28,12 @@ from stagec.isa.opcodes import TRANSCENDENTAL
 
 from ..codegen import tile_expr
 from ..graph.graph_ir import Node, OpKind, record_words
-from .tensors import DTYPE_OF
+from .tensors import DTYPE_OF, local_type
 
 FP32 = 4
 WORD = 4   # every local buffer is a whole number of 4-byte words
-ACCUMULATES = {"int8": "int32"}   # the element type a CONV/MATMUL of int8 operands sums in (others: their own)
+# the element type a CONV/MATMUL sums in: int8 operands in int32, bf16 in float32 (others: their own)
+ACCUMULATES = {"int8": "int32", "bfloat16": "float32"}
 EPILOGUE_VECTORS, EPILOGUE_TILES = "epilogue vectors", "epilogue tiles"
 
 
@@ -212,7 +213,7 @@ def epilogue_layout(node: Node) -> EpilogueLayout | None:
         inputs.append(EpilogueInput(kind, record, spans, item))
     writable = frozenset({0} | {k + 1 for k, i in enumerate(inputs) if i.kind == "tile" and all(i.spans)})
     x = node.inputs[0].dtype
-    dtypes = (DTYPE_OF[ACCUMULATES.get(x, x)], *(DTYPE_OF[v.dtype] for v in node.inputs[2:]))
+    dtypes = (DTYPE_OF[ACCUMULATES.get(x, x)], *(local_type(DTYPE_OF[v.dtype]) for v in node.inputs[2:]))
     return EpilogueLayout(expr, tuple(inputs), tile_expr.plan(expr, len(inputs) + 1, writable), dtypes)
 
 

@@ -254,7 +254,8 @@ def node_problem(node) -> ConvNest | None:
     """The ConvNest (kind, problem, epilogue buffers) of a node that runs as a convolution, else None."""
     x = node.inputs[0]
     itemsize, out_itemsize = DTYPE_OF[x.dtype].itemsize, DTYPE_OF[node.output.dtype].itemsize
-    widens = x.dtype == "int8"   # int8 sums and products on the vector unit run in int32
+    # widened on copies per tile: the vector unit sums int8 in int32 and computes on bf16 in float32
+    widens = x.dtype in ("int8", "bfloat16")
     if node.op == OpKind.CONV:
         (n, c, h, w), (o, cg, kh, kw) = x.shape, node.inputs[1].shape
         g = node.attr("groups")
@@ -272,7 +273,8 @@ def node_problem(node) -> ConvNest | None:
         (kh, kw), stride = node.attr("window"), node.attr("strides")
         return ConvNest("pool", ConvProblem(1, c, h, w, c, kh, kw, stride, node.attr("padding"),
                                             node.attr("dilation"), itemsize,
-                                            widens and node.attr("func") != "max", out_itemsize), NO_EXTRAS)
+                                            widens and (x.dtype == "bfloat16" or node.attr("func") != "max"),
+                                            out_itemsize), NO_EXTRAS)
     return None
 
 

@@ -60,7 +60,7 @@ def block_diagonal(w: np.ndarray, g: int) -> np.ndarray:
 
 
 def pack_depthwise(graph: Graph, hw: HardwareConfig, keep=frozenset()) -> Graph:
-    """Every fp32 depthwise conv with constant weights that packs cheaper than it runs on the
+    """Every float (fp32 or bf16) depthwise conv with constant weights that packs cheaper than it runs on the
     vector unit, as its packed grouped conv (same name, same epilogue); the layers named in `keep`
     (those the caller maps itself) stay as they are."""
     consts = dict(graph.constants)
@@ -69,7 +69,8 @@ def pack_depthwise(graph: Graph, hw: HardwareConfig, keep=frozenset()) -> Graph:
     for node in graph.nodes:
         found = node_problem(node) if node.op == OpKind.CONV else None
         g = 0
-        if (found and found[0] == "depthwise" and node.inputs[1].id in consts and node.inputs[0].dtype == "float32"
+        if (found and found[0] == "depthwise" and node.inputs[1].id in consts
+                and node.inputs[0].dtype in ("float32", "bfloat16")
                 and node.name not in keep):
             g = packing(found[1], found[2], hw, layer_label(node))
         if not g:

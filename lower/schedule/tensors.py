@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from stagec.isa.instructions import DType
 
-DTYPE_OF = {"float32": DType.F32, "int32": DType.I32, "int8": DType.I8}   # graph value types -> element types
+DTYPE_OF = {"float32": DType.F32, "bfloat16": DType.BF16, "int32": DType.I32,   # graph value types -> element types
+            "int8": DType.I8}
 
 
 class DramRegion(enum.IntEnum):
@@ -125,3 +126,10 @@ def coalesce(shape, *strides_list, max_count: int | None = None):
     if not merged:
         merged = [(1, [0] * len(strides_list))]
     return tuple(d for d, _ in merged), [tuple(ss[k] for _, ss in merged) for k in range(len(strides_list))]
+
+
+def local_type(dram: DType) -> DType:
+    """How local memory holds an element LOADed from DRAM as `dram` for the vector unit (and how a
+    STORE to `dram` finds it): bf16 as float32, what the vector unit computes on (isa.opcodes: the
+    DMA widens and rounds); the matrix unit's operands LOAD bf16 as it is."""
+    return DType.F32 if dram == DType.BF16 else dram
