@@ -118,3 +118,22 @@ def test_bf16_takes_no_calibration():
     model, args = small_cnn()
     with pytest.raises(InputError, match="calibration and percentile need quantize='int8'"):
         stagec.compile(model, args, quantize="bf16", calibration=[args])
+
+
+def test_a_bf16_result_tile_is_held_as_float32():
+    """The vector unit writes a conv's bf16 result as float32 and the STORE rounds it, so the
+    single-accumulator result tile takes four bytes an element (two would let a full-size ResNet's
+    result tile run past the scratchpad's end)."""
+    from stagec.lower.schedule.mapper import node_problem
+    from stagec.lower.schedule.nest import LayerShape, TileMapping
+    from stagec.lower.schedule.nest_work import matrix_buffers
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(16, 32, 3), nn.ReLU(), nn.Conv2d(32, 8, 1)).eval()
+    _, graph = build_graph(model, (torch.randn(1, 16, 12, 12),), quantize="bf16")
+    first = next(n for n in graph.nodes if n.op.value == "conv")
+    nest = node_problem(first)
+    assert nest.problem.out_itemsize == 2   # stored as bf16
+    m = TileMapping(10, 10, 32, 16, single_acc=True)
+    (result,) = [b for b in matrix_buffers(LayerShape.of(nest.kind, nest.problem, nest.extras), m, np)
+                 if b.name == "result"]
+    assert (result.nbytes, result.count) == (10 * 10 * 32 * 4, 1)

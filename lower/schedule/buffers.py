@@ -54,6 +54,12 @@ def local_bytes(buffers: list[Buffer]) -> tuple[object, object]:
     return tuple(sum((b.count * b.nbytes for b in buffers if b.space == space), 0) for space in (Space.SPAD, Space.ACC))
 
 
+def held_itemsize(itemsize):
+    """Bytes an element of `itemsize` takes where the vector unit holds it: bf16 (the only 2-byte
+    type) as float32 (tensors.local_type), others as they are; numbers or arrays."""
+    return itemsize + 2 * (itemsize == 2)
+
+
 def words(nbytes, itemsize: int):
     """`nbytes` of elements of `itemsize` bytes, rounded up to whole words (int8 buffers)."""
     return nbytes + (itemsize % WORD != 0) * (-nbytes % WORD)
