@@ -252,22 +252,24 @@ def test_an_average_pool_with_a_divisor_per_window_divides_each_window_by_its_co
 
 
 class InvertedResidual(nn.Module):
-    """MobileNetV2's block with ReLU: 1x1 expand, ReLU, 3x3 depthwise, ReLU, 1x1 project, + input."""
+    """MobileNetV2's block: 1x1 expand, activation (ReLU6 in MobileNetV2, hardswish in V3), 3x3
+    depthwise, activation, 1x1 project, + input."""
 
-    def __init__(self, c=8, expand=4):
+    def __init__(self, c=8, expand=4, act=nn.ReLU6):
         super().__init__()
         h = c * expand
-        self.body = nn.Sequential(nn.Conv2d(c, h, 1, bias=False), nn.BatchNorm2d(h), nn.ReLU(),
-                                  nn.Conv2d(h, h, 3, padding=1, groups=h, bias=False), nn.BatchNorm2d(h), nn.ReLU(),
+        self.body = nn.Sequential(nn.Conv2d(c, h, 1, bias=False), nn.BatchNorm2d(h), act(),
+                                  nn.Conv2d(h, h, 3, padding=1, groups=h, bias=False), nn.BatchNorm2d(h), act(),
                                   nn.Conv2d(h, c, 1, bias=False), nn.BatchNorm2d(c))
 
     def forward(self, x):
         return x + self.body(x)
 
 
-def test_an_inverted_residual_block_never_leaves_int8():
+@pytest.mark.parametrize("act", [nn.ReLU, nn.ReLU6, nn.Hardswish])
+def test_an_inverted_residual_block_never_leaves_int8(act):
     torch.manual_seed(4)
-    model, x = InvertedResidual().eval(), torch.randn(1, 8, 10, 10)
+    model, x = InvertedResidual(act=act).eval(), torch.randn(1, 8, 10, 10)
     calibration = [(x,)] + [(torch.randn(x.shape),) for _ in range(3)]
     program, graph = compile_int8(model, (x,), calibration)
     code, layer_of = program.code, program.layer_ids

@@ -5,6 +5,7 @@ import ast
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -12,7 +13,7 @@ from torch import nn
 import stagec
 from stagec.isa.instructions import Opcode
 from stagec.layers import model_graph
-from stagec.pipeline import PIPELINE, GraphPass, Stage, lower_graph, position
+from stagec.pipeline import PIPELINE, GraphPass, Stage, build_graph, lower_graph, position
 
 STAGEC = Path(stagec.__file__).parent
 NARROW_VECTOR = stagec.HardwareConfig(vector_lanes=4)   # depthwise convs pack onto the array (test_pack)
@@ -44,6 +45,21 @@ def test_a_new_pass_is_one_function_and_one_list_entry(tmp_path):
     assert files[files.index("07-fold_affine.txt") + 1] == "08-count_nodes.txt"
     assert (tmp_path / "08-count_nodes.txt").read_text() == (tmp_path / "07-fold_affine.txt").read_text()
     assert program == stagec.compile(model, (x,))
+
+
+def test_batch_norm_folds_into_the_conv_before_an_activation_that_reads_its_input_twice():
+    """hardswish(bn(conv(x))) reads bn's result after x + 3: batch norm still folds into the
+    weights and bias, the 3 stays in the epilogue."""
+    model, x = conv_relu()
+    model[2] = nn.Hardswish().eval()
+    graph = build_graph(model, (x,))[1]
+    (conv,) = graph.nodes
+    expr = conv.attr("epilogue")
+    assert [s.func for s in expr[:2]] == ["add", "add"]   # bias, then hardswish's + 3
+    sizes = sorted(graph.constants[v.id].size for v in conv.inputs[2:])
+    assert sizes == [1, 1, 1, 8]   # 3, 6, 1/6 and the bias: no per-channel scale left
+    y, _ = stagec.simulate(stagec.compile(model, (x,)), x)
+    np.testing.assert_allclose(y, model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_a_pass_that_changes_the_graph_changes_the_program():

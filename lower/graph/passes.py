@@ -279,7 +279,7 @@ def _fold_node(node: Node, consts):
     scale = np.ones(channels, np.float32)
     shift = np.zeros(channels, np.float32)
     n_in = len(node.inputs) - 1   # epilogue inputs: acc + extras
-    cur, used = 0, 0
+    cur, prefixes = 0, []   # (scale, shift, steps used, the value they give) after each affine step
     for j, step in enumerate(expr):
         if step.func not in ("add", "sub", "mul") or cur not in step.args or len(set(step.args)) != 2:
             break
@@ -294,11 +294,15 @@ def _fold_node(node: Node, consts):
             scale, shift = scale * vec, shift * vec
         else:
             shift = shift + vec if step.func == "add" else shift - vec
-        cur, used = n_in + j, j + 1
-    rest = expr[used:]
-    # Folding changes the accumulator; nothing after may read it or a value folded on the way.
-    if used == 0 or any(a < n_in + used and a != cur and a >= n_in or a == 0 for s in rest for a in s.args):
+        cur = n_in + j
+        prefixes.append((scale, shift, j + 1, cur))
+    # Folding changes the accumulator; nothing after may read it or a value folded on the way, so
+    # fold the longest prefix whose values the rest does not read (hardswish reads x after x + 3).
+    legal = [p for p in prefixes
+             if not any(a < n_in + p[2] and a != p[3] and a >= n_in or a == 0 for s in expr[p[2]:] for a in s.args)]
+    if not legal:
         return None
+    scale, shift, used, cur = legal[-1]
     w_new = np.asarray(consts[w.id], np.float32)
     if (scale != 1).any():   # a bias alone (every linear layer) leaves the weights as they are: no copy
         w_new = w_new * (scale.reshape(-1, 1, 1, 1) if node.op == OpKind.CONV else scale)
