@@ -69,16 +69,17 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = command("demo", _demo, "compile and simulate the bundled hand-keypoint network")
     demo.add_argument("--hw", help="hardware config (YAML or JSON); default: the built-in edge accelerator")
-    demo.add_argument("--precision", choices=("int8", "fp32"), default="int8",
-                      help="int8 (default: calibrated, shown beside fp32) or fp32 alone (faster)")
+    demo.add_argument("--precision", choices=("int8", "bf16", "fp32"), default="int8",
+                      help="int8 (default: calibrated, shown beside bf16 and fp32), bf16 (beside fp32) or fp32 "
+                           "alone (fastest)")
     dis = command("disasm", _disasm, "print a saved program as assembly")
     dis.add_argument("program")
     rep = command("report", _report, "time a program and write its report (table, JSON) and plots (PNG, SVG)")
     rep.add_argument("program", nargs="?", help="a saved program; default: the bundled hand-keypoint network")
     rep.add_argument("--hw", help="hardware config (YAML or JSON) to compile the demo for")
     rep.add_argument("--out", default="stagec-report", help="output folder (default: ./stagec-report)")
-    rep.add_argument("--precision", choices=("int8", "fp32"), default="int8",
-                     help="the demo model's precision (int8, the default, is also compared with fp32)")
+    rep.add_argument("--precision", choices=("int8", "bf16", "fp32"), default="int8",
+                     help="the demo model's precision (int8, the default, and bf16 are also compared with fp32)")
     ops = command("ops", _ops, "a model's ATen ops, with counts and whether stagec supports each "
                                "(exit status 1 if any is unsupported)")
     ops.add_argument("model", help="a zoo model (stagec.zoo.ZOO, e.g. resnet18) or path/to/file.py:factory, "

@@ -15,8 +15,9 @@ from .report import make_report
 
 def run_report(program_path: str | None, hw_path: str | None, out_dir: str, precision: str = "int8") -> list[Path]:
     """Write summary.txt, report.json and the plots (PNG and SVG) into `out_dir`; print the summary.
-    The demo model is compiled at `precision`; int8 also writes precision.txt and precision.json,
-    int8 beside fp32 (DRAM bytes, cycles, energy, error against PyTorch)."""
+    The demo model is compiled at `precision`; int8 and bf16 also write precision.txt and
+    precision.json, beside the precisions the demo compares them with (stagec.demo.BESIDE: DRAM
+    bytes, cycles, energy, error against PyTorch)."""
     from .api import load
     out = Path(out_dir)
     written = []
@@ -25,12 +26,13 @@ def run_report(program_path: str | None, hw_path: str | None, out_dir: str, prec
             raise InputError("--hw applies to the demo model; a saved program keeps its own config")
         program, name = load(program_path), Path(program_path).stem
     else:
+        from .demo import BESIDE
         from .models import hand_keypoint_net
         from .precision import format_runs, run_precision
         print(f"compiling and simulating the bundled hand-keypoint network ({precision}) ...", flush=True)
         model, example = hand_keypoint_net()
         hw = HardwareConfig.load(hw_path) if hw_path else None
-        runs = [run_precision(model, example, {}, p, hw) for p in dict.fromkeys((precision, "fp32"))]
+        runs = [run_precision(model, example, {}, p, hw) for p in (precision, *BESIDE[precision])]
         program, name = runs[0].program, "demo"
         if len(runs) > 1:
             out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """The command line: a user's mistake is one line on stderr and a non-zero exit, --debug shows the
 traceback, a bug always does."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -113,3 +114,12 @@ def test_the_installed_command_prints_one_line(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr == "stagec disasm: missing.stgc: No such file or directory\n"
+
+
+def test_demo_in_bf16_shows_bf16_beside_fp32_and_meets_its_bound(capsys):
+    assert main(["demo", "--precision", "bf16"]) == 0
+    out = capsys.readouterr().out
+    rows = {m[1]: m[2] for m in re.finditer(r"^(bf16|fp32) +([\d.]+) ", out, re.M)}   # precision: DRAM KiB
+    assert set(rows) == {"bf16", "fp32"}
+    assert float(rows["bf16"]) < 0.7 * float(rows["fp32"])   # two-byte activations and weights
+    assert "bf16 cosine similarity" in out and "within the demo's bound 0.999" in out
