@@ -42,9 +42,6 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     >>> program.outputs[0].shape
     (2, 4)
     """
-    if tune is not None and quantize == "bf16":
-        raise InputError("tune with quantize='bf16': the tuner maps int8 and fp32 layers (stagec.costmodel); "
-                         "tune the fp32 model or pass bf16 mappings=")
     request = Request(model_or_fn, example_args, kwargs, hw or HardwareConfig(), fuse, quantize, calibration,
                       percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective))
     return run(stages, Compilation(request), dump).program

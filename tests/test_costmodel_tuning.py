@@ -109,3 +109,19 @@ def test_codesign_respects_the_area_and_power_budgets(example):
     for v in (result.hw.array_rows, result.hw.array_cols, result.hw.scratchpad_bytes, result.hw.accumulator_bytes):
         assert v & (v - 1) == 0                                   # buildable: powers of two
     assert result.reports[0].cycles > 0 and result.reports[0].hw == result.hw
+
+
+def test_tuned_bf16_compile_prices_two_byte_layers_and_matches_pytorch(example):
+    """tune= with quantize="bf16": the tuner prices each layer's bf16 operands at two bytes and the
+    tuned program stays within bf16's rounding of PyTorch."""
+    import numpy as np
+
+    from stagec.layers import model_graph, model_layers
+    model, (x,) = example
+    layers = model_layers(model_graph(model, (x,), quantize="bf16"))
+    assert [(layer.problem.itemsize, layer.problem.out_itemsize) for layer in layers] == [(2, 2), (2, 4)]
+    tuned = stagec.tune(model, (x,), settings=QUICK, progress=None, quantize="bf16")
+    assert tuned.predicted < tuned.default_predicted
+    y, _ = stagec.simulate(stagec.compile(model, (x,), tune=QUICK, quantize="bf16"), x)
+    ref = model(x).detach().numpy()
+    assert float(np.ravel(y) @ np.ravel(ref) / np.linalg.norm(y) / np.linalg.norm(ref)) > 0.9999
