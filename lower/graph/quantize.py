@@ -50,6 +50,7 @@ from stagec.rule_tables import registrar
 
 from .activations import bias_steps, clamp_bounds, int8_bounds, integer_matrix, lut_table, scalar, unary_input
 from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value
+from .passes import dce
 from .requant import QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, add_records, records
 
 QMAX = 127
@@ -74,6 +75,7 @@ class _Rewriter:
         self.graph, self.amax = graph, amax
         self.consts = dict(graph.constants)
         self.names = {n.output.id: n.name for n in graph.nodes}
+        self.producers = {n.output.id: n for n in graph.nodes}
         self.ids = graph.fresh_ids()
         self.nodes: list[Node] = []
         self.int8: dict[int, Value] = {}     # original value id -> its int8 version
@@ -110,7 +112,13 @@ class _Rewriter:
         return f
 
     def as_int8(self, v: Value) -> Value:
-        """v's int8 version, quantizing its fp32 one the first time."""
+        """v's int8 version, quantizing its fp32 one the first time: a view's by viewing its source's
+        int8 version (one QUANTIZE for a value that several views take, as attention's Q, K and V
+        reshapes of one layer norm)."""
+        view = self.producers.get(v.id)
+        if v.id not in self.int8 and view is not None and view.op in INT8_VIEWS and view.inputs[0].id in self.amax:
+            q = self.as_int8(view.inputs[0])
+            self.int8_result(view, (q, *view.inputs[1:]), self.scales[q.id])
         if v.id not in self.int8:
             scale = self.scale_of(v)
             gain = self.const(np.array(2**QUANTIZE_FRACTION_BITS / scale, np.float32))
@@ -407,5 +415,5 @@ def quantize(graph: Graph, amax: dict[int, float]) -> tuple[Graph, QuantParams]:
     for node in graph.nodes:
         QUANT_RULES.get(node.op, _Rewriter.keep_fp32)(rw, node)
     outputs = tuple(rw.as_fp32(v) for v in graph.outputs)
-    out = Graph(graph.inputs, outputs, tuple(rw.nodes), MappingProxyType(rw.consts))
+    out = dce(Graph(graph.inputs, outputs, tuple(rw.nodes), MappingProxyType(rw.consts)))   # views as_int8 replaced
     return out, QuantParams(MappingProxyType(dict(rw.scales)))
