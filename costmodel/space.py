@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stagec.errors import InputError
 from stagec.isa.instructions import MAX_COUNT
+from stagec.lower.schedule.mapper import objective_of
 from stagec.lower.schedule.nest import SWITCHES, TILE_FIELDS, LayerShape, TileMapping
 
 from .batch import exact_cost
@@ -86,17 +86,6 @@ def neighbours(m: TileMapping, L: LayerShape) -> TileMapping:
     corner = jnp.repeat(corner, len(_SWITCHES), -2)                           # (..., NEIGHBOURS, 4)
     switch = jnp.broadcast_to(jnp.tile(_SWITCHES, (len(_CORNERS), 1)), corner.shape[:-1] + (len(TUNED),))
     return _mapping(corner, switch, jax.tree.map(lambda v: v[..., None], L))
-
-
-def objective_of(cycles, energy_pj, objective: str):
-    """The scalar a tuner minimizes: cycles, energy (pJ) or their product (EDP)."""
-    if objective == "latency":
-        return cycles
-    if objective == "energy":
-        return energy_pj
-    if objective == "edp":
-        return cycles * energy_pj
-    raise InputError(f"unknown objective {objective!r}; expected 'latency', 'energy' or 'edp'")
 
 
 def project(m: TileMapping, L: LayerShape, hw: HardwarePoint, fallback: TileMapping,

@@ -24,6 +24,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     to measure what fusion saves.  `mappings` ({layer name: lower.schedule.nest.TileMapping}) replaces
     the default mapper's choice for those layers (the names are the schedule dump's; a vector
     layer of several nests, a pad or a concat, takes one mapping for all or a tuple of one each).
+    The default mapper and the tuner minimize `objective`: "latency" (cycles), "energy" (pJ per
+    inference: DRAM traffic dominates it) or "edp" (their product), layer by layer.
     `tune="gradient"` maps the other layers with stagec.tune (cost model, optax) for `objective`;
     a stagec.TuneSettings instead of "gradient" does so with those settings.  With `quantize`, it
     tunes the quantized graph's layers, each priced at its own element sizes.
@@ -43,7 +45,7 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     (2, 4)
     """
     request = Request(model_or_fn, example_args, kwargs, hw or HardwareConfig(), fuse, quantize, calibration,
-                      percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective))
+                      percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective), objective)
     return run(stages, Compilation(request), dump).program
 
 

@@ -68,6 +68,7 @@ class Request:
     # layer name -> TileMapping: the caller's, kept as given (not packed, not tuned)
     mappings: Mapping = field(default_factory=lambda: MappingProxyType({}))
     tuner: Callable | None = None            # (graph, hw) -> a stagec.Tuning, for the layers not in `mappings`
+    objective: str = "latency"               # what the default mapper minimizes (mapper.OBJECTIVES)
 
     def __post_init__(self):
         if not isinstance(self.hw, HardwareConfig):
@@ -175,7 +176,7 @@ def _tune(c: Compilation) -> Compilation:
 def _schedule(c: Compilation) -> Compilation:
     """A tiling per layer: the caller's, else the tuner's, else the default mapper's."""
     mappings = {**(c.tuning.mappings if c.tuning is not None else {}), **c.request.mappings}
-    return replace(c, schedule=make_schedule(c.graph, c.layout, c.request.hw, mappings))
+    return replace(c, schedule=make_schedule(c.graph, c.layout, c.request.hw, mappings, c.request.objective))
 
 
 def _lower(c: Compilation) -> Compilation:

@@ -199,3 +199,45 @@ def test_a_tile_slot_is_as_wide_as_the_widest_value_it_holds():
     assert tile_expr.slot_itemsizes(expr, tile_expr.plan(expr, 2, frozenset({0, 1})), dtypes, [1]) == [4]
     assert tile_expr.slot_itemsizes(expr, tile_expr.plan(expr, 2, frozenset({0})), dtypes, [1]) == [1, 4]
     assert buffers.slot_offsets([1, 4, 2], 3) == [18, 0, 12]   # widest first: each aligned to its elements
+
+
+def _objectives(cost) -> dict:
+    """Each objective of a nest's cost as the mapper defines it: cycles with the instruction charge,
+    energy over those cycles, their product."""
+    from stagec.lower.schedule.mapper import INSTRUCTION_CHARGE, OBJECTIVES, objective_of
+    from stagec.sim.energy import energy_pj
+    cycles = float(cost.cycles + INSTRUCTION_CHARGE * cost.instructions)
+    energy = float(sum(energy_pj(cost.actions, cycles, HW).values()))
+    return {o: float(objective_of(cycles, energy, o)) for o in OBJECTIVES}
+
+
+def test_the_mapper_minimizes_its_objective_over_every_candidate_that_fits():
+    """Exhaustive search, one candidate at a time: for each objective, none of the grid's points
+    that fit beats the mapper's choice."""
+    from stagec.lower.schedule.mapper import OBJECTIVES, candidates
+    p = ConvProblem(1, 24, 4, 4, 20, 3, 3, padding=((1, 1), (1, 1)), itemsize=1, out_itemsize=1)
+    grid, ok = candidates(LayerShape.of("matrix", p))
+    shape = np.broadcast_shapes(ok.shape, *(np.shape(getattr(grid, f.name)) for f in dataclasses.fields(grid)))
+    best = dict.fromkeys(OBJECTIVES, np.inf)
+    for idx in zip(*np.nonzero(np.broadcast_to(ok, shape)), strict=True):
+        m = TileMapping(*(np.broadcast_to(getattr(grid, f.name), shape)[idx].item()
+                          for f in dataclasses.fields(grid)))
+        cost = nest_cost(LayerShape.of("matrix", p), m, HW, Exact)
+        if fits(p, cost.spad_bytes, cost.acc_bytes, m.tile_oh, m.tile_ow, HW):
+            best = {o: min(v, _objectives(cost)[o]) for o, v in best.items()}
+    for o in OBJECTIVES:
+        chosen = nest_cost(LayerShape.of("matrix", p), map_nest("matrix", p, HW, objective=o), HW, Exact)
+        assert _objectives(chosen)[o] == pytest.approx(best[o], rel=1e-9), o
+
+
+def test_an_edp_mapping_reads_a_transformers_weights_once():
+    """A transformer's FFN matmul in int8 (128 tokens, 768 -> 3072): the fastest mapping re-reads the
+    weights for every block of tokens; EDP's holds all 128 tokens and streams the weights once, for
+    a fraction of the DRAM bytes and a little more time."""
+    p = ConvProblem(1, 768, 1, 128, 3072, itemsize=1, out_itemsize=1)
+    costs = {o: nest_cost(LayerShape.of("matrix", p), map_nest("matrix", p, HW, objective=o), HW, Exact)
+             for o in ("latency", "edp")}
+    dram = {o: float(c.actions.dram_read_bytes + c.actions.dram_write_bytes) for o, c in costs.items()}
+    assert dram["edp"] < 0.25 * dram["latency"]
+    assert dram["edp"] < 1.25 * (768 * 3072 + 128 * 768 + 128 * 3072)   # weights, input and output, about once
+    assert float(costs["edp"].cycles) < 1.3 * float(costs["latency"].cycles)

@@ -25,6 +25,7 @@ import numpy as np
 from stagec.errors import InputError, TilingError
 from stagec.isa.config import HardwareConfig
 from stagec.isa.instructions import MAX_COUNT
+from stagec.sim.energy import energy_pj
 
 from ..codegen.vector import LayoutViews, VectorNest, vector_jobs
 from ..graph.graph_ir import OpKind
@@ -45,6 +46,7 @@ from .nest_work import footprint as nest_footprint
 from .nest_work import matmul_k
 from .tensors import DTYPE_OF
 
+OBJECTIVES = ("latency", "energy", "edp")   # what the default mapper may minimize (objective_of)
 INSTRUCTION_CHARGE = 32.0  # cycles the mappers charge an instruction: what the nest latency leaves out, and size
 FIRST_COMPOSED = 256       # candidates map_nest composes the latency of before it prunes by the bound
 
@@ -139,36 +141,53 @@ class _Candidates:
         raise AssertionError("unreachable: some candidate fits one memory or neither fits")
 
 
-def map_conv(p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS, layer: str = "conv", with_cost: bool = False):
+def map_conv(p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS, layer: str = "conv", with_cost: bool = False,
+             objective: str = "latency"):
     """Default mapping on the matrix unit (see map_nest)."""
-    return map_nest("matrix", p, hw, extras, layer, with_cost)
+    return map_nest("matrix", p, hw, extras, layer, with_cost, objective)
 
 
 def map_window(p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS, weighted: bool = True,
-               layer: str = "window", with_cost: bool = False):
+               layer: str = "window", with_cost: bool = False, objective: str = "latency"):
     """Default mapping of depthwise conv (`weighted`) / pooling on the vector unit (see map_nest)."""
-    return map_nest("depthwise" if weighted else "pool", p, hw, extras, layer, with_cost)
+    return map_nest("depthwise" if weighted else "pool", p, hw, extras, layer, with_cost, objective)
 
 
 def map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS, layer: str = "conv",
-             with_cost: bool = False):
+             with_cost: bool = False, objective: str = "latency"):
     """Default mapping of a node of `kind` (see node_problem): the candidate tiling (sizes from a small
-    grid per dim, every switch) that fits and minimizes the nest's cycles (lower.schedule.nest_cost, exact),
-    plus a charge per instruction (compile time and program size: of mappings about as fast, the
-    one of fewer, longer instructions) (`with_cost`: (mapping, those cycles))."""
-    found = _map_nest(kind, p, hw, Extras(*extras))
+    grid per dim, every switch) that fits and minimizes `objective` (OBJECTIVES) of the nest's cycles
+    (lower.schedule.nest_cost, exact) plus a charge per instruction (compile time and program size: of
+    mappings about as fast, the one of fewer, longer instructions) and of its energy over those
+    cycles (sim.energy: a mapping that re-reads weights from DRAM to keep the array a little busier
+    is faster and costs DRAM energy) (`with_cost`: (mapping, its cycles))."""
+    if objective not in OBJECTIVES:
+        raise InputError(f"unknown objective {objective!r}; expected one of {OBJECTIVES}")
+    found = _map_nest(kind, p, hw, Extras(*extras), objective)
     if isinstance(found, TilingError):
         raise TilingError(f"{layer}: {found}")
     return found if with_cost else found[0]
 
 
+def objective_of(cycles, energy_pj, objective: str):
+    """The scalar a mapper or tuner minimizes: cycles, energy (pJ) or their product (EDP)."""
+    if objective == "latency":
+        return cycles
+    if objective == "energy":
+        return energy_pj
+    if objective == "edp":
+        return cycles * energy_pj
+    raise InputError(f"unknown objective {objective!r}; expected one of {OBJECTIVES}")
+
+
 @functools.lru_cache(maxsize=4096)
-def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras):
-    """map_nest's search, once per problem, config and epilogue (networks repeat their layer shapes):
-    (mapping, estimate), or the TilingError, its message without the layer's name.  Every candidate
-    gets a cheap lower bound of its cost (lower.schedule.nest_cost.bound); the full cost is composed for the
-    most promising ones, then for every other whose bound is below the best found: the same choice
-    as composing it for all."""
+def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras, objective: str):
+    """map_nest's search, once per problem, config, epilogue and objective (networks repeat their layer
+    shapes): (mapping, cycles), or the TilingError, its message without the layer's name.  For latency
+    every candidate gets a cheap lower bound of its cost (lower.schedule.nest_cost.bound); the full
+    cost is composed for the most promising ones, then for every other whose bound is below the best
+    found: the same choice as composing it for all.  Energy has no such bound: it is composed for every
+    candidate that fits."""
     L = LayerShape.of(kind, p, extras)
     m, ok = candidates(L)
     cycles, instructions, spad, acc = bound(L, m, hw)
@@ -178,18 +197,20 @@ def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras):
         return grid.nothing_fits(hw, None)
     low = np.where(fit, grid.values[0], np.inf)
     first = np.argpartition(low, FIRST_COMPOSED)[:FIRST_COMPOSED] if low.size > FIRST_COMPOSED else np.arange(low.size)
-    first = first[np.isfinite(low[first])]
+    first = first[np.isfinite(low[first])] if objective == "latency" else np.flatnonzero(fit)
 
     def composed(idx):
         cost = nest_cost(L, _at(m, grid.shape, idx), hw, Exact)
-        return cost.cycles, cost.cycles + INSTRUCTION_CHARGE * cost.instructions
+        charged = cost.cycles + INSTRUCTION_CHARGE * cost.instructions
+        energy = sum(energy_pj(cost.actions, charged, hw).values()) if objective != "latency" else 0
+        return cost.cycles, objective_of(charged, energy, objective)
 
-    est, objective = composed(first)
-    rest = np.setdiff1d(np.flatnonzero(low <= objective.min()), first)
+    est, value = composed(first)
+    rest = np.setdiff1d(np.flatnonzero(low <= value.min()), first) if objective == "latency" else ()
     if len(rest):
         more = composed(rest)
-        first, est, objective = (np.concatenate(v) for v in ((first, rest), (est, more[0]), (objective, more[1])))
-    best = np.lexsort((first, objective))[0]        # the cheapest; of equals, the first in grid order
+        first, est, value = (np.concatenate(v) for v in ((first, rest), (est, more[0]), (value, more[1])))
+    best = np.lexsort((first, value))[0]        # the cheapest; of equals, the first in grid order
     return grid.candidate(int(first[best])), float(est[best])
 
 
@@ -293,17 +314,17 @@ def layer_label(node) -> str:
 
 
 def default_mapping(kind: str, p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS,
-                    layer: str = "conv") -> TileMapping:
-    """The grid search's mapping of a node of `kind` (see node_problem)."""
+                    layer: str = "conv", objective: str = "latency") -> TileMapping:
+    """The grid search's mapping of a node of `kind` (see node_problem) for `objective`."""
     if kind == "matrix":
-        return map_conv(p, hw, extras, layer)
-    return map_window(p, hw, extras, kind == "depthwise", layer)
+        return map_conv(p, hw, extras, layer, objective=objective)
+    return map_window(p, hw, extras, kind == "depthwise", layer, objective=objective)
 
 
-def _default(nest, hw: HardwareConfig, label: str) -> TileMapping:
-    if isinstance(nest, VectorNest):
+def _default(nest, hw: HardwareConfig, label: str, objective: str) -> TileMapping:
+    if isinstance(nest, VectorNest):   # its DRAM traffic is its tensors' whatever the tiling: latency decides
         return map_vector(nest, hw, label)
-    return default_mapping(nest.kind, nest.problem, hw, nest.extras, label)
+    return default_mapping(nest.kind, nest.problem, hw, nest.extras, label, objective)
 
 
 def _given(given, nests: tuple, label: str) -> tuple:
@@ -387,10 +408,11 @@ class Schedule:
         return "schedule {\n" + "\n".join(f"  {line}" for name, t in self.tilings for line in t.lines(name)) + "\n}"
 
 
-def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | None = None) -> Schedule:
+def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | None = None,
+                  objective: str = "latency") -> Schedule:
     """The tiling of every node that emits instructions (lower.schedule.layout: a view op only where it
     copies): `mappings[node name]` where given (a TileMapping, for each of the node's nests, or a
-    sequence of one per nest; checked to fit), else the default mapper's."""
+    sequence of one per nest; checked to fit), else the default mapper's for `objective`."""
     mappings = dict(mappings or {})
     views = LayoutViews(layout)
     out = []
@@ -403,7 +425,7 @@ def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | No
             for nest, m in zip(nests, chosen, strict=True):
                 _check(nest, m, hw, label)
         else:
-            chosen = tuple(_default(nest, hw, label) for nest in nests)
+            chosen = tuple(_default(nest, hw, label, objective) for nest in nests)
         out.append((node.name, Tiling(nests, chosen)))
     if mappings:
         raise InputError(f"mappings for layers the schedule does not have: {sorted(mappings)} (the schedule dump "
