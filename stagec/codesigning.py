@@ -106,14 +106,15 @@ def codesign_graphs(graphs, area_budget_mm2: float, objective: str = "latency", 
     shapes = stack([firsts[u].shape() for _, u in pairs])
     workload = np.array([w for w, _ in pairs], np.int32)
     start = stack([mapping_arrays(default_mapping(firsts[u].kind, firsts[u].problem, base, firsts[u].extras,
-                                                  firsts[u].name)) for _, u in pairs])
+                                                  firsts[u].name, objective)) for _, u in pairs])
     point, theta = descend(shapes, start, counts, workload, len(graphs), base, area_budget_mm2, objective,
                            power_budget_w, constants, settings if progress else _quiet(settings))
     best, best_value, best_maps = None, np.inf, None
     for cand in buildable_candidates(point, base, area_budget_mm2, settings):
         try:
             fallback = stack([mapping_arrays(default_mapping(firsts[u].kind, firsts[u].problem, cand,
-                                                             firsts[u].extras, firsts[u].name)) for _, u in pairs])
+                                                             firsts[u].extras, firsts[u].name, objective))
+                              for _, u in pairs])
         except TilingError:
             continue
         hp = hardware_point(cand)

@@ -63,7 +63,7 @@ def tune_graph(graph: Graph, hw: HardwareConfig, objective: str = "latency", set
     tuning = tune_layer_list(layers, hw, objective, settings, constants, progress)
     mappings, verdict = dict(tuning.mappings), {}   # layers of one shape share a mapping and a verdict
     for layer in layers:
-        default = default_mapping(layer.kind, layer.problem, hw, layer.extras, layer.name)
+        default = default_mapping(layer.kind, layer.problem, hw, layer.extras, layer.name, objective)
         tuned, key = mappings[layer.name], _shape_key(layer.shape())
         if tuned == default:
             continue
@@ -92,7 +92,7 @@ def tune_layer_list(layers: list[Layer], hw: HardwareConfig, objective: str = "l
     unique = list(dict.fromkeys(keys))
     first = {k: keys.index(k) for k in unique}
     fallback = [default_mapping(layers[first[k]].kind, layers[first[k]].problem, hw, layers[first[k]].extras,
-                                layers[first[k]].name) for k in unique]
+                                layers[first[k]].name, objective) for k in unique]
     out = tune_layers(stack([shapes[first[k]] for k in unique]), stack([mapping_arrays(m) for m in fallback]),
                       hardware_point(hw), objective, constants, settings, progress)
     tuned = [to_tile_mapping(jax.tree.map(lambda a, i=i: a[i], out.mappings)) for i in range(len(unique))]
