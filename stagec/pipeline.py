@@ -221,10 +221,10 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("fuse_epilogues", GraphPass(fuse_epilogues, fusion=True)),
     # per-channel scale and shift (batch norm) -> weights and bias
     Stage("fold_affine", GraphPass(fold_affine)),
-    # int8: a conv/matmul's activation function (not a clamp) -> an elementwise node, calibrated apart
-    Stage("split_activations", GraphPass(split_activations), when=_quantizing),
     # int8: residual adds out of conv/matmul epilogues, so the conv's own result is calibrated
     Stage("split_residuals", GraphPass(split_residuals), when=_quantizing),
+    # int8: a conv/matmul's activation function (not a clamp) -> an elementwise node, calibrated apart
+    Stage("split_activations", GraphPass(split_activations), when=_quantizing),
     # int8: every fp32 value's range over the calibration batches
     Stage("calibrate", _calibrate, show=_amax_table, when=_quantizing),
     # int8: int8 CONV/MATMUL, QUANTIZE/DEQUANTIZE at the fp32 islands' boundaries

@@ -292,16 +292,21 @@ def test_an_inverted_residual_block_never_leaves_int8(act):
 
 @st.composite
 def mixed_nets(draw):
-    """Convs with residual adds, concats and average pools, in random order."""
+    """Convs with residual adds, concats and average pools, in random order, each conv's activation a
+    clamp or a lookup table of the integer activations (tests/test_int8_activations.py)."""
     c, hw = draw(st.integers(2, 5)), draw(st.integers(4, 8))
     ops = draw(st.lists(st.sampled_from(["residual", "concat", "avg", "conv"]), min_size=2, max_size=4))
-    return ops, c, hw, draw(st.integers(0, 2**16))
+    act = draw(st.sampled_from(["relu", "relu6", "hardswish", "sigmoid", "gelu"]))
+    return ops, act, c, hw, draw(st.integers(0, 2**16))
 
 
 class Mixed(nn.Module):
-    def __init__(self, ops, c):
+    ACTIVATIONS = {"relu": torch.relu, "relu6": nn.functional.relu6, "hardswish": nn.functional.hardswish,
+                   "sigmoid": torch.sigmoid, "gelu": nn.functional.gelu}
+
+    def __init__(self, ops, c, act="relu"):
         super().__init__()
-        self.ops, self.layers = ops, nn.ModuleList()
+        self.ops, self.act, self.layers = ops, self.ACTIVATIONS[act], nn.ModuleList()
         for op in ops:
             out = 2 * c if op == "concat" else c
             self.layers.append(nn.Conv2d(c, out - c if op == "concat" else c, 3, padding=1))
@@ -311,22 +316,22 @@ class Mixed(nn.Module):
     def forward(self, x):
         for op, conv in zip(self.ops, self.layers, strict=True):
             if op == "residual":
-                x = torch.relu(conv(x) + x)
+                x = self.act(conv(x)) + x
             elif op == "concat":
-                x = torch.cat([x, torch.relu(conv(x))], 1)
+                x = torch.cat([x, self.act(conv(x))], 1)
             elif op == "avg":
                 x = nn.functional.avg_pool2d(conv(x), 3, 1, 1)
             else:
-                x = torch.relu(conv(x))
+                x = self.act(conv(x))
         return x.mean((2, 3))
 
 
-@settings(max_examples=3, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(mixed_nets())
-def test_random_nets_of_adds_concats_and_average_pools_match_the_integer_reference(net):
-    ops, c, hw, seed = net
+def test_random_nets_of_adds_concats_average_pools_and_activations_match_the_integer_reference(net):
+    ops, act, c, hw, seed = net
     torch.manual_seed(seed)
-    model = Mixed(ops, c).eval()
+    model = Mixed(ops, c, act).eval()
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(1, c, hw, hw, generator=g)
     calibration = [(x,)] + [(torch.randn(x.shape, generator=g),) for _ in range(3)]

@@ -50,7 +50,7 @@ from stagec.rule_tables import registrar
 
 from .activations import bias_steps, clamp_bounds, int8_bounds, integer_matrix, lut_table, scalar, unary_input
 from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value
-from .passes import dce
+from .passes import dce, prune
 from .requant import QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, add_records, records
 
 QMAX = 127
@@ -358,22 +358,28 @@ def _shared_concat_ranges(graph: Graph, amax: dict[int, float]) -> dict[int, flo
 
 
 def split_residuals(graph: Graph) -> Graph:
-    """A CONV/MATMUL with constant weights whose epilogue is [bias] add(residual) [relu] becomes the
-    CONV/MATMUL with [bias] and an ELEMENTWISE add [relu]: calibration then sees the conv's own
-    result, which int8 needs (a TFLite Add takes two int8 values).  fuse_quantized fuses the add
-    back, under the fused node's name."""
+    """A CONV/MATMUL with constant weights whose epilogue is [steps over constants] add(residual)
+    [relu] becomes the CONV/MATMUL with those steps (a bias, an activation) and an ELEMENTWISE add
+    [relu]: calibration then sees the conv's own result, which int8 needs (a TFLite Add takes two
+    int8 values), and split_activations, after, splits an activation off it.  fuse_quantized fuses
+    the add back, under the fused node's name."""
     ids, nodes = graph.fresh_ids(), []
     for node in graph.nodes:
         split = _residual_split(graph, node)
         if split is None:
             nodes.append(node)
             continue
-        bias, residual, relu = split
-        conv_name, _, add_name = node.name.partition("+")
+        head, r, relu = split
+        conv_name, _, add_name = node.name.rpartition("+")
         acc = Value(next(ids), node.output.shape, node.output.dtype)
-        nodes.append(Node(node.op, node.inputs[:2] + bias, acc,
-                          _attrs_with(node, epilogue=(Step("add", (0, 1)),) if bias else None), conv_name))
-        nodes.append(Node(OpKind.ELEMENTWISE, (acc, residual), node.output,
+
+        def ref(a, r=r):   # the epilogue's arguments without the residual input r
+            return a - (a > r)
+        extras, steps = prune([acc, *(v for k, v in enumerate(node.inputs[2:], 1) if k != r)],
+                              tuple(Step(s.func, tuple(ref(a) for a in s.args)) for s in head))
+        nodes.append(Node(node.op, (*node.inputs[:2], *extras[1:]), acc, _attrs_with(node, epilogue=steps or None),
+                          conv_name))
+        nodes.append(Node(OpKind.ELEMENTWISE, (acc, node.inputs[1 + r]), node.output,
                           (("expr", (Step("add", (0, 1)),) + ((Step("relu", (2,)),) if relu else ())),),
                           add_name or f"{node.name}/residual"))
     return Graph(graph.inputs, graph.outputs, tuple(nodes), graph.constants)
@@ -384,28 +390,28 @@ def _attrs_with(node: Node, **changes) -> tuple:
 
 
 def _residual_split(graph: Graph, node: Node):
-    """((bias input) or (), residual input, relu?) of a quantizable CONV/MATMUL whose epilogue is
-    [add(acc, constant bias)] add(·, activation) [relu], else None."""
+    """(the epilogue's steps before the add, the residual's epilogue argument, relu?) of a
+    quantizable CONV/MATMUL whose epilogue is [steps reading constants] add(·, an activation of the
+    output's shape) [relu], else None."""
     w, expr = node.inputs[1] if len(node.inputs) > 1 else None, node.attr("epilogue") or ()
     if (node.op not in MATRIX_OPS or w.id not in graph.constants or node.op == OpKind.MATMUL and len(w.shape) != 2
             or not expr):
         return None
     n_in, consts = len(node.inputs) - 1, graph.constants
-    bias, cur, k = (), 0, 0
-    first = expr[0]
-    if first.func == "add" and 0 in first.args and len(set(first.args)) == 2:
-        other = node.inputs[1 + first.args[first.args[0] == 0]]
-        if other.id in consts:
-            bias, cur, k = (other,), n_in, 1
-    if k >= len(expr) or expr[k].func != "add" or cur not in expr[k].args or len(set(expr[k].args)) != 2:
+    k = next((j for j, s in enumerate(expr) if any(0 < a < n_in and node.inputs[1 + a].id not in consts
+                                                      for a in s.args)), None)
+    if k is None:
+        return None
+    cur = n_in + k - 1 if k else 0   # the head's result, or the accumulator
+    if expr[k].func != "add" or cur not in expr[k].args or len(set(expr[k].args)) != 2:
         return None
     r = expr[k].args[expr[k].args[0] == cur]
-    if not 0 < r < n_in or node.inputs[1 + r].id in consts or node.inputs[1 + r].shape != node.output.shape:
+    if node.inputs[1 + r].shape != node.output.shape:
         return None
     rest = expr[k + 1:]
     if rest not in ((), (Step("relu", (n_in + k,)),)):
         return None
-    return bias, node.inputs[1 + r], bool(rest)
+    return expr[:k], r, bool(rest)
 
 
 def quantize(graph: Graph, amax: dict[int, float]) -> tuple[Graph, QuantParams]:
