@@ -3,7 +3,7 @@ energy of each, and the int8 and bf16 outputs' cosine similarity and max relativ
 fp32 PyTorch (bf16: its ratios to fp32 and its cosine).
 
     python experiments/bench_int8.py [models...] [--full resnet18 ...] [--calibration 4]
-                                     [--objective latency|energy|edp] [--out FILE]
+                                     [--objective latency|energy|edp] [--percentile P] [--out FILE]
 
 Models run in their reduced configs unless named in --full (full-size simulation of the larger
 models takes far longer than a benchmark run should).  int8 calibrates on --calibration batches
@@ -29,13 +29,13 @@ CNNS = ("resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0")
 DEFAULT_FULL = ("resnet18", "mobilenet_v2")
 
 
-def bench(name: str, full: bool, n_calibration: int, objective: str) -> dict:
+def bench(name: str, full: bool, n_calibration: int, objective: str, percentile: float | None) -> dict:
     model, args, kwargs = zoo.build(name, reduced=not full)
     with torch.no_grad():
         ref = model(*args, **kwargs)
     t = time.perf_counter()
     int8 = run_precision(model, args, kwargs, "int8", calibration=calibration_batches(args, kwargs, n_calibration),
-                         reference=ref, objective=objective)
+                         reference=ref, objective=objective, percentile=percentile)
     int8_s = time.perf_counter() - t
     fp32 = run_precision(model, args, kwargs, "fp32", reference=ref, objective=objective)
     bf16 = run_precision(model, args, kwargs, "bf16", reference=ref, objective=objective)
@@ -53,6 +53,7 @@ def main():
     parser.add_argument("models", nargs="*", default=list(zoo.ZOO))
     parser.add_argument("--full", nargs="*", default=list(DEFAULT_FULL), help="models to run full-size")
     parser.add_argument("--calibration", type=int, default=4, help="calibration batches")
+    parser.add_argument("--percentile", type=float, help="int8 ranges: this percentile of |x| (default: max |x|)")
     parser.add_argument("--objective", default="latency", choices=("latency", "energy", "edp"),
                         help="what the mapper minimizes, for all three precisions alike")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_int8.json"))
@@ -65,7 +66,7 @@ def main():
     rows = []
     for name in args.models:
         try:
-            r = bench(name, name in args.full, args.calibration, args.objective)
+            r = bench(name, name in args.full, args.calibration, args.objective, args.percentile)
         except Exception as e:   # one model's failure is a row of the table, not the end of the run
             rows.append({"model": name, "size": "full" if name in args.full else "reduced",
                          "error": f"{type(e).__name__}: {e}"})
