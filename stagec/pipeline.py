@@ -41,6 +41,7 @@ from stagec.lower.graph.bfloat16 import to_bfloat16
 from stagec.lower.graph.calibrate import calibrate
 from stagec.lower.graph.canonicalize import canonicalize
 from stagec.lower.graph.graph_ir import Graph
+from stagec.lower.graph.hoist_affine import hoist_affine
 from stagec.lower.graph.passes import dce, defer_row_scale, fold_affine, fuse_elementwise, fuse_epilogues, sink_reshapes
 from stagec.lower.graph.quantize import QuantParams, split_residuals
 from stagec.lower.graph.quantize import quantize as quantize_graph
@@ -219,6 +220,8 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("defer_row_scale", GraphPass(defer_row_scale, fusion=True)),
     # bias/activation/residual -> the conv/matmul's accumulator tile
     Stage("fuse_epilogues", GraphPass(fuse_epilogues, fusion=True)),
+    # a per-channel scale and shift of another conv/matmul's result -> that layer's epilogue, to fold
+    Stage("hoist_affine", GraphPass(hoist_affine, fusion=True)),
     # per-channel scale and shift (batch norm) -> weights and bias
     Stage("fold_affine", GraphPass(fold_affine)),
     # int8: residual adds out of conv/matmul epilogues, so the conv's own result is calibrated

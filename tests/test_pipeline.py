@@ -42,8 +42,8 @@ def test_a_new_pass_is_one_function_and_one_list_entry(tmp_path):
     program = stagec.compile(model, (x,), stages=stages, dump=tmp_path)
     assert seen == [["conv"]]                  # after fold_affine: batch norm, bias and ReLU in the conv
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files[files.index("07-fold_affine.txt") + 1] == "08-count_nodes.txt"
-    assert (tmp_path / "08-count_nodes.txt").read_text() == (tmp_path / "07-fold_affine.txt").read_text()
+    assert files[files.index("08-fold_affine.txt") + 1] == "09-count_nodes.txt"
+    assert (tmp_path / "09-count_nodes.txt").read_text() == (tmp_path / "08-fold_affine.txt").read_text()
     assert program == stagec.compile(model, (x,))
 
 

@@ -50,6 +50,7 @@ from stagec.rule_tables import registrar
 
 from .activations import bias_steps, clamp_bounds, int8_bounds, integer_matrix, lut_table, scalar, unary_input
 from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value
+from .int8_binary import int8_mul
 from .passes import dce, prune
 from .requant import QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, add_records, records
 
@@ -271,12 +272,13 @@ def _concat(rw: _Rewriter, node: Node) -> None:
 
 @register(OpKind.ELEMENTWISE)
 def _elementwise(rw: _Rewriter, node: Node) -> None:
-    """An add of two int8 values [then ReLU] is a TFLite Add, a sum times 1/count an average; an
+    """An add of two int8 values [then ReLU] is a TFLite Add, a sum times 1/count an average, a
+    product of two int8 values a TFLite Mul (lower.graph.int8_binary); an
     expression of one int8 value and scalar constants stays int8: a lone ReLU at the value's scale
     (the zero point is 0), any other as a table lookup (lower.graph.activations) -- to the value's
     own scale for a clamp, which only narrows the range its int8 grid already holds, to the
     result's calibrated scale for the rest.  Any other expression runs in fp32."""
-    if _int8_add(rw, node) or _average(rw, node):
+    if _int8_add(rw, node) or _average(rw, node) or int8_mul(rw, node):
         return
     expr = node.attr("expr")
     k = unary_input(expr, node.inputs, rw.consts)

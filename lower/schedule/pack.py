@@ -6,7 +6,7 @@ block-diagonal weights: one array pass reduces G channels' taps at once (K = G*k
 columns), so a 1/G share of its MACs are useful.  That wins where the array is wide and the vector
 unit narrow.  Per layer, the pass takes the cheapest of the vector mapping and every packing
 G | C, G <= array columns, by the default mapper's estimate (lower.schedule.mapper), which both sides
-share.  Only fp32 layers pack: int8 depthwise keeps lower.codegen.window's integer sums.
+share.  int8 layers pack too: the int32 sums of int8 products are exact, the zeros add nothing.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def block_diagonal(w: np.ndarray, g: int) -> np.ndarray:
 
 
 def pack_depthwise(graph: Graph, hw: HardwareConfig, keep=frozenset()) -> Graph:
-    """Every float (fp32 or bf16) depthwise conv with constant weights that packs cheaper than it runs on the
+    """Every fp32, bf16 or int8 depthwise conv with constant weights that packs cheaper than it runs on the
     vector unit, as its packed grouped conv (same name, same epilogue); the layers named in `keep`
     (those the caller maps itself) stay as they are."""
     consts = dict(graph.constants)
@@ -70,7 +70,7 @@ def pack_depthwise(graph: Graph, hw: HardwareConfig, keep=frozenset()) -> Graph:
         found = node_problem(node) if node.op == OpKind.CONV else None
         g = 0
         if (found and found[0] == "depthwise" and node.inputs[1].id in consts
-                and node.inputs[0].dtype in ("float32", "bfloat16")
+                and node.inputs[0].dtype in ("float32", "bfloat16", "int8")
                 and node.name not in keep):
             g = packing(found[1], found[2], hw, layer_label(node))
         if not g:
