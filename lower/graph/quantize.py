@@ -12,6 +12,12 @@ multiplies int8 x int8 -> int32 on the array; its epilogue is then
   - otherwise fp32: the accumulator is dequantized per channel (to_f32, times
     s_x * s_w) and the original epilogue runs on it (GELU, ...).
 
+A MATMUL of two activations (attention's Q K^T and P V) multiplies them int8 x int8 at their
+per-tensor scales (TFLite's int8 BatchMatMul), s_w a single scale; it requantizes only for a
+CONV/MATMUL that takes its result, and dequantizes it for anything else (softmax takes the scores in
+fp32).  A leading multiply by a positive scalar constant in either epilogue (1/sqrt(d)) is part of
+the requant or dequant multiplier.
+
 A residual add in an epilogue is split off before calibration (`split_residuals`), so the
 conv's own result gets a range, an int8 result and a TFLite Add; fusion puts the add back
 into the epilogue afterwards.  Int8 integer ops with TFLite's semantics (zero points 0):
