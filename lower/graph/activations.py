@@ -36,6 +36,32 @@ def integer_matrix(node: Node, consts) -> bool:
     return w.id in consts and (node.op == OpKind.CONV or len(w.shape) == 2)
 
 
+def activation_matmul(node: Node, consts) -> bool:
+    """A MATMUL of two activations (attention's Q K^T and P V): int8 runs it with per-tensor scales."""
+    return node.op == OpKind.MATMUL and not any(v.id in consts for v in node.inputs[:2])
+
+
+def scalar_scale(node: Node, consts) -> tuple[Node, float]:
+    """(node less its epilogue's leading mul(acc, c), c) where c is a positive scalar constant (attention's
+    1/sqrt(d) on the scores), so that int8 folds c into the accumulator's scale; else (node, 1.0)."""
+    expr, n_in = node.attr("epilogue") or (), len(node.inputs) - 1
+    if not expr or expr[0].func != "mul" or 0 not in expr[0].args or len(set(expr[0].args)) != 2:
+        return node, 1.0
+    other = max(expr[0].args)
+    c = scalar(node.inputs[other + 1], consts) if other < n_in else None
+    if c is None or not c > 0 or any(0 in s.args for s in expr[1:]):
+        return node, 1.0
+    keep = sorted({a for s in expr[1:] for a in s.args if 0 < a < n_in})
+    position = {0: 0, n_in: 0, **{a: 1 + j for j, a in enumerate(keep)}}   # the product is the scaled acc
+
+    def ref(a):
+        return position[a] if a <= n_in else len(keep) + a - n_in
+    steps = tuple(Step(s.func, tuple(ref(a) for a in s.args)) for s in expr[1:])
+    attrs = {**dict(node.attrs), "epilogue": steps} if steps else {a: v for a, v in node.attrs if a != "epilogue"}
+    inputs = node.inputs[:2] + tuple(node.inputs[a + 1] for a in keep)
+    return Node(node.op, inputs, node.output, tuple(sorted(attrs.items())), node.name), c
+
+
 def scalar(v: Value, consts) -> float | None:
     """The value of a one-element constant, else None."""
     arr = consts.get(v.id)

@@ -12,6 +12,12 @@ multiplies int8 x int8 -> int32 on the array; its epilogue is then
   - otherwise fp32: the accumulator is dequantized per channel (to_f32, times
     s_x * s_w) and the original epilogue runs on it (GELU, ...).
 
+A MATMUL of two activations (attention's Q K^T and P V) multiplies them int8 x int8 at their
+per-tensor scales (TFLite's int8 BatchMatMul), s_w a single scale; it requantizes only for a
+CONV/MATMUL that takes its result, and dequantizes it for anything else (softmax takes the scores in
+fp32).  A leading multiply by a positive scalar constant in either epilogue (1/sqrt(d)) is part of
+the requant or dequant multiplier.
+
 A residual add in an epilogue is split off before calibration (`split_residuals`), so the
 conv's own result gets a range, an int8 result and a TFLite Add; fusion puts the add back
 into the epilogue afterwards.  Int8 integer ops with TFLite's semantics (zero points 0):
@@ -48,7 +54,17 @@ import numpy as np
 from stagec.errors import QuantizationError
 from stagec.rule_tables import registrar
 
-from .activations import bias_steps, clamp_bounds, int8_bounds, integer_matrix, lut_table, scalar, unary_input
+from .activations import (
+    activation_matmul,
+    bias_steps,
+    clamp_bounds,
+    int8_bounds,
+    integer_matrix,
+    lut_table,
+    scalar,
+    scalar_scale,
+    unary_input,
+)
 from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value
 from .int8_binary import int8_mul
 from .passes import dce, prune
@@ -193,19 +209,42 @@ def _integer_epilogue(node: Node, consts) -> tuple[np.ndarray | None, tuple[floa
     return None if bounds is None else (bias, bounds)
 
 
+def _int8_operands(rw: _Rewriter, node: Node):
+    """(int8 x, int8 w, accumulator scale per output channel, its shape on the output) of a CONV/MATMUL
+    that int8 runs on the array, else None: constant weights are int8 per output channel, the second
+    activation of a MATMUL of two activations (attention's Q K^T and P V, TFLite's int8 BatchMatMul)
+    int8 per tensor, as the first always is."""
+    if integer_matrix(node, rw.consts):
+        wq, s_w = quantize_weights(rw.consts[node.inputs[1].id], 0 if node.op == OpKind.CONV else -1)
+        w = rw.const(wq)
+    elif activation_matmul(node, rw.consts):
+        w = rw.as_int8(node.inputs[1])
+        s_w = np.array([rw.scales[w.id]])
+    else:
+        return None
+    x = rw.as_int8(node.inputs[0])
+    return x, w, rw.scales[x.id] * s_w, (1, -1, 1, 1) if node.op == OpKind.CONV else (-1,)
+
+
+def _multiplied(v: Value, uses) -> bool:
+    """Whether a CONV/MATMUL takes v (through views) as an operand: only then does a product of two
+    activations requantize to int8; softmax, which takes the scores in fp32, gets them dequantized from
+    the accumulator, without a second rounding."""
+    return any(n.op in MATRIX_OPS or n.op in INT8_VIEWS and _multiplied(n.output, uses) for n in uses.get(v.id, ()))
+
+
 @register(OpKind.CONV, OpKind.MATMUL)
 def _matrix(rw: _Rewriter, node: Node) -> None:
-    w = node.inputs[1]
-    if not integer_matrix(node, rw.consts):
-        return rw.keep_fp32(node)   # activations times activations (attention) stay fp32
-    axis = 0 if node.op == OpKind.CONV else -1
-    wq, s_w = quantize_weights(rw.consts[w.id], axis)
-    x = rw.as_int8(node.inputs[0])
-    s_x = rw.scales[x.id]
-    acc_scale = s_x * s_w
-    cshape = (1, -1, 1, 1) if node.op == OpKind.CONV else (-1,)
-    wv = rw.const(wq)
+    operands = _int8_operands(rw, node)
+    if operands is None:
+        return rw.keep_fp32(node)   # a CONV with activation weights, a MATMUL by a batched constant
+    x, wv, acc_scale, cshape = operands
+    node, factor = scalar_scale(node, rw.consts)   # a scalar scale in the epilogue: part of the multiplier
+    acc_scale = acc_scale * factor
     integer = _integer_epilogue(node, rw.consts)
+    if integer is not None and not integer_matrix(node, rw.consts) and not _multiplied(node.output,
+                                                                                       rw.graph.consumers()):
+        integer = None
     if integer is None:   # dequantize the accumulator, then the fp32 epilogue as it was
         expr, n_in = node.attr("epilogue") or (), len(node.inputs) - 1
         extras = [rw.as_fp32(v) for v in node.inputs[2:]]
