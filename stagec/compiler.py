@@ -15,7 +15,8 @@ from .pipeline import PIPELINE, Compilation, Request, Stage, run
 def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=None,  # noqa: A001
             fuse: bool = True, mappings: dict | None = None, kwargs: dict | None = None,
             tune=None, objective: str = "latency", quantize: str | None = None, calibration=None,
-            percentile: float | None = None, stages: Sequence[Stage] = PIPELINE) -> Program:
+            percentile: float | None = None, fallback: str | None = None, layer_precision: dict | None = None,
+            accuracy_target: float | None = None, stages: Sequence[Stage] = PIPELINE) -> Program:
     """Compile a PyTorch model (called with `example_args` and `kwargs`) or a JAX function for the
     accelerator; `stagec.simulate` then takes and returns the model's own input and output structure.
 
@@ -46,7 +47,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
         raise InputError("tune with quantize='bf16': the tuner maps int8 and fp32 layers (stagec.costmodel); "
                          "tune the fp32 model or pass bf16 mappings=")
     request = Request(model_or_fn, example_args, kwargs, hw or HardwareConfig(), fuse, quantize, calibration,
-                      percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective))
+                      percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective), fallback,
+                      layer_precision, accuracy_target)
     return run(stages, Compilation(request), dump).program
 
 
