@@ -33,6 +33,17 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     int8 activations per tensor with ranges from `calibration` (a list of batches, each a tuple of
     the model's positional inputs or a dict of its keyword inputs; default: the example inputs
     alone), the largest |x| seen or, with `percentile` (e.g. 99.99), that percentile of |x|.
+    Ops int8 cannot take (softmax, layer norm, attention matmuls) run as float islands between
+    QUANTIZE and DEQUANTIZE, in `fallback`'s type: "bf16" (the default; bf16 in DRAM, computed in
+    float32 on the vector unit, bf16 x bf16 -> float32 on the matrix unit; graph outputs float32)
+    or "fp32".  `layer_precision` ({layer name: "int8" | "bf16" | "fp32"}; names as the schedule
+    dump and the report give them, a fused `a+b` or a module's name such as "encoder.0.linear1"
+    standing for its parts) keeps layers out of int8 in that type.  `accuracy_target` (e.g. 0.99)
+    measures each int8 layer's effect on the output (cosine against the float graph over the
+    calibration batches, graphs evaluated by lower.graph.evaluate) and keeps the fewest, most
+    sensitive layers bf16 until the whole graph meets it (greedy, deterministic; progress on
+    stderr); if even all of them bf16 miss, a stagec.AccuracyWarning and the best mix found.  The
+    report shows each layer's precision and the chosen layers (lower.graph.mixed_precision).
     `quantize="bf16"` holds activations and weights as bfloat16 (lower.graph.bfloat16): half the
     DRAM and scratchpad bytes of fp32, bf16 MACs into float32 accumulators, no calibration.
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import stagec
+from stagec import int8_reference
 from stagec.errors import AccuracyWarning, InputError, ReferenceFallbackWarning
 from stagec.lower.graph.evaluate import evaluate
 from stagec.lower.graph.graph_ir import MATRIX_OPS, OpKind
@@ -92,21 +93,19 @@ def test_bf16_islands_hold_no_float32_between_the_quantize_boundaries():
 
 @pytest.mark.parametrize("build", [transformer_layer, cnn_with_softmax])
 def test_bf16_islands_simulate_as_the_graph_evaluates_and_match_pytorch(build):
-    """The simulator and lower.graph.evaluate round bf16 alike and run the same integer work; they
-    differ by float32 summation order, which can move a value to the neighbouring bf16 and, at a
-    QUANTIZE, an int8 rounding by one step (1/127 of a range).  Against fp32 PyTorch: the islands in
-    bf16 lose at most what the int8 layers already do."""
+    """The simulator, lower.graph.evaluate and the independent stagec.int8_reference round bf16 alike and
+    run the same integer work (measured: equal); float32 summation order may move a value to the
+    neighbouring bf16 (2**-8 relative), as in test_bf16.  Against fp32 PyTorch the bf16 islands keep
+    cosine >= 0.999."""
     model, args, calibration = build()
     graph = build_graph(model, args, quantize="int8", calibration=calibration)[1]   # the default: bf16
     program = stagec.compile(model, args, quantize="int8", calibration=calibration)
     got, report = simulated(program, args)
     (expect,) = evaluate(graph, *(a.numpy() for a in args))
-    assert max_relative_error(got, expect) <= 2**-5
+    (ref,) = int8_reference.run(graph, [a.numpy() for a in args])
+    assert max_relative_error(got, expect) <= 2**-7 and max_relative_error(got, ref) <= 2**-7
     with torch.no_grad():
-        want = model(*args).numpy()
-    fp32_islands, _ = simulated(stagec.compile(model, args, quantize="int8", calibration=calibration,
-                                               fallback="fp32"), args)
-    assert cosine(got, want) >= 0.999 and cosine(fp32_islands, want) >= 0.999
+        assert cosine(got, model(*args).numpy()) >= 0.999
     assert report.actions.macs_int8 > 0 and report.actions.macs_fp32 == 0
 
 
