@@ -11,6 +11,7 @@ stagec` and `stagec --help` load neither torch nor JAX.
 """
 
 from stagec.errors import (
+    AccuracyWarning,
     AssemblyError,
     ConfigError,
     ExportError,
@@ -39,7 +40,7 @@ _HOMES = {
 }
 __getattr__, __dir__ = lazy_attributes(__name__, _HOMES)
 
-__all__ = ["AssemblyError", "Codesign", "ConfigError", "ExportError", "HardwareConfig", "InputError",
+__all__ = ["AccuracyWarning", "AssemblyError", "Codesign", "ConfigError", "ExportError", "HardwareConfig", "InputError",
            "LoweringError", "PlanError", "Program", "ProgramFormatError", "QuantizationError",
            "ReferenceFallbackWarning", "Report", "SimulationError", "StagecError", "TilingError", "TimingError",
            "TuneSettings", "Tuning", "UnsupportedOpError", "VerificationError", "codesign", "compile", "load",

@@ -15,7 +15,8 @@ from .pipeline import PIPELINE, Compilation, Request, Stage, run
 def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=None,  # noqa: A001
             fuse: bool = True, mappings: dict | None = None, kwargs: dict | None = None,
             tune=None, objective: str = "latency", quantize: str | None = None, calibration=None,
-            percentile: float | None = None, stages: Sequence[Stage] = PIPELINE) -> Program:
+            percentile: float | None = None, fallback: str | None = None, layer_precision: dict | None = None,
+            accuracy_target: float | None = None, stages: Sequence[Stage] = PIPELINE) -> Program:
     """Compile a PyTorch model (called with `example_args` and `kwargs`) or a JAX function for the
     accelerator; `stagec.simulate` then takes and returns the model's own input and output structure.
 
@@ -34,6 +35,17 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     int8 activations per tensor with ranges from `calibration` (a list of batches, each a tuple of
     the model's positional inputs or a dict of its keyword inputs; default: the example inputs
     alone), the largest |x| seen or, with `percentile` (e.g. 99.99), that percentile of |x|.
+    Ops int8 cannot take (softmax, layer norm, attention matmuls) run as float islands between
+    QUANTIZE and DEQUANTIZE, in `fallback`'s type: "bf16" (the default; bf16 in DRAM, computed in
+    float32 on the vector unit, bf16 x bf16 -> float32 on the matrix unit; graph outputs float32)
+    or "fp32".  `layer_precision` ({layer name: "int8" | "bf16" | "fp32"}; names as the schedule
+    dump and the report give them, a fused `a+b` or a module's name such as "encoder.0.linear1"
+    standing for its parts) keeps layers out of int8 in that type.  `accuracy_target` (e.g. 0.99)
+    measures each int8 layer's effect on the output (cosine against the float graph over the
+    calibration batches, graphs evaluated by lower.graph.evaluate) and keeps the fewest, most
+    sensitive layers bf16 until the whole graph meets it (greedy, deterministic; progress on
+    stderr); if even all of them bf16 miss, a stagec.AccuracyWarning and the best mix found.  The
+    report shows each layer's precision and the chosen layers (lower.graph.mixed_precision).
     `quantize="bf16"` holds activations and weights as bfloat16 (lower.graph.bfloat16): half the
     DRAM and scratchpad bytes of fp32, bf16 MACs into float32 accumulators, no calibration.
 
@@ -45,7 +57,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     (2, 4)
     """
     request = Request(model_or_fn, example_args, kwargs, hw or HardwareConfig(), fuse, quantize, calibration,
-                      percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective), objective)
+                      percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective), objective,
+                      fallback, layer_precision, accuracy_target)
     return run(stages, Compilation(request), dump).program
 
 

@@ -97,12 +97,17 @@ class ReferenceFallbackWarning(UserWarning):
     (pyproject.toml's filterwarnings): every program the compiler emits must run batched."""
 
 
+class AccuracyWarning(UserWarning):
+    """compile(..., accuracy_target=...) could not reach the target even with every int8 layer
+    bf16: the program is the most accurate mix found."""
+
+
 def shown(value, limit: int = 60) -> str:
     """A value as an error message shows it: its repr, cut to `limit` characters."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
-__all__ = ["AssemblyError", "ConfigError", "ExportError", "InputError", "LoweringError", "PlanError",
+__all__ = ["AccuracyWarning", "AssemblyError", "ConfigError", "ExportError", "InputError", "LoweringError", "PlanError",
            "ProgramFormatError", "QuantizationError", "ReferenceFallbackWarning", "SimulationError", "StagecError",
            "TilingError", "TimingError", "UnsupportedOpError", "VerificationError"]

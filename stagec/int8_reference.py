@@ -6,7 +6,8 @@ shifted int64 products, requantization is gemmlowp's
 MultiplyByQuantizedMultiplier written out from its definition, and fp32 steps
 are numpy float32 operations (single IEEE roundings: the QUANTIZE multiply and
 the DEQUANTIZE multiply are exact matches; transcendental fp32 islands such as
-softmax and GELU can differ from the simulator's in the last bits).
+softmax and GELU can differ from the simulator's in the last bits).  A bf16 value (of an
+int8 graph's bf16 islands) is its float32 result rounded once to bf16 (ml_dtypes).
 
 The fp32 islands are therefore not bit-exact, and where a float that a QUANTIZE converts lies within
 a few ulps of a rounding boundary, its int8 value may round either way (the hardware's softmax sums in
@@ -27,6 +28,7 @@ from __future__ import annotations
 import functools
 import math
 
+import ml_dtypes
 import numpy as np
 
 from stagec.errors import LoweringError
@@ -122,9 +124,11 @@ TYPED_STEPS = ("to_f32", "to_i32", "requant", "lut", "select")   # steps that ta
 
 
 def _held(x: np.ndarray, dtype: str, where: str) -> np.ndarray:
-    """x held as `dtype`'s reference type: float32, int8, or int64 within int32's range."""
-    if dtype == "float32":
-        return np.asarray(x, np.float32)
+    """x held as `dtype`'s reference type: float32 (bfloat16: a float32 rounded once to bf16, to
+    nearest even, held widened), int8, or int64 within int32's range."""
+    if dtype in ("float32", "bfloat16"):
+        x = np.asarray(x, np.float32)
+        return x.astype(ml_dtypes.bfloat16).astype(np.float32) if dtype == "bfloat16" else x
     if dtype == "int8":
         if x.dtype != np.int8 and (x.min(initial=0) < -128 or x.max(initial=0) > 127):
             raise OverflowError(f"{where}: an int8 value out of range")
@@ -234,8 +238,8 @@ def run(graph: Graph, inputs, keep: bool = False, nudge: float = 0.0):
     converted to an integer is first scaled by (1 + nudge) (see the module's docstring)."""
     steps = _nudged_steps(nudge)
     rules = {**RULES, **{op: functools.partial(RULES[op], steps=steps) for op in EXPRESSION_OPS}}
-    env = {vid: _held(np.asarray(a), str(a.dtype) if str(a.dtype) in ("int8", "float32") else "int32", f"%{vid}")
-           for vid, a in graph.constants.items()}
+    env = {vid: _held(np.asarray(a), str(a.dtype) if str(a.dtype) in ("int8", "float32", "bfloat16") else "int32",
+                      f"%{vid}") for vid, a in graph.constants.items()}
     for v, a in zip(graph.inputs, inputs, strict=True):
         env[v.id] = _held(np.asarray(a), v.dtype, f"input %{v.id}")
     for node in graph.nodes:

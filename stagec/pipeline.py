@@ -32,7 +32,7 @@ from types import MappingProxyType
 
 import torch
 
-from stagec.errors import InputError
+from stagec.errors import AccuracyWarning, InputError
 from stagec.frontend import TracedModel, flatten_inputs, trace_jax, trace_torch
 from stagec.isa import HardwareConfig, Program, disassemble, verify
 from stagec.lower.codegen.lowering import lower_to_program
@@ -42,6 +42,14 @@ from stagec.lower.graph.calibrate import calibrate
 from stagec.lower.graph.canonicalize import canonicalize
 from stagec.lower.graph.graph_ir import Graph
 from stagec.lower.graph.hoist_affine import hoist_affine
+from stagec.lower.graph.mixed_precision import (
+    DEFAULT_FALLBACK,
+    FALLBACKS,
+    LayerPrecision,
+    choose,
+    layer_precisions,
+    pin_layers,
+)
 from stagec.lower.graph.passes import dce, defer_row_scale, fold_affine, fuse_elementwise, fuse_epilogues, sink_reshapes
 from stagec.lower.graph.quantize import QuantParams, split_residuals
 from stagec.lower.graph.quantize import quantize as quantize_graph
@@ -70,6 +78,9 @@ class Request:
     mappings: Mapping = field(default_factory=lambda: MappingProxyType({}))
     tuner: Callable | None = None            # (graph, hw) -> a stagec.Tuning, for the layers not in `mappings`
     objective: str = "latency"               # what the default mapper minimizes (mapper.OBJECTIVES)
+    fallback: str | None = None              # int8: the float islands' type, "bf16" or "fp32" (None: the default)
+    layer_precision: Mapping | None = None   # int8: layer name -> "int8", "bf16" or "fp32"
+    accuracy_target: float | None = None     # int8: the cosine against the float graph to keep layers bf16 for
 
     def __post_init__(self):
         if not isinstance(self.hw, HardwareConfig):
@@ -82,6 +93,21 @@ class Request:
             got = f"an empty {type(self.calibration).__name__}" if isinstance(self.calibration, (list, tuple)) \
                 else f"a {type(self.calibration).__name__}"
             raise InputError(f"calibration must be a non-empty list of batches (each the model's inputs); got {got}")
+        self._check_mixed_precision()
+
+    def _check_mixed_precision(self):
+        given = [k for k in ("fallback", "layer_precision", "accuracy_target") if getattr(self, k) is not None]
+        if given and self.quantize != "int8":
+            raise InputError(f"{', '.join(given)} need quantize='int8'")
+        if self.fallback is not None and self.fallback not in FALLBACKS:
+            raise InputError(f"fallback must be one of {FALLBACKS}, not {self.fallback!r}")
+        if self.layer_precision is not None and not isinstance(self.layer_precision, Mapping):
+            raise InputError(f"layer_precision must be a dict of layer name -> precision, not "
+                             f"{type(self.layer_precision).__name__}")
+        target = self.accuracy_target
+        if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
+                                   or not 0 < target <= 1):
+            raise InputError(f"accuracy_target must be a cosine similarity in (0, 1], not {target!r}")
 
 
 @dataclass(frozen=True)
@@ -92,6 +118,7 @@ class Compilation:
     traced: TracedModel | None = None        # jaxpr
     graph: Graph | None = None               # graph, its passes, the int8 stages, pack
     amax: Mapping | None = None              # calibrate: value id -> range
+    precision: LayerPrecision | None = None  # precision: what int8 keeps float, and in which type
     quantization: QuantParams | None = None  # quantize
     tuning: object = None                    # tune: a stagec.Tuning (its .mappings)
     layout: Layout | None = None
@@ -146,8 +173,8 @@ def _outside_stagec() -> int:
     return level
 
 
-def _calibrate(c: Compilation) -> Compilation:
-    """Every fp32 value's range over the calibration batches, flattened as the traced model takes them."""
+def _calibration_batches(c: Compilation) -> list:
+    """The calibration batches, flattened as the traced model takes them."""
     request = c.request
     given = request.calibration or [(tuple(request.args), request.kwargs or {})]
     batches = []
@@ -158,12 +185,40 @@ def _calibrate(c: Compilation) -> Compilation:
             batches.append(flatten_inputs(c.traced, args, kwargs))
         except (TypeError, ValueError) as e:
             raise InputError(f"calibration batch {i}: {e}") from e
-    return replace(c, amax=MappingProxyType(calibrate(c.graph, batches, request.percentile)))
+    return batches
+
+
+def _calibrate(c: Compilation) -> Compilation:
+    """Every fp32 value's range over the calibration batches."""
+    return replace(c, amax=MappingProxyType(calibrate(c.graph, _calibration_batches(c), c.request.percentile)))
+
+
+def _precision(c: Compilation) -> Compilation:
+    """The caller's pinned layers, and with accuracy_target the layers kept bf16 to meet it: each
+    candidate mix is compiled by this pipeline's own stages from quantize to bf16 and evaluated."""
+    r = c.request
+    precision = pin_layers(c.graph, r.layer_precision or {}, r.fallback or DEFAULT_FALLBACK)
+    if r.accuracy_target is not None:
+        stages = PIPELINE[position("quantize"):position("bf16") + 1]
+        precision = choose(c.graph, _calibration_batches(c), lambda p: run(stages, replace(c, precision=p)).graph,
+                           precision, r.accuracy_target)
+        if precision.cosine < r.accuracy_target:
+            warnings.warn(f"accuracy_target={r.accuracy_target}: the best mix found reaches cosine "
+                          f"{precision.cosine:.6f} (with {len(precision.chosen)} layers bf16); compiling it",
+                          AccuracyWarning, stacklevel=_outside_stagec())
+    return replace(c, precision=precision)
 
 
 def _quantize(c: Compilation) -> Compilation:
-    graph, params = quantize_graph(c.graph, dict(c.amax))
+    graph, params = quantize_graph(c.graph, dict(c.amax), c.precision.float_layers(c.graph))
     return replace(c, graph=graph, quantization=params)
+
+
+def _bf16(c: Compilation) -> Compilation:
+    """quantize="bf16": the whole graph bf16; "int8": its float islands, as c.precision says."""
+    if c.request.quantize == "bf16":
+        return replace(c, graph=to_bfloat16(c.graph))
+    return replace(c, graph=to_bfloat16(c.graph, c.precision.keeps_fp32)) if c.precision.has_bf16() else c
 
 
 def _pack(c: Compilation) -> Compilation:
@@ -194,7 +249,9 @@ def _metadata(c: Compilation) -> dict | None:
     name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "function")
     return {"model": name, "in_tree": traced.in_tree, "out_tree": traced.out_tree, "note": traced.note,
             "in_dtypes": [str(v.aval.dtype) for v in traced.closed.jaxpr.invars],
-            "out_dtypes": [str(v.aval.dtype) for v in traced.closed.jaxpr.outvars], "quantize": c.request.quantize}
+            "out_dtypes": [str(v.aval.dtype) for v in traced.closed.jaxpr.outvars], "quantize": c.request.quantize,
+            "layer_precision": layer_precisions(c.graph),
+            **({"mixed_precision": c.precision.to_dict()} if c.precision is not None else {})}
 
 
 def _quantizing(request: Request) -> bool:
@@ -230,12 +287,14 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("split_activations", GraphPass(split_activations), when=_quantizing),
     # int8: every fp32 value's range over the calibration batches
     Stage("calibrate", _calibrate, show=_amax_table, when=_quantizing),
+    # int8: the layers kept float (layer_precision=, accuracy_target=) and the islands' type (fallback=)
+    Stage("precision", _precision, show=lambda c: c.precision, when=_quantizing),
     # int8: int8 CONV/MATMUL, QUANTIZE/DEQUANTIZE at the fp32 islands' boundaries
     Stage("quantize", _quantize, show=lambda c: f"{c.graph}\n{c.quantization}", when=_quantizing),
     # int8: the boundaries -> their neighbours' expressions and epilogues
     Stage("fuse_quantized", GraphPass(lambda g: fuse_epilogues(fuse_elementwise(g)), fusion=True), when=_quantizing),
-    # bf16: activations and weights bf16 in DRAM, inputs and outputs as the model has them
-    Stage("bf16", GraphPass(to_bfloat16), when=lambda r: r.quantize == "bf16"),
+    # bf16: activations and weights bf16 in DRAM, inputs and outputs as the model has them (int8: the islands')
+    Stage("bf16", _bf16, when=lambda r: r.quantize in ("int8", "bf16")),
     # depthwise convs that run cheaper packed on the array -> grouped convs (lower.schedule.pack)
     Stage("pack", _pack),
     # tune=: mappings by gradient on the cost model (stagec.tune), with the collector on

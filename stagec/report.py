@@ -23,10 +23,14 @@ is span / bound (1.0 = on the roofline).
     energy_pj           component -> pJ (mac, vector, scratchpad, accumulator, dram, leakage), "total"
     area_mm2            component -> mm^2 (array, scratchpad, accumulator, vector, fixed), "total"
     macs_by_precision   precision (int8, bf16, fp32) -> MACs run in it, those with any
+    mixed_precision     int8 programs: {fallback, pinned, chosen, target, cosine} (lower.graph.mixed_precision)
     roofline_cycles     sum of the layers' roofline bounds
     cycles_over_roofline  cycles / roofline_cycles
     layers              list of per-layer records:
-        name, op, in_shapes, out_shape, macs, precision (of its MACs: int8, bf16, fp32; None without),
+        name, op, in_shapes, out_shape, macs,
+        precision (what it computes in: int8, bf16 or fp32 -- a CONV/MATMUL its operands' type, another
+                   layer int8 when all its data is integer, else bf16 when any of it is; from the program's
+                   metadata, else from its MACs, None without),
         instructions (unit -> count),
         start_cycle, end_cycle, span_cycles, cycles, busy_cycles (unit -> cycles),
         array_utilization (MACs / (peak x span)), bytes (level -> read/write), actions,
@@ -67,6 +71,7 @@ class LayerReport:
     actions: ActionCounts       # totals
     energy_pj: dict             # component -> pJ
     roofline: dict
+    precision: str | None = None   # what it computes in (int8, bf16, fp32), None: unknown
 
     @property
     def span_cycles(self) -> float:
@@ -79,7 +84,7 @@ class LayerReport:
         return {
             "name": self.name, "op": self.op, "in_shapes": [list(s) for s in self.in_shapes],
             "out_shape": list(self.out_shape), "macs": self.macs,
-            "precision": max(macs_by_precision(self.actions).items(), key=lambda kv: kv[1], default=(None,))[0],
+            "precision": self.precision,
             "instructions": self.instructions,
             "start_cycle": self.start_cycle, "end_cycle": self.end_cycle, "span_cycles": self.span_cycles,
             "cycles": self.cycles, "busy_cycles": self.busy_cycles, "array_utilization": self.array_utilization(hw),
@@ -102,6 +107,7 @@ class Report:
     area_mm2: dict              # component -> mm^2
     timeline: Timeline = field(repr=False)
     layer_ids: np.ndarray = field(repr=False)   # layer of each instruction (-1: none)
+    mixed_precision: dict | None = None         # an int8 program's float layers (module doc)
 
     @property
     def clock_hz(self) -> float:
@@ -131,18 +137,18 @@ class Report:
             "area_mm2": {**self.area_mm2, "total": sum(self.area_mm2.values())},
             "roofline_cycles": self.roofline_cycles,
             "cycles_over_roofline": self.cycles / self.roofline_cycles if self.roofline_cycles else None,
-            "layers": [layer.to_dict(self.hw) for layer in self.layers],
+            "layers": [layer.to_dict(self.hw) for layer in self.layers], "mixed_precision": self.mixed_precision,
         }
 
     def summary(self) -> str:
-        head = (f"{'layer':<30} {'op':<9} {'MMACs':>8} {'cycles':>10} {'span':>10} {'util%':>6} "
+        head = (f"{'layer':<30} {'op':<9} {'prec':<5} {'MMACs':>8} {'cycles':>10} {'span':>10} {'util%':>6} "
                 f"{'bound':>4} {'x bound':>7} {'DRAM KiB':>9} {'energy uJ':>9}")
         lines = [head, "-" * len(head)]
         for layer in self.layers:
             roof = layer.roofline
             lines.append(
-                f"{layer.name[:30]:<30} {layer.op[:9]:<9} {layer.macs / 1e6:>8.2f} {layer.cycles:>10.0f} "
-                f"{layer.span_cycles:>10.0f} {100 * layer.array_utilization(self.hw):>6.1f} "
+                f"{layer.name[:30]:<30} {layer.op[:9]:<9} {layer.precision or '-':<5} {layer.macs / 1e6:>8.2f} "
+                f"{layer.cycles:>10.0f} {layer.span_cycles:>10.0f} {100 * layer.array_utilization(self.hw):>6.1f} "
                 f"{roof['bound'][:3]:>4} {roof['achieved_over_bound'] or 0:>7.2f} "
                 f"{(layer.actions.dram_read_bytes + layer.actions.dram_write_bytes) / 1024:>9.1f} "
                 f"{sum(layer.energy_pj.values()) / 1e6:>9.2f}")
@@ -165,7 +171,27 @@ class Report:
             f"area:   {sum(self.area_mm2.values()):.2f} mm^2 = " + ", ".join(
                 f"{k} {v:.2f}" for k, v in self.area_mm2.items()),
         ]
-        return "\n".join(lines)
+        return "\n".join(lines + _mixed_precision_lines(self.mixed_precision))
+
+
+def _mixed_precision_lines(mixed: dict | None) -> list[str]:
+    """An int8 program's pinned layers and what accuracy_target chose, for the summary."""
+    if not mixed:
+        return []
+    lines = [f"int8 float islands: {mixed['fallback']}"]
+    lines += ["pinned: " + ", ".join(f"{name} {p}" for name, p in mixed["pinned"].items())] if mixed["pinned"] else []
+    if mixed["target"] is not None:
+        lines.append(f"accuracy target {mixed['target']:g}: cosine {mixed['cosine']:.6f} on the calibration batches "
+                     f"with {len(mixed['chosen'])} layers bf16" + "".join(f"\n  {name}" for name in mixed["chosen"]))
+    return lines
+
+
+def _layer_precision(program: Program, layer: Layer, actions: ActionCounts) -> str | None:
+    """The layer's precision as the compiler recorded it, else the precision of most of its MACs."""
+    recorded = program.metadata.get("layer_precision") or {}
+    if layer.name in recorded:
+        return recorded[layer.name]
+    return max(macs_by_precision(actions).items(), key=lambda kv: kv[1], default=(None,))[0]
 
 
 def macs_by_precision(actions: ActionCounts) -> dict:
@@ -207,13 +233,14 @@ def make_report(program: Program) -> Report:
                     dict(zip(UNITS, map(int, count[i]), strict=True)), float(first[i]), float(last[i]),
                     float(exclusive[i]), dict(zip(UNITS, map(float, busy[i]), strict=True)), layer_counts[i],
                     {k: float(v) for k, v in energy_pj(layer_counts[i], exclusive[i], hw).items()},
-                    _roofline(layer, hw, itemsize[i], last[i] - first[i]))
+                    _roofline(layer, hw, itemsize[i], last[i] - first[i]),
+                    _layer_precision(program, layer, layer_counts[i]))
         for i, layer in enumerate(program.layers))
     total = counts.total()
     return Report(layers, hw, dict(zip(UNITS, map(int, count.sum(0)), strict=True)),
                   dict(zip(UNITS, map(float, busy.sum(0)), strict=True)), tl.cycles, total,
                   {k: float(v) for k, v in energy_pj(total, tl.cycles, hw).items()},
-                  {k: float(v) for k, v in area_mm2(hw).items()}, tl, ids)
+                  {k: float(v) for k, v in area_mm2(hw).items()}, tl, ids, program.metadata.get("mixed_precision"))
 
 
 def _roofline(layer: Layer, hw: HardwareConfig, itemsize: int, span: float) -> dict:

@@ -1,4 +1,5 @@
-"""Whole-model bf16: activations and weights held as bfloat16, two bytes, in DRAM.
+"""bf16: activations and weights held as bfloat16, two bytes, in DRAM: the whole model's
+(quantize="bf16"), or an int8 graph's float islands (lower.graph.mixed_precision).
 
 Which values are bf16 is decided here, once, for the graph; what an instruction does with a bf16
 element follows from its type (isa.opcodes): the matrix unit multiplies bf16 operands exactly into
@@ -15,10 +16,17 @@ and rounds its result once, as PyTorch's bf16 kernels do (lower.graph.evaluate s
   that is read again) is copied to bf16 first, once per value.  Other ops read either type.
 - A view (reshape, transpose, slice, broadcast) is its input's bytes, so has its input's type; a
   graph output still bf16 then is copied to float32 at the end.
+- int8 and int32 values stay as they are, and so do the float constants of a node that reads an
+  int8 activation (an int8 CONV's per-channel dequantization scales, its fp32 epilogue's bias):
+  they are the quantization's, not a float layer's weights.
+- A node `keep_fp32(name)` names keeps its float32 result and weights (its CONV/MATMUL reads
+  float32 operands, copied from bf16 ones once); a constant is rounded only if no such node and
+  no node of int8 input reads it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import MappingProxyType
 
 import ml_dtypes
@@ -32,17 +40,18 @@ COPY = (Step("copy", (0,)),)
 
 
 class _Rewriter:
-    def __init__(self, graph: Graph):
-        self.graph = graph
+    def __init__(self, graph: Graph, keep_fp32: Callable[[str], bool]):
+        self.graph, self.keep_fp32 = graph, keep_fp32
         self.ids = graph.fresh_ids()
         self.nodes: list[Node] = []
         self.consts = {}
         self.now: dict[int, Value] = {}      # original value id -> the value holding it now
         self.copies: dict[tuple[int, str], Value] = {}   # (value id, type) -> its copy of that type
         self.names = {n.output.id: n.name for n in graph.nodes}
+        exact = _float32_constants(graph, keep_fp32)
         for vid, a in graph.constants.items():
             a = np.asarray(a)
-            if a.dtype == np.float32 and a.size > 1:
+            if a.dtype == np.float32 and a.size > 1 and vid not in exact:
                 a = a.astype(ml_dtypes.bfloat16)
                 self.now[vid] = Value(vid, a.shape, BF16)
             self.consts[vid] = a
@@ -64,22 +73,32 @@ class _Rewriter:
 
     def node(self, node: Node, outputs: frozenset) -> None:
         inputs = [self.value(v) for v in node.inputs]
+        kept = self.keep_fp32(node.name)
         if node.op in MATRIX_OPS:
-            inputs[:2] = [self.as_type(v, BF16) for v in node.inputs[:2]]
+            inputs[:2] = [self.as_type(v, F32 if kept else BF16) for v in node.inputs[:2]]
         out = node.output
         if node.op in VIEWS:
             dtype = inputs[0].dtype
         else:
-            dtype = BF16 if out.dtype == F32 and out.id not in outputs else out.dtype
+            dtype = BF16 if out.dtype == F32 and out.id not in outputs and not kept else out.dtype
         new = Value(out.id, out.shape, dtype)
         self.now[out.id] = new
         self.nodes.append(Node(node.op, tuple(inputs), new, node.attrs, node.name))
 
 
-def to_bfloat16(graph: Graph) -> Graph:
-    """The graph with its float32 activations and weights as bf16 (module doc); inputs and outputs keep
-    their types."""
-    rw = _Rewriter(graph)
+def _float32_constants(graph: Graph, keep_fp32: Callable[[str], bool]) -> set[int]:
+    """The constants that stay float32: read by a node kept float32 or by a node of int8 input."""
+    exact = set()
+    for node in graph.nodes:
+        if keep_fp32(node.name) or any(v.dtype == "int8" and v.id not in graph.constants for v in node.inputs):
+            exact.update(v.id for v in node.inputs if v.id in graph.constants)
+    return exact
+
+
+def to_bfloat16(graph: Graph, keep_fp32: Callable[[str], bool] = lambda name: False) -> Graph:
+    """The graph with its float32 activations and weights as bf16 (module doc), but for the nodes
+    `keep_fp32` names; inputs and outputs keep their types."""
+    rw = _Rewriter(graph, keep_fp32)
     outputs = frozenset(v.id for v in graph.outputs)
     for node in graph.nodes:
         rw.node(node, outputs)

@@ -455,12 +455,14 @@ def _residual_split(graph: Graph, node: Node):
     return expr[:k], r, bool(rest)
 
 
-def quantize(graph: Graph, amax: dict[int, float]) -> tuple[Graph, QuantParams]:
+def quantize(graph: Graph, amax: dict[int, float], keep: frozenset[str] = frozenset()) -> tuple[Graph, QuantParams]:
     """The int8 graph of `graph` (same inputs and fp32 outputs) and its activation scales;
-    `amax` ({value id: calibrated range}) comes from lower.graph.calibrate on this same graph."""
+    `amax` ({value id: calibrated range}) comes from lower.graph.calibrate on this same graph.
+    The nodes named in `keep` stay float (lower.graph.mixed_precision: pinned or sensitive layers)."""
     rw = _Rewriter(graph, _shared_concat_ranges(graph, amax))
     for node in graph.nodes:
-        QUANT_RULES.get(node.op, _Rewriter.keep_fp32)(rw, node)
+        rule = _Rewriter.keep_fp32 if node.name in keep else QUANT_RULES.get(node.op, _Rewriter.keep_fp32)
+        rule(rw, node)
     outputs = tuple(rw.as_fp32(v) for v in graph.outputs)
     out = dce(Graph(graph.inputs, outputs, tuple(rw.nodes), MappingProxyType(rw.consts)))   # views as_int8 replaced
     return out, QuantParams(MappingProxyType(dict(rw.scales)))
