@@ -92,8 +92,8 @@ def test_dump_prints_the_stages_that_apply_in_pipeline_order(capsys):
     model, x = conv_relu()
     stagec.compile(model, (x,), dump=True)
     printed = [line[5:-5] for line in capsys.readouterr().out.splitlines() if line.startswith("==== ")]
-    skipped = {"split_activations", "split_residuals", "calibrate", "quantize", "fuse_quantized", "bf16",
-               "tune"}   # int8, bf16 and tuning only
+    skipped = {"split_activations", "split_residuals", "calibrate", "precision", "quantize", "fuse_quantized",
+               "bf16", "tune"}   # int8, bf16 and tuning only
     assert printed == [s.name for s in PIPELINE if s.name not in skipped]
 
 
