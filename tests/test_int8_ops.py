@@ -207,15 +207,22 @@ def pool_input(graph, x):
     return env[conv.output.id].astype(np.int64)
 
 
-@pytest.mark.parametrize("pool", [nn.AvgPool2d(3, 2, 1), nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1)])
-def test_an_average_pool_is_an_int32_sum_requantized_by_tflite_mean(pool):
-    g = torch.Generator().manual_seed(2)
+def pool_case(pool, seed):
+    """A conv then `pool`, compiled int8 with no float step: the model, its input, the program, the
+    graph, and the pool's input and output scales."""
+    g = torch.Generator().manual_seed(seed)
     model, x = conv_then(pool), torch.randn(1, 4, 7, 7, generator=g)
     calibration = [(x,)] + [(torch.randn(x.shape, generator=g),) for _ in range(3)]
     program, graph = compile_int8(model, (x,), calibration)
     assert not float_steps(graph)
     s_x = amax_scale(*[model[0](c[0]).detach() for c in calibration])
     s_y = amax_scale(*[model(c[0]).detach() for c in calibration])
+    return model, x, program, graph, s_x, s_y
+
+
+@pytest.mark.parametrize("pool", [nn.AvgPool2d(3, 2, 1), nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1)])
+def test_an_average_pool_is_an_int32_sum_requantized_by_tflite_mean(pool):
+    model, x, program, graph, s_x, s_y = pool_case(pool, seed=2)
     qx = torch.tensor(pool_input(graph, x), dtype=torch.float64)
     if isinstance(pool, nn.AvgPool2d):   # count_include_pad: every window divides by its size
         count = pool.kernel_size ** 2 if isinstance(pool.kernel_size, int) else math.prod(pool.kernel_size)
@@ -233,13 +240,7 @@ def test_an_average_pool_is_an_int32_sum_requantized_by_tflite_mean(pool):
 
 @pytest.mark.parametrize("pool", [nn.AvgPool2d(3, 2, 1, count_include_pad=False), nn.AvgPool2d(2, ceil_mode=True)])
 def test_an_average_pool_with_a_divisor_per_window_divides_each_window_by_its_count(pool):
-    g = torch.Generator().manual_seed(3)
-    model, x = conv_then(pool), torch.randn(1, 4, 7, 7, generator=g)
-    calibration = [(x,)] + [(torch.randn(x.shape, generator=g),) for _ in range(3)]
-    program, graph = compile_int8(model, (x,), calibration)
-    assert not float_steps(graph)
-    s_x = amax_scale(*[model[0](c[0]).detach() for c in calibration])
-    s_y = amax_scale(*[model(c[0]).detach() for c in calibration])
+    model, x, program, graph, s_x, s_y = pool_case(pool, seed=3)
     exact = pool(torch.tensor(pool_input(graph, x), dtype=torch.float64)).numpy() * s_x / s_y   # sum / count
     y, _ = stagec.simulate(program, x)
     np.testing.assert_array_equal(y, int8_reference.run(graph, [x.numpy()])[0])
