@@ -77,7 +77,7 @@ def main():
     parser.add_argument("--full", nargs="*", default=list(DEFAULT_FULL), help="models to run full-size")
     parser.add_argument("--calibration", type=int, default=4, help="calibration batches")
     parser.add_argument("--percentile", type=float, help="int8 ranges: this percentile of |x| (default: max |x|)")
-    parser.add_argument("--objective", default="latency", choices=("latency", "energy", "edp"),
+    parser.add_argument("--objective", default="edp", choices=("latency", "energy", "edp"),
                         help="what the mapper minimizes, for all three precisions alike")
     parser.add_argument("--fallback", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"],
                         help="int8's float island types, the first in the main table")

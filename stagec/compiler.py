@@ -14,7 +14,7 @@ from .pipeline import PIPELINE, Compilation, Request, Stage, run
 
 def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=None,  # noqa: A001
             fuse: bool = True, mappings: dict | None = None, kwargs: dict | None = None,
-            tune=None, objective: str = "latency", quantize: str | None = None, calibration=None,
+            tune=None, objective: str = "edp", quantize: str | None = None, calibration=None,
             percentile: float | None = None, fallback: str | None = None, layer_precision: dict | None = None,
             accuracy_target: float | None = None, stages: Sequence[Stage] = PIPELINE) -> Program:
     """Compile a PyTorch model (called with `example_args` and `kwargs`) or a JAX function for the
@@ -26,7 +26,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     the default mapper's choice for those layers (the names are the schedule dump's; a vector
     layer of several nests, a pad or a concat, takes one mapping for all or a tuple of one each).
     The default mapper and the tuner minimize `objective`: "latency" (cycles), "energy" (pJ per
-    inference: DRAM traffic dominates it) or "edp" (their product), layer by layer.
+    inference: DRAM traffic dominates it) or "edp" (their product, the default: on a power-bound
+    device energy counts as much as time), layer by layer.
     `tune="gradient"` maps the other layers with stagec.tune (cost model, optax) for `objective`;
     a stagec.TuneSettings instead of "gradient" does so with those settings.  With `quantize`, it
     tunes the quantized graph's layers, each priced at its own element sizes.

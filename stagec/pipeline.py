@@ -77,7 +77,7 @@ class Request:
     # layer name -> TileMapping: the caller's, kept as given (not packed, not tuned)
     mappings: Mapping = field(default_factory=lambda: MappingProxyType({}))
     tuner: Callable | None = None            # (graph, hw) -> a stagec.Tuning, for the layers not in `mappings`
-    objective: str = "latency"               # what the default mapper minimizes (mapper.OBJECTIVES)
+    objective: str = "edp"                   # what the default mapper minimizes (mapper.OBJECTIVES)
     fallback: str | None = None              # int8: the float islands' type, "bf16" or "fp32" (None: the default)
     layer_precision: Mapping | None = None   # int8: layer name -> "int8", "bf16" or "fp32"
     accuracy_target: float | None = None     # int8: the cosine against the float graph to keep layers bf16 for

@@ -62,7 +62,7 @@ def _leaves(out) -> np.ndarray:
 
 
 def run_precision(model, args: tuple, kwargs: dict, precision: str, hw=None, calibration=None,
-                  reference=None, objective: str = "latency", percentile: float | None = None,
+                  reference=None, objective: str = "edp", percentile: float | None = None,
                   fallback: str | None = None) -> PrecisionRun:
     """Compile `model` at `precision` ('int8' calibrates on `calibration`, default 4 batches of
     calibration_batches, its ranges the `percentile` of |x| when given, and runs its float islands

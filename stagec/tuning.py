@@ -102,7 +102,7 @@ def tune_layer_list(layers: list[Layer], hw: HardwareConfig, objective: str = "l
                   out.evaluations)
 
 
-def tune(model_or_fn, example_args, hw: HardwareConfig | None = None, objective: str = "latency",
+def tune(model_or_fn, example_args, hw: HardwareConfig | None = None, objective: str = "edp",
          kwargs: dict | None = None, settings: TuneSettings = DEFAULT_SETTINGS,
          constants: CostConstants = DEFAULT_CONSTANTS, progress: Callable | None = print_progress,
          **options) -> Tuning:
