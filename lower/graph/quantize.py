@@ -92,7 +92,7 @@ class _Rewriter:
         self.graph, self.amax = graph, amax
         self.consts = dict(graph.constants)
         self.names = {n.output.id: n.name for n in graph.nodes}
-        self.producers = {n.output.id: n for n in graph.nodes}
+        self.producers, self.uses = graph.producer(), graph.consumers()
         self.ids = graph.fresh_ids()
         self.nodes: list[Node] = []
         self.int8: dict[int, Value] = {}     # original value id -> its int8 version
@@ -242,8 +242,7 @@ def _matrix(rw: _Rewriter, node: Node) -> None:
     node, factor = scalar_scale(node, rw.consts)   # a scalar scale in the epilogue: part of the multiplier
     acc_scale = acc_scale * factor
     integer = _integer_epilogue(node, rw.consts)
-    if integer is not None and not integer_matrix(node, rw.consts) and not _multiplied(node.output,
-                                                                                       rw.graph.consumers()):
+    if integer is not None and not integer_matrix(node, rw.consts) and not _multiplied(node.output, rw.uses):
         integer = None
     if integer is None:   # dequantize the accumulator, then the fp32 epilogue as it was
         expr, n_in = node.attr("epilogue") or (), len(node.inputs) - 1

@@ -196,8 +196,12 @@ def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras, obj
     if not fit.any():
         return grid.nothing_fits(hw, None)
     low = np.where(fit, grid.values[0], np.inf)
-    first = np.argpartition(low, FIRST_COMPOSED)[:FIRST_COMPOSED] if low.size > FIRST_COMPOSED else np.arange(low.size)
-    first = first[np.isfinite(low[first])] if objective == "latency" else np.flatnonzero(fit)
+    if objective == "latency":
+        first = np.argpartition(low, FIRST_COMPOSED)[:FIRST_COMPOSED] if low.size > FIRST_COMPOSED \
+            else np.arange(low.size)
+        first = first[np.isfinite(low[first])]
+    else:
+        first = np.flatnonzero(fit)
 
     def composed(idx):
         cost = nest_cost(L, _at(m, grid.shape, idx), hw, Exact)
