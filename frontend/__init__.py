@@ -23,10 +23,11 @@ from .trace import (
     from_torch,
     trace_exported,
     trace_jax,
+    trace_model,
     trace_torch,
     unflatten_outputs,
 )
 
 __all__ = ["ExportError", "OpCount", "TracedModel", "UnsupportedOpError", "coverage", "flatten_inputs",
            "format_coverage", "from_jax", "from_torch", "supported_ops", "trace_exported", "trace_jax",
-           "trace_torch", "unflatten_outputs"]
+           "trace_model", "trace_torch", "unflatten_outputs"]

@@ -48,6 +48,12 @@ class TracedModel:
     def _jitted(self):
         return jax.jit(jaxpr_as_fun(self.closed))
 
+    def export(self) -> jax.export.Exported:
+        """The traced model as a `jax.export.Exported` over its flattened inputs: `.mlir_module()` is its
+        StableHLO text, `.serialize()` the portable artifact other JAX-based compilers load."""
+        specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.closed.jaxpr.invars]
+        return jax.export.export(self._jitted)(*specs)
+
 
 def _as_tuple(args) -> tuple:
     return tuple(args) if isinstance(args, (tuple, list)) else (args,)
@@ -290,6 +296,17 @@ def trace_torch(model: torch.nn.Module, args, kwargs=None, *, tracer: str = "exp
         note = "; ".join(["traced in inference mode; the model was in training mode (and is left so)", traced.note])
         traced = replace(traced, note=note.removesuffix("; "))
     return traced
+
+
+def trace_model(model, args, kwargs=None) -> TracedModel:
+    """A torch.nn.Module through torch.export, a JAX function through make_jaxpr."""
+    if isinstance(model, torch.nn.Module):
+        return trace_torch(model, args, kwargs)
+    if callable(model):
+        if kwargs:
+            raise InputError("a JAX function is compiled with positional arrays only")
+        return trace_jax(model, args)
+    raise InputError(f"compile takes a torch.nn.Module or a JAX function, not {type(model).__name__}")
 
 
 def from_torch(model: torch.nn.Module, args, kwargs=None, *, tracer: str = "export") -> ClosedJaxpr:

@@ -344,6 +344,11 @@ class Timeline:
         """(4,) cycles each queue's unit spent running instructions."""
         return np.bincount(self.queue, weights=self.end - self.start, minlength=QUEUES)
 
+    def dram_transfers(self) -> np.ndarray:
+        """The DMAs in the order the DRAM channel served them (each holds it from grant to end)."""
+        dma = np.flatnonzero((self.queue == Queue.LOAD) | (self.queue == Queue.STORE))
+        return dma[np.argsort(self.grant[dma], kind="stable")]
+
 
 def timeline(program: Program, hw: HardwareConfig | None = None) -> Timeline:
     """Time `program` on `hw` (default: the config it was compiled for)."""

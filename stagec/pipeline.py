@@ -33,7 +33,7 @@ from types import MappingProxyType
 import torch
 
 from stagec.errors import AccuracyWarning, InputError
-from stagec.frontend import TracedModel, flatten_inputs, trace_jax, trace_torch
+from stagec.frontend import TracedModel, flatten_inputs, trace_model
 from stagec.isa import HardwareConfig, Program, disassemble, verify
 from stagec.lower.codegen.lowering import lower_to_program
 from stagec.lower.graph.activations import split_activations
@@ -150,15 +150,7 @@ class GraphPass:
 
 def _trace(c: Compilation) -> Compilation:
     """The frontend: a torch.nn.Module through torch.export, a JAX function through make_jaxpr."""
-    model, args, kwargs = c.request.model, c.request.args, c.request.kwargs
-    if isinstance(model, torch.nn.Module):
-        traced = trace_torch(model, args, kwargs)
-    elif callable(model):
-        if kwargs:
-            raise InputError("a JAX function is compiled with positional arrays only")
-        traced = trace_jax(model, args)
-    else:
-        raise InputError(f"compile takes a torch.nn.Module or a JAX function, not {type(model).__name__}")
+    traced = trace_model(c.request.model, c.request.args, c.request.kwargs)
     if traced.note:
         warnings.warn(traced.note, stacklevel=_outside_stagec())
     return replace(c, traced=traced)

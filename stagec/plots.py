@@ -45,8 +45,7 @@ def timeline_figure(report: Report, name: str = "") -> Figure:
     resolution = max(report.cycles, 1.0) / MAX_SEGMENTS_PER_ROW
     for row, unit in enumerate(UNIT_ROWS):
         if unit == "dram":
-            mine = np.flatnonzero(tl.grant < tl.end)      # DMA transfers, in channel order
-            mine = mine[np.argsort(tl.grant[mine], kind="stable")]
+            mine = tl.dram_transfers()
             start, end = tl.grant[mine], tl.end[mine]
         else:
             mine = np.flatnonzero(tl.queue == UNITS.index(unit))

@@ -9,12 +9,14 @@ from pathlib import Path
 from stagec.errors import InputError
 from stagec.isa import HardwareConfig
 
+from .exports import write_csv, write_trace
 from .plots import write_plots
 from .report import make_report
 
 
 def run_report(program_path: str | None, hw_path: str | None, out_dir: str, precision: str = "int8") -> list[Path]:
-    """Write summary.txt, report.json and the plots (PNG and SVG) into `out_dir`; print the summary.
+    """Write summary.txt, report.json, layers.csv, trace.json (Chrome/Perfetto trace) and the plots (PNG
+    and SVG) into `out_dir`; print the summary.
     The demo model is compiled at `precision`; int8 and bf16 also write precision.txt and
     precision.json, beside the precisions the demo compares them with (stagec.demo.BESIDE: DRAM
     bytes, cycles, energy, error against PyTorch)."""
@@ -49,6 +51,7 @@ def run_report(program_path: str | None, hw_path: str | None, out_dir: str, prec
     summary = report.summary()
     (out / "summary.txt").write_text(summary + "\n")
     (out / "report.json").write_text(json.dumps(report.to_dict(), indent=1, allow_nan=False) + "\n")
-    paths = [out / "summary.txt", out / "report.json", *written, *write_plots(report, out, name)]
+    paths = [out / "summary.txt", out / "report.json", write_csv(report, out / "layers.csv"),
+             write_trace(report, out / "trace.json"), *written, *write_plots(report, out, name)]
     print(summary + "\n\nwrote " + ", ".join(str(p) for p in paths))
     return paths

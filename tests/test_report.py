@@ -87,6 +87,8 @@ def test_report_command_on_a_saved_program(two_layer_program, tmp_path, capsys):
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["cycles"] == pytest.approx(make_report(two_layer_program).cycles)
     assert (tmp_path / "out" / "timeline.svg").exists()
+    assert json.loads((tmp_path / "out" / "trace.json").read_text())["traceEvents"]
+    assert (tmp_path / "out" / "layers.csv").read_text().splitlines()[0].startswith("layer,op,")
     assert main(["report", str(path), "--hw", "x.yaml", "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err == ("stagec report: --hw applies to the demo model; a saved program keeps its own "
                                        "config\n")
