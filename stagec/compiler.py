@@ -20,7 +20,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     """Compile a PyTorch model (called with `example_args` and `kwargs`) or a JAX function for the
     accelerator; `stagec.simulate` then takes and returns the model's own input and output structure.
 
-    `dump` prints the IR of the stages it names (or of all with True; a folder: one file per stage).
+    `dump` prints the IR of the stages it names (a name or a list; all with True; a folder, a Path or a
+    str that names no stage: one file per stage).
     `fuse=False` skips the fusion passes (every elementwise op then round-trips through DRAM),
     to measure what fusion saves.  `mappings` ({layer name: lower.schedule.nest.TileMapping}) replaces
     the default mapper's choice for those layers (the names are the schedule dump's; a vector

@@ -309,15 +309,17 @@ def position(name: str, stages: Sequence[Stage] = PIPELINE) -> int:
 
 
 class Dump:
-    """dump=True prints every stage; a str/Path writes one file per stage there; a collection of
-    stage names prints just those."""
+    """dump=True prints every stage; a stage's name prints that one, a collection of names just those;
+    a Path or any other str (a folder) writes one file per stage there."""
 
     def __init__(self, dump, stages: Sequence[Stage]):
-        self.dump, self.names = dump, [s.name for s in stages]
-        if isinstance(dump, (str, Path)):
+        self.names = [s.name for s in stages]
+        # NOTE: dump="schedule" meaning a folder called schedule surprised even us: a name is a stage.
+        self.dump = (dump,) if isinstance(dump, str) and dump in self.names else dump
+        if isinstance(self.dump, (str, Path)):
             Path(dump).mkdir(parents=True, exist_ok=True)
-        elif dump not in (None, False, True):
-            unknown = set(dump) - set(self.names)
+        elif self.dump not in (None, False, True):
+            unknown = set(self.dump) - set(self.names)
             if unknown:
                 raise InputError(f"unknown dump stages {sorted(unknown)}; stages are {tuple(self.names)}")
 

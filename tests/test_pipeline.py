@@ -97,6 +97,14 @@ def test_dump_prints_the_stages_that_apply_in_pipeline_order(capsys):
     assert printed == [s.name for s in PIPELINE if s.name not in skipped]
 
 
+def test_dump_of_a_stage_name_prints_that_stage_and_writes_no_folder(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model, x = conv_relu()
+    stagec.compile(model, (x,), dump="schedule")
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("==== ")]
+    assert printed == ["==== schedule ===="] and not list(tmp_path.iterdir())
+
+
 def test_a_tracing_note_names_the_users_line():
     for build in (lambda m, x: stagec.compile(m, (x,)), lambda m, x: model_graph(m, (x,))):
         with pytest.warns(UserWarning, match="traced in inference mode") as record:
