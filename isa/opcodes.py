@@ -228,6 +228,13 @@ def _vf(func: VectorFunc, apply, **flags) -> VectorFuncDef:
     return VectorFuncDef(int(func), apply, **flags)
 
 
+def _multiply(ns, a, b):
+    """a * b; int8 operands multiply in int32 (an int8 result keeps the product's low byte, as before)."""
+    if a.dtype == np.int8:
+        a, b = a.astype(np.int32), b.astype(np.int32)
+    return ns.xp.multiply(a, b)
+
+
 def _compare(op):
     return lambda ns, a, b: op(a, b).astype(a.dtype)
 
@@ -247,7 +254,9 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     _vf(VectorFunc.SIGMOID, lambda ns, x: 1 / (1 + ns.xp.exp(-x)), transcendental=True),
     _vf(VectorFunc.ADD, lambda ns, a, b: ns.xp.add(a, b), sources=2),
     _vf(VectorFunc.SUB, lambda ns, a, b: ns.xp.subtract(a, b), sources=2),
-    _vf(VectorFunc.MUL, lambda ns, a, b: ns.xp.multiply(a, b), sources=2),
+    # int8 x int8 -> int32 too (a widening multiply, as int8 SIMD units' SMLAL or RISC-V's vwmacc), and
+    # bf16 x bf16 -> float32 (exact): a depthwise tap or TFLite Mul reads int8 or bf16 tiles as they are
+    _vf(VectorFunc.MUL, _multiply, sources=2, types=SAME_TYPES | {(DType.I8, DType.I32), (DType.BF16, DType.F32)}),
     _vf(VectorFunc.MAX, lambda ns, a, b: ns.xp.maximum(a, b), sources=2),
     _vf(VectorFunc.MIN, lambda ns, a, b: ns.xp.minimum(a, b), sources=2),
     _vf(VectorFunc.CMP_GT, _compare(lambda a, b: a > b), sources=2),     # 1 or 0

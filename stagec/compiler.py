@@ -16,7 +16,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
             fuse: bool = True, mappings: dict | None = None, kwargs: dict | None = None,
             tune=None, objective: str = "edp", quantize: str | None = None, calibration=None,
             percentile: float | None = None, fallback: str | None = None, layer_precision: dict | None = None,
-            accuracy_target: float | None = None, stages: Sequence[Stage] = PIPELINE) -> Program:
+            accuracy_target: float | None = None, int8_scores: bool | None = None,
+            stages: Sequence[Stage] = PIPELINE) -> Program:
     """Compile a PyTorch model (called with `example_args` and `kwargs`) or a JAX function for the
     accelerator; `stagec.simulate` then takes and returns the model's own input and output structure.
 
@@ -48,6 +49,9 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     sensitive layers bf16 until the whole graph meets it (greedy, deterministic; progress on
     stderr); if even all of them bf16 miss, a stagec.AccuracyWarning and the best mix found.  The
     report shows each layer's precision and the chosen layers (lower.graph.mixed_precision).
+    `int8_scores=False` keeps attention's scores (a product of two activations that softmax, not a
+    matmul, takes) float in DRAM, dequantized from the accumulator; by default they are requantized
+    to int8 (half the bytes of bf16; no accuracy cost measured on the zoo: lower.graph.quantize).
     `quantize="bf16"` holds activations and weights as bfloat16 (lower.graph.bfloat16): half the
     DRAM and scratchpad bytes of fp32, bf16 MACs into float32 accumulators, no calibration.
 
@@ -60,7 +64,7 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     """
     request = Request(model_or_fn, example_args, kwargs, hw or HardwareConfig(), fuse, quantize, calibration,
                       percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective), objective,
-                      fallback, layer_precision, accuracy_target)
+                      fallback, layer_precision, accuracy_target, int8_scores)
     return run(stages, Compilation(request), dump).program
 
 

@@ -116,7 +116,7 @@ STEPS = {
     "cmp_gt": _cmp(np.greater), "cmp_ge": _cmp(np.greater_equal), "cmp_eq": _cmp(np.equal),
     "cmp_ne": _cmp(np.not_equal), "select": lambda p, f, t: np.where(p != 0, t, f),
     "to_f32": lambda x: x.astype(np.float32), "to_i32": _to_i32, "requant": requantize, "lut": lookup,
-    "rescale": rescale,
+    "rescale": rescale, "mul_i32": lambda a, b: a.astype(np.int64) * b,
 }
 
 

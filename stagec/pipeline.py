@@ -81,6 +81,7 @@ class Request:
     fallback: str | None = None              # int8: the float islands' type, "bf16" or "fp32" (None: the default)
     layer_precision: Mapping | None = None   # int8: layer name -> "int8", "bf16" or "fp32"
     accuracy_target: float | None = None     # int8: the cosine against the float graph to keep layers bf16 for
+    int8_scores: bool | None = None          # int8: attention scores int8 in DRAM (None: yes; lower.graph.quantize)
 
     def __post_init__(self):
         if not isinstance(self.hw, HardwareConfig):
@@ -96,9 +97,12 @@ class Request:
         self._check_mixed_precision()
 
     def _check_mixed_precision(self):
-        given = [k for k in ("fallback", "layer_precision", "accuracy_target") if getattr(self, k) is not None]
+        given = [k for k in ("fallback", "layer_precision", "accuracy_target", "int8_scores")
+                 if getattr(self, k) is not None]
         if given and self.quantize != "int8":
             raise InputError(f"{', '.join(given)} need quantize='int8'")
+        if self.int8_scores not in (None, True, False):
+            raise InputError(f"int8_scores must be True or False, not {self.int8_scores!r}")
         if self.fallback is not None and self.fallback not in FALLBACKS:
             raise InputError(f"fallback must be one of {FALLBACKS}, not {self.fallback!r}")
         if self.layer_precision is not None and not isinstance(self.layer_precision, Mapping):
@@ -202,7 +206,8 @@ def _precision(c: Compilation) -> Compilation:
 
 
 def _quantize(c: Compilation) -> Compilation:
-    graph, params = quantize_graph(c.graph, dict(c.amax), c.precision.float_layers(c.graph))
+    graph, params = quantize_graph(c.graph, dict(c.amax), c.precision.float_layers(c.graph),
+                                   c.request.int8_scores is not False)
     return replace(c, graph=graph, quantization=params)
 
 

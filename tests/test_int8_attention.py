@@ -10,7 +10,9 @@ accumulator, times constants) are integer work only, and are compared exactly.
 
 Against fp32 PyTorch the outputs keep cosine >= 0.98: Q, K, V and P each carry int8 rounding
 (a relative step of 1/127 of their range) and softmax turns a score's absolute error into a relative
-error of its weight; these models measure 0.998-0.9999, random small shapes no lower than 0.99."""
+error of its weight; these models measure 0.998-0.9999, random small shapes no lower than 0.99.
+The scores are int8 by default (requantized in Q K^T's epilogue, one more rounding) and float with
+int8_scores=False; both are checked."""
 
 import numpy as np
 import pytest
@@ -75,9 +77,10 @@ def assert_matches_reference(graph: Graph, inputs, outputs, fp32_tolerance: floa
         assert excess.max() <= 0, f"output {k}: {int((excess > 0).sum())} elements beyond the rounding ties"
 
 
-def check(model, args, calibration) -> None:
-    program = stagec.compile(model, args, quantize="int8", calibration=calibration)
-    _, graph = build_graph(model, args, quantize="int8", calibration=calibration)
+def check(model, args, calibration, int8_scores: bool | None = None) -> None:
+    options = {"quantize": "int8", "calibration": calibration, "int8_scores": int8_scores}
+    program = stagec.compile(model, args, **options)
+    _, graph = build_graph(model, args, **options)
     attention = attention_matmuls(graph)
     assert len(attention) >= 2   # Q K^T, P V (a batched projection multiplies a broadcast weight)
     # no fp32 MATMUL left: Q K^T and P V multiply int8 by int8, like the projections
@@ -92,10 +95,10 @@ def check(model, args, calibration) -> None:
 
 
 def scores_match_exactly(graph: Graph, inputs) -> None:
-    """The program of `graph` with every Q K^T result (a product whose epilogue reads only constants)
-    as an output too: the simulator's equal the reference's bit for bit."""
-    scores = [n.output for n in attention_matmuls(graph)
-              if all(v.id in graph.constants for v in n.inputs[2:]) and n.output.dtype in ("float32", "bfloat16")]
+    """The program of `graph` with every Q K^T result (a product whose epilogue reads only constants:
+    int8 scores, or float ones dequantized from the accumulator; P V's int8 result too) as an output
+    too: the simulator's equal the reference's bit for bit."""
+    scores = [n.output for n in attention_matmuls(graph) if all(v.id in graph.constants for v in n.inputs[2:])]
     assert scores
     extended = Graph(graph.inputs, graph.outputs + tuple(scores), graph.nodes, graph.constants)
     got, _ = stagec.simulate(lower_graph(extended, stagec.HardwareConfig()), *inputs)
@@ -109,10 +112,11 @@ def _calibration(shape, seed=1):
     return [(torch.randn(shape, generator=g),) for _ in range(3)]
 
 
-def test_single_head_attention_multiplies_int8_by_int8():
+@pytest.mark.parametrize("int8_scores", [None, False])
+def test_single_head_attention_multiplies_int8_by_int8(int8_scores):
     torch.manual_seed(0)
     x = torch.randn(1, 8, 16)
-    check(SingleHead(16).eval(), (x,), _calibration(x.shape))
+    check(SingleHead(16).eval(), (x,), _calibration(x.shape), int8_scores)
 
 
 def test_multihead_attention_multiplies_int8_by_int8():
@@ -139,15 +143,18 @@ def test_reduced_bert_layer_runs_int8_attention():
     scores_match_exactly(graph, inputs)
 
 
-def test_the_scores_scale_folds_into_the_dequantization():
+@pytest.mark.parametrize("int8_scores, steps, dtype", [(None, ["requant"], "int8"),
+                                                      (False, ["to_f32", "mul"], "bfloat16")])
+def test_the_scores_scale_folds_into_the_requantization_or_dequantization(int8_scores, steps, dtype):
     """MultiheadAttention scales the scores by 1/sqrt(head dim): a scalar constant, part of the
-    accumulator's multiplier, not a step of its own."""
+    accumulator's multiplier (the requant records' or the dequantization's), not a step of its own."""
     torch.manual_seed(0)
     x = torch.randn(1, 8, 16)
-    _, graph = build_graph(SelfAttention(16, 2).eval(), (x,), quantize="int8", calibration=_calibration(x.shape))
+    _, graph = build_graph(SelfAttention(16, 2).eval(), (x,), quantize="int8", calibration=_calibration(x.shape),
+                           int8_scores=int8_scores)
     qk = attention_matmuls(graph)[0]
-    assert [s.func for s in qk.attr("epilogue")] == ["to_f32", "mul"]
-    assert len(qk.inputs) == 3
+    assert [s.func for s in qk.attr("epilogue")] == steps
+    assert len(qk.inputs) == 3 and qk.output.dtype == dtype
 
 
 def test_scalar_scale_drops_the_leading_multiply_and_renumbers():
@@ -182,3 +189,12 @@ def test_an_attention_operand_without_a_range_is_a_clear_error(kind):
     del amax[0 if kind == "scores" else 1]
     with pytest.raises(QuantizationError, match="no calibrated range"):
         quantize(graph, amax)
+
+
+def test_int8_scores_needs_int8_and_a_bool():
+    from stagec.errors import InputError
+    x = torch.randn(1, 4, 8)
+    with pytest.raises(InputError, match="int8_scores need quantize='int8'"):
+        stagec.compile(SingleHead(8).eval(), (x,), int8_scores=False)
+    with pytest.raises(InputError, match="int8_scores must be True or False"):
+        stagec.compile(SingleHead(8).eval(), (x,), quantize="int8", int8_scores="yes")

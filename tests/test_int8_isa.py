@@ -1,4 +1,4 @@
-"""Integer instructions: int8 x int8 -> int32 MATMUL and REQUANT, against a Python big-int reference."""
+"""Integer instructions: int8 x int8 -> int32 MATMUL, MUL and REQUANT, against a Python big-int reference."""
 
 import numpy as np
 import pytest
@@ -6,6 +6,7 @@ from programs import mutate
 
 import stagec
 from stagec.isa import (
+    AccMode,
     DType,
     Layer,
     Operand,
@@ -23,6 +24,7 @@ from stagec.isa import (
 from stagec.isa import load as load_ins
 from stagec.isa.instructions import encode
 from stagec.lower.codegen.tokens import insert_tokens
+from stagec.sim.reference import execute as reference_execute
 
 
 def gemmlowp_requant(x: int, m: int, shift: int, zp: int) -> int:
@@ -120,3 +122,35 @@ def test_batched_requantize_equals_the_definition_bit_for_bit():
     sample = rng.choice(n, 2000, replace=False)
     np.testing.assert_array_equal(got[sample], [gemmlowp_requant(*(int(a[i]) for a in (x, m, shift, zp)))
                                                 for i in sample])
+
+
+def widening_mul_program():
+    """c = a0 * b + a1 * b (int8 x int8 -> int32, the second MUL accumulating): a depthwise conv's two taps."""
+    n = 16
+    ins = [
+        load_ins(Operand(Space.DRAM, 0, (0, 0, 1)), Operand(Space.SPAD, 0, (0, 0, 1)), (1, 1, 3 * n), dtype=DType.I8),
+        vector(VectorFunc.MUL, Operand(Space.ACC, 0, (0, 0, 1)), Operand(Space.SPAD, 0, (0, 0, 1)),
+               Operand(Space.SPAD, 2 * n, (0, 0, 1)), (1, 1, n), dtype=DType.I8, out_dtype=DType.I32),
+        vector(VectorFunc.MUL, Operand(Space.ACC, 0, (0, 0, 1)), Operand(Space.SPAD, n, (0, 0, 1)),
+               Operand(Space.SPAD, 2 * n, (0, 0, 1)), (1, 1, n), acc=AccMode.ADD, dtype=DType.I8, out_dtype=DType.I32),
+        store(Operand(Space.DRAM, 64, (0, 0, 1)), Operand(Space.ACC, 0, (0, 0, 1)), (1, 1, n), dtype=DType.I32),
+    ]
+    p = Program(code=encode(ins), layer_ids=np.zeros(len(ins), np.int32), layers=(Layer("m", "mul", (), ()),),
+                inputs=(TensorRef("a", 0, DType.I8, (3, n)),), outputs=(TensorRef("c", 64, DType.I32, (n,)),),
+                regions=(), constants=b"", dram_bytes=128, hw=stagec.HardwareConfig())
+    return insert_tokens(p)
+
+
+def test_a_widening_int8_mul_multiplies_and_accumulates_in_int32():
+    p = widening_mul_program()
+    a = np.array([[-128, 127, -128, 127, 100, -100, 1, 0, -1, 77, -77, 5, 6, 7, -8, 9]] * 3, np.int8)
+    a[1] = a[1][::-1]
+    a[2] = np.roll(a[0], 3)
+    a[1, 0] = a[2, 0] = -128   # -128 * -128 twice: 32768, past int16, so no narrower sum passes
+    expect = (a[0].astype(np.int64) + a[1]) * a[2]
+    (c,), _ = stagec.simulate(p, a)
+    assert c.dtype == np.int32
+    np.testing.assert_array_equal(c, expect)
+    np.testing.assert_array_equal(reference_execute(p, [a])[0], expect)
+    with pytest.raises(VerificationError, match=r"mul I8->F32 is not supported"):
+        verify(mutate(p, 1, out_dtype=int(DType.F32)))

@@ -33,7 +33,8 @@ def test_an_int8_mul_is_tflite_mul_bit_for_bit():
     program, graph = compile_int8(model, (x,), calibration)
     assert not float_steps(graph)
     funcs = [s.func for s in MUL_EXPR]   # the output's DEQUANTIZE fused after them
-    (mul,) = [n for n in graph.nodes if n.op == OpKind.ELEMENTWISE and [s.func for s in n.attr("expr")][:4] == funcs]
+    (mul,) = [n for n in graph.nodes
+              if n.op == OpKind.ELEMENTWISE and [s.func for s in n.attr("expr")][:len(funcs)] == funcs]
     with torch.no_grad():
         s_y, s_a, s_b = (amax_scale(*[model(c[0])[i] for c in calibration]) for i in range(3))
     # TFLite reference_ops::Mul (int8, zero points 0): the int32 product, times s_a s_b / s_y

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from stagec.isa.instructions import DType, Operand, Space, VectorFunc
 from stagec.isa.opcodes import VECTOR_FUNCS
 
-from ..graph.graph_ir import CONVERSIONS, RESULT_DTYPES, Expr, Step
+from ..graph.graph_ir import RESULT_DTYPES, VECTOR_FUNC_OF, Expr, Step
 from ..schedule.tensors import DTYPE_OF
 
 
@@ -113,7 +113,7 @@ def emit(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTi
         elif step.func == "copy" and src[0] == out:   # a copy onto itself is no instruction
             pass
         else:
-            func = VectorFunc.COPY if step.func in CONVERSIONS else VectorFunc[step.func.upper()]
+            func = VectorFunc[VECTOR_FUNC_OF.get(step.func, step.func).upper()]
             second = src[1].operand(counts) if len(src) > 1 else None
             if second is not None and VECTOR_FUNCS[func].src2_once:   # one record (a table) for the whole tile
                 second = Operand(second.space, second.base, (0, 0, 0))

@@ -14,14 +14,14 @@ from __future__ import annotations
 import numpy as np
 
 from stagec.errors import LoweringError
-from stagec.isa.instructions import AccMode, DType, Operand, PadValue, Space, VectorFunc
+from stagec.isa.instructions import AccMode, Operand, PadValue, Space, VectorFunc
 
 from ..schedule.buffers import NO_EXTRAS, EpilogueLayout
 from ..schedule.nest import ConvProblem, LayerShape, TileMapping, tiles
 from ..schedule.nest_work import window_buffers
 from ..schedule.tensors import DramTensor
 from . import tile_expr
-from .emitter import ACC_DTYPE, dense_strides
+from .emitter import ACC_DTYPE
 from .matrix import Epilogue
 
 _REDUCE = {"sum": (VectorFunc.COPY, AccMode.ADD, PadValue.ZERO),
@@ -32,15 +32,15 @@ _REDUCE = {"sum": (VectorFunc.COPY, AccMode.ADD, PadValue.ZERO),
 def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, out: DramTensor,
                 w: DramTensor | None = None, epilogue: EpilogueLayout | None = None, extras=(), fill=None) -> None:
     """x [N,C,H,W] -> out [N,C,OH,OW] (p.c == p.o); w [C,1,KH,KW] for depthwise.  An int8 max pool
-    stays int8; int8 sums and products run in int32, bf16 ones in float32, on halos (and weights)
-    widened by a COPY (p.widened, decided by the schedule)."""
+    stays int8; int8 sums and products run in int32, bf16 ones in float32 (p.widened, decided by the
+    schedule): each tap's COPY or MUL reads the halo (and weights) as loaded and converts them itself."""
     func, acc_mode, pad_value = _REDUCE[kind]
     widen = bool(p.widened)
     if x.dtype.itemsize != p.itemsize or w is not None and w.dtype != x.dtype:
         raise AssertionError(f"{em.layer_name}: internal error: {x.dtype.name} operands of a problem of "
                              f"{p.itemsize}-byte elements")
     acc_type = ACC_DTYPE[x.dtype] if widen else x.dtype
-    cb = acc_type.itemsize
+    cb = x.dtype.itemsize
     bufs = 2 if m.double_buffer else 1
     (pt, _), (pl, _) = p.padding
     sh, sw = p.stride
@@ -48,9 +48,7 @@ def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, ou
     shape = LayerShape.of("depthwise" if w is not None else "pool", p, epilogue.extras if epilogue else NO_EXTRAS)
     bases = em.allocate(window_buffers(shape, m, np))
     halo_buf = bases["halo"]
-    wide_buf = bases["widened halo"] if widen else halo_buf
     w_buf = bases["weights"]
-    w_wide = bases["widened weights"] if widen else w_buf
     epi = Epilogue(em, epilogue, list(extras), bases, m.tile_o, p.o, bufs, m.tile_oh * m.tile_ow * m.tile_o)
     acc_buf = bases["accumulator"]
     k = 0
@@ -58,9 +56,6 @@ def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, ou
         if w is not None:   # the channel tile's weights, [taps, tc], reused by every spatial tile
             w_base = w_buf[(c0 // m.tile_o) % bufs]
             em.load_box(w, (c0, 0, 0, 0), (2, 3, 0), (p.kh, p.kw, tc), Space.SPAD, w_base, local=w.dtype)
-            if widen:
-                _widen(em, w_wide[(c0 // m.tile_o) % bufs], w_base, (p.kh * p.kw, 1, tc), w.dtype, acc_type)
-            w_base = w_wide[(c0 // m.tile_o) % bufs]
         for n in range(p.n):
             for oh0, th in tiles(p.oh, m.tile_oh):
                 for ow0, tw in tiles(p.ow, m.tile_ow):
@@ -80,21 +75,14 @@ def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, ou
                                 (ih - top - bottom, iw - left - right, tc),
                                 Operand(Space.SPAD, halo_buf[buf], (iw * tc, tc, 1)),
                                 pad=(top, bottom, left, right, 0, 0), pad_value=pad_value, local=x.dtype)
-                        if widen:
-                            _widen(em, wide_buf[buf], halo_buf[buf], (ih, iw, tc), x.dtype, acc_type)
                         for t, (kh, kw) in enumerate((a, b) for a in range(p.kh) for b in range(p.kw)):
-                            src = Operand(Space.SPAD, wide_buf[buf] + (kh * dh * iw * tc + kw * dw * tc) * cb,
+                            src = Operand(Space.SPAD, halo_buf[buf] + (kh * dh * iw * tc + kw * dw * tc) * cb,
                                           (sh * iw * tc, sw * tc, 1))
                             weight = Operand(Space.SPAD, w_base + t * tc * cb, (0, 0, 1)) if w is not None else None
                             em.vector(func, dst, src, weight, (th, tw, tc),
-                                      acc=AccMode.OVERWRITE if t == 0 else acc_mode, dtype=acc_type)
+                                      acc=AccMode.OVERWRITE if t == 0 else acc_mode, dtype=x.dtype,
+                                      out_dtype=acc_type)
                     acc_tile = tile_expr.LocalTile(Space.ACC, acc_buf[buf], (th, tw, tc), acc_type)
                     result = epi.emit(em, acc_tile, n, c0, oh0, ow0, (th, tw, tc), buf)
                     em.store(out, (n, c0, oh0, ow0), (2, 3, 1), (th, tw, tc), result.operand((th, tw, tc)))
 
-
-def _widen(em, dst: int, src: int, counts, dtype: DType, to: DType) -> None:
-    """COPY a dense scratchpad box to another one, converting its elements (int8 -> int32, bf16 -> float32)."""
-    strides = dense_strides(counts)
-    em.vector(VectorFunc.COPY, Operand(Space.SPAD, dst, strides), Operand(Space.SPAD, src, strides), None, counts,
-              dtype=dtype, out_dtype=to)

@@ -32,6 +32,7 @@ STEP_FUNCS = {
     "cmp_eq": lambda a, b: (a == b).astype(a.dtype), "cmp_ne": lambda a, b: (a != b).astype(a.dtype),
     "select": lambda p, f, t: jnp.where(p != 0, t, f),
     "to_f32": lambda x: x.astype(jnp.float32), "to_i32": lambda x: jnp.trunc(x).astype(jnp.int32),
+    "mul_i32": lambda a, b: a.astype(jnp.int32) * b.astype(jnp.int32),
     "requant": _requant, "rescale": _rescale, "lut": lambda x, table: jnp.take(table, x.astype(jnp.int32) + 128),
 }
 ACC_TYPE = {jnp.dtype(jnp.int8): jnp.int32}   # int8 products and sums accumulate in int32

@@ -67,7 +67,7 @@ MOVEMENT_OPS = frozenset({OpKind.BROADCAST, OpKind.RESHAPE, OpKind.TRANSPOSE, Op
 @dataclass(frozen=True)
 class Step:
     func: str                 # a VectorFunc name, lower case (add, mul, relu, exp, recip, cmp_gt, requant, ...),
-    args: tuple[int, ...]     # or select(pred, on_false, on_true), to_f32, to_i32 (conversions)
+    args: tuple[int, ...]     # or select(pred, on_false, on_true), to_f32, to_i32 (conversions), mul_i32
 
 
 Expr = tuple[Step, ...]
@@ -154,7 +154,9 @@ def _ty_of(a: np.ndarray) -> str:
 
 
 CONVERSIONS = {"to_f32": "float32", "to_i32": "int32"}
-RESULT_DTYPES = {**CONVERSIONS, "requant": "int8", "lut": "int8", "rescale": "int32"}   # result type not the first's
+# result type not the first's; mul_i32: int8 x int8 -> int32 (MUL's widening form)
+RESULT_DTYPES = {**CONVERSIONS, "requant": "int8", "lut": "int8", "rescale": "int32", "mul_i32": "int32"}
+VECTOR_FUNC_OF = {**dict.fromkeys(CONVERSIONS, "copy"), "mul_i32": "mul"}   # steps not named as their VectorFunc
 RECORD_WORDS = 4                                      # int32 words of one requant or rescale record
 RECORDS = {"requant": RECORD_WORDS, "rescale": RECORD_WORDS, "lut": LUT_ENTRIES}   # steps reading records: words
 RECORD_DTYPES = {"requant": "int32", "rescale": "int32", "lut": "int8"}

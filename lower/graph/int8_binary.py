@@ -3,8 +3,9 @@ stays int8 instead of an fp32 island over the whole feature map.
 
 TFLite reference_ops::Mul with zero points 0: the int32 product of the two int8 values,
 requantized by s_a * s_b / s_out (MultiplyByQuantizedMultiplier, rounding, saturating to int8);
-the operands broadcast as numpy does (the gate one value per channel).  Four vector steps, where
-the fp32 island took six (to_f32, scale, the product, 1/scale, to_i32, requant).
+the operands broadcast as numpy does (the gate one value per channel).  Two vector steps (MUL
+multiplies int8 into int32 itself, then REQUANT), where the fp32 island took six (to_f32, scale,
+the product, 1/scale, to_i32, requant).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from .graph_ir import Node, Step
 from .requant import records
 
-MUL_EXPR = (Step("to_i32", (0,)), Step("to_i32", (1,)), Step("mul", (3, 4)), Step("requant", (5, 2)))
+MUL_EXPR = (Step("mul_i32", (0, 1)), Step("requant", (3, 2)))
 
 
 def int8_mul(rw, node: Node) -> bool:

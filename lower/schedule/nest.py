@@ -51,7 +51,7 @@ class ConvProblem:
     padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
     dilation: tuple[int, int] = (1, 1)
     itemsize: int = FP32    # bytes of an input or weight element (1: int8)
-    widened: bool = False   # int8 halos and weights also held as int32 (lower.codegen.window's int8 sums)
+    widened: bool = False   # sums held wider than the elements: int8's in int32, bf16's in float32
     out_itemsize: int = FP32   # bytes of an output element as stored (1: requantized to int8)
 
     @property

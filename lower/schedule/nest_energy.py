@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from stagec.sim.energy import ActionCounts
 
-from .nest import DEPTHWISE, MATRIX, LayerShape, TileMapping
+from .nest import MATRIX, LayerShape, TileMapping
 from .nest_work import (
     ACC_ITEMSIZE,
     Work,
@@ -65,19 +65,16 @@ def matrix_actions(L: LayerShape, m: TileMapping, w: Work, hw, ops) -> ActionCou
 
 
 def window_actions(L: LayerShape, m: TileMapping, w: Work, hw, ops) -> ActionCounts:
-    """A window nest's: each tap reads the (widened) halo and accumulates; int8 sums first COPY the
-    halos and weights to int32."""
+    """A window nest's: each tap reads the halo as loaded and accumulates in the sums' type."""
     out = L.n * L.oh * L.ow * L.o
     taps = L.kh * L.kw
     acc = window_acc_itemsize(L)
     epi_read, epi_write = epilogue_bytes(L, m, out)
-    halo_elements = w.halo_padded / L.itemsize
-    widened = L.widened * (halo_elements + (L.kind == DEPTHWISE) * taps * L.o)
     return ActionCounts(
         macs_int8=0 * out, macs_bf16=0 * out, macs_fp32=0 * out,
-        vector_ops=taps * out + epilogue_ops(L, m) * out + widened,
-        scratchpad_read_bytes=taps * out * acc + widened * L.itemsize,
-        scratchpad_write_bytes=w.halo_padded - w.halo[1] + w.loads[1] + w.startup[1] + widened * ACC_ITEMSIZE,
+        vector_ops=taps * out + epilogue_ops(L, m) * out,
+        scratchpad_read_bytes=taps * out * L.itemsize,
+        scratchpad_write_bytes=w.halo_padded - w.halo[1] + w.loads[1] + w.startup[1],
         accumulator_read_bytes=(taps - 1) * out * acc + epi_read + out * L.out_itemsize,
         accumulator_write_bytes=taps * out * acc + epi_write,
         dram_read_bytes=w.startup[1] + w.loads[1], dram_write_bytes=w.store[1])

@@ -285,8 +285,8 @@ def window_halos(L: LayerShape, d: Dims, m: TileMapping, ops):
 
 def window_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
     """The vector-unit nest of a depthwise conv or a pooling (lower.codegen.window.emit_window): per channel
-    tile its weights (widened to int32 by a COPY for int8 sums), per output tile its halo (widened
-    too), a VECTOR per kernel tap, the epilogue and a STORE."""
+    tile its weights, per output tile its halo, a VECTOR per kernel tap (which widens int8 or bf16
+    elements itself), the epilogue and a STORE."""
     xp = ops.xp
     d = dims(L, m, ops, channel_tiles=False)
     tiles_out, halo_bytes, padded = window_halos(L, d, m, ops)
@@ -296,14 +296,10 @@ def window_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
     held_dmas, held_bytes = held_loads(L, 0)
     e = L.epilogue
     groups = lane_groups(L, d, hw, ops)
-    wide_halos = L.widened * L.n * tile_sum(
-        lambda a, b, o: ops.cdiv(halo(L, a, b)[0] * halo(L, a, b)[1] * o, hw.vector_lanes), d.rows, d.cols, d.outs)
-    wide_weights = L.widened * weighted * tile_sum(lambda o: ops.cdiv(taps * o, hw.vector_lanes), d.outs)
     return Work(startup=(held_dmas, held_bytes), halo=(tiles_out, halo_bytes), halo_padded=padded,
                 weights=(weighted * d.n_o, weighted * taps * L.o * L.itemsize), extra=(epi_dmas, epi_bytes),
                 store=(tiles_out, L.n * L.oh * L.ow * L.o * L.out_itemsize), matmuls=xp.zeros_like(groups),
-                vectors=tiles_out * (taps + e.plain + e.hard + L.widened) + L.widened * weighted * d.n_o,
-                compute=groups * taps + wide_halos + wide_weights,
+                vectors=tiles_out * (taps + e.plain + e.hard), compute=groups * taps,
                 epilogue=groups * (e.plain + e.hard * hw.vector_cycles_per_transcendental),
                 steps=tiles_out, tiles=tiles_out, halo_tiles=tiles_out, dims=d,
                 folds=Folds(*(xp.zeros_like(groups),) * len(Folds._fields)), groups=groups)
@@ -340,9 +336,8 @@ def matrix_buffers(L: LayerShape, m: TileMapping, xp) -> list[Buffer]:
 
 
 def window_buffers(L: LayerShape, m: TileMapping, xp) -> list[Buffer]:
-    """A depthwise or pooling nest: input halos and (depthwise) weights, each with an int32 copy where
-    int8 sums widen them, the epilogue's vectors and tiles; accumulator tiles (int32 or float32, or
-    int8 for an int8 max pool)."""
+    """A depthwise or pooling nest: input halos and (depthwise) weights, the epilogue's vectors and
+    tiles; accumulator tiles (int32 or float32, or int8 for an int8 max pool)."""
     th, tw, to = m.tile_oh, m.tile_ow, m.tile_o
     bufs = 1 + m.double_buffer
     weighted = (L.kind == DEPTHWISE) * 1
@@ -351,9 +346,7 @@ def window_buffers(L: LayerShape, m: TileMapping, xp) -> list[Buffer]:
     acc_item = window_acc_itemsize(L)
     return [
         Buffer("halo", Space.SPAD, words(ih * iw * to * L.itemsize, L.itemsize), bufs),
-        Buffer("widened halo", Space.SPAD, ih * iw * to * ACC_ITEMSIZE, bufs * L.widened),
         Buffer("weights", Space.SPAD, words(taps * to * L.itemsize, L.itemsize), bufs * weighted),
-        Buffer("widened weights", Space.SPAD, taps * to * ACC_ITEMSIZE, bufs * weighted * L.widened),
         epilogue_vectors(L.epilogue, L.o),
         tile_buffers(EPILOGUE_TILES, L.epilogue.tile_bytes, th * tw * to, bufs),
         Buffer("accumulator", Space.ACC, words(th * tw * to * acc_item, acc_item), bufs),
@@ -361,8 +354,8 @@ def window_buffers(L: LayerShape, m: TileMapping, xp) -> list[Buffer]:
 
 
 def window_acc_itemsize(L: LayerShape):
-    """Bytes of a window nest's sums: int32 where int8 widens (sums, products), else its elements'
-    (an int8 max pool stays int8)."""
+    """Bytes of a window nest's sums: int32 or float32 where int8 or bf16 widens (sums, products), else
+    its elements' (an int8 max pool stays int8)."""
     return L.widened * ACC_ITEMSIZE + (1 - L.widened) * L.itemsize
 
 
