@@ -42,6 +42,7 @@ from stagec.lower.graph.calibrate import calibrate
 from stagec.lower.graph.canonicalize import canonicalize
 from stagec.lower.graph.graph_ir import Graph
 from stagec.lower.graph.hoist_affine import hoist_affine
+from stagec.lower.graph.integer_ops import integer_op_set
 from stagec.lower.graph.mixed_precision import (
     DEFAULT_FALLBACK,
     FALLBACKS,
@@ -81,6 +82,7 @@ class Request:
     fallback: str | None = None              # int8: the float islands' type, "bf16" or "fp32" (None: the default)
     layer_precision: Mapping | None = None   # int8: layer name -> "int8", "bf16" or "fp32"
     accuracy_target: float | None = None     # int8: the cosine against the float graph to keep layers bf16 for
+    integer_ops: object = None               # int8: ops run integer-only (lower.graph.integer_ops.integer_op_set)
 
     def __post_init__(self):
         if not isinstance(self.hw, HardwareConfig):
@@ -96,7 +98,8 @@ class Request:
         self._check_mixed_precision()
 
     def _check_mixed_precision(self):
-        given = [k for k in ("fallback", "layer_precision", "accuracy_target") if getattr(self, k) is not None]
+        given = [k for k in ("fallback", "layer_precision", "accuracy_target", "integer_ops")
+                 if getattr(self, k) is not None]
         if given and self.quantize != "int8":
             raise InputError(f"{', '.join(given)} need quantize='int8'")
         if self.fallback is not None and self.fallback not in FALLBACKS:
@@ -104,6 +107,7 @@ class Request:
         if self.layer_precision is not None and not isinstance(self.layer_precision, Mapping):
             raise InputError(f"layer_precision must be a dict of layer name -> precision, not "
                              f"{type(self.layer_precision).__name__}")
+        integer_op_set(self.integer_ops)
         target = self.accuracy_target
         if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
                                    or not 0 < target <= 1):
@@ -210,7 +214,8 @@ def _precision(c: Compilation) -> Compilation:
 
 
 def _quantize(c: Compilation) -> Compilation:
-    graph, params = quantize_graph(c.graph, dict(c.amax), c.precision.float_layers(c.graph))
+    graph, params = quantize_graph(c.graph, dict(c.amax), c.precision.float_layers(c.graph),
+                                   integer_op_set(c.request.integer_ops))
     return replace(c, graph=graph, quantization=params)
 
 
@@ -254,6 +259,12 @@ def _metadata(c: Compilation) -> dict | None:
             **({"mixed_precision": c.precision.to_dict()} if c.precision is not None else {})}
 
 
+def _softmax_stays(request: Request) -> bool:
+    """Whether softmax stays softmax: an integer softmax normalizes before P @ V (deferring it would
+    leave nothing to find)."""
+    return "softmax" not in integer_op_set(request.integer_ops)
+
+
 def _quantizing(request: Request) -> bool:
     return request.quantize == "int8"
 
@@ -274,7 +285,7 @@ PIPELINE: tuple[Stage, ...] = (
     # elementwise chains -> one node
     Stage("fuse_elementwise", GraphPass(fuse_elementwise, fusion=True)),
     # matmul(x * row scale, b) -> matmul(x, b) * row scale
-    Stage("defer_row_scale", GraphPass(defer_row_scale, fusion=True)),
+    Stage("defer_row_scale", GraphPass(defer_row_scale, fusion=True), when=_softmax_stays),
     # bias/activation/residual -> the conv/matmul's accumulator tile
     Stage("fuse_epilogues", GraphPass(fuse_epilogues, fusion=True)),
     # a per-channel scale and shift of another conv/matmul's result -> that layer's epilogue, to fold

@@ -67,6 +67,7 @@ from .activations import (
 )
 from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value
 from .int8_binary import int8_mul
+from .integer_ops import emit_island, find_islands, int8_inputs
 from .passes import dce, prune
 from .requant import QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, add_records, records
 
@@ -99,6 +100,7 @@ class _Rewriter:
         self.fp32: dict[int, Value] = {v.id: v for v in graph.inputs}   # original id -> its fp32 version
         self.scales: dict[int, float] = {}   # int8 value id -> scale
         self.sums: dict[int, tuple[Value, float]] = {}   # original id -> its int32 sum of int8 values, their scale
+        self.int8_uses: set[int] = set()     # values an integer kernel reads as int8 (lower.graph.integer_ops)
 
     def fresh(self, shape, dtype: str = "float32") -> Value:
         return Value(next(self.ids), tuple(shape), dtype)
@@ -233,6 +235,12 @@ def _multiplied(v: Value, uses) -> bool:
     return any(n.op in MATRIX_OPS or n.op in INT8_VIEWS and _multiplied(n.output, uses) for n in uses.get(v.id, ()))
 
 
+def _viewed_into(v: Value, uses, wanted: set[int]) -> bool:
+    """Whether v, or a view of it, is among the `wanted` values (an integer kernel's int8 input)."""
+    return v.id in wanted or any(n.op in INT8_VIEWS and _viewed_into(n.output, uses, wanted)
+                                 for n in uses.get(v.id, ()))
+
+
 @register(OpKind.CONV, OpKind.MATMUL)
 def _matrix(rw: _Rewriter, node: Node) -> None:
     operands = _int8_operands(rw, node)
@@ -242,7 +250,8 @@ def _matrix(rw: _Rewriter, node: Node) -> None:
     node, factor = scalar_scale(node, rw.consts)   # a scalar scale in the epilogue: part of the multiplier
     acc_scale = acc_scale * factor
     integer = _integer_epilogue(node, rw.consts)
-    if integer is not None and not integer_matrix(node, rw.consts) and not _multiplied(node.output, rw.uses):
+    if (integer is not None and not integer_matrix(node, rw.consts) and not _multiplied(node.output, rw.uses)
+            and not _viewed_into(node.output, rw.uses, rw.int8_uses)):
         integer = None
     if integer is None:   # dequantize the accumulator, then the fp32 epilogue as it was
         expr, n_in = node.attr("epilogue") or (), len(node.inputs) - 1
@@ -454,12 +463,22 @@ def _residual_split(graph: Graph, node: Node):
     return expr[:k], r, bool(rest)
 
 
-def quantize(graph: Graph, amax: dict[int, float], keep: frozenset[str] = frozenset()) -> tuple[Graph, QuantParams]:
+def quantize(graph: Graph, amax: dict[int, float], keep: frozenset[str] = frozenset(),
+             integer: frozenset[str] = frozenset()) -> tuple[Graph, QuantParams]:
     """The int8 graph of `graph` (same inputs and fp32 outputs) and its activation scales;
     `amax` ({value id: calibrated range}) comes from lower.graph.calibrate on this same graph.
-    The nodes named in `keep` stay float (lower.graph.mixed_precision: pinned or sensitive layers)."""
+    The nodes named in `keep` stay float (lower.graph.mixed_precision: pinned or sensitive layers);
+    the ops named in `integer` run as integer-only kernels (lower.graph.integer_ops)."""
     rw = _Rewriter(graph, _shared_concat_ranges(graph, amax))
+    islands = find_islands(graph, integer, keep)
+    inner = {i for island in islands.values() for i in island.inner}
+    rw.int8_uses = int8_inputs(islands)
     for node in graph.nodes:
+        if node.output.id in islands:
+            emit_island(rw, islands[node.output.id])
+            continue
+        if node.output.id in inner:
+            continue
         rule = _Rewriter.keep_fp32 if node.name in keep else QUANT_RULES.get(node.op, _Rewriter.keep_fp32)
         rule(rw, node)
     outputs = tuple(rw.as_fp32(v) for v in graph.outputs)
