@@ -15,6 +15,7 @@ mask) takes the int8 scores and the mask: masked scores are the row's smallest.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -23,11 +24,12 @@ import numpy as np
 
 from stagec.errors import InputError
 
-from .evaluate import evaluate
+from .activations import scalar, unary_input
+from .evaluate import eval_expr, evaluate
 from .graph_ir import Graph, Node, OpKind, Step, Value
-from .integer_kernels import layer_norm, layer_norm_fits, softmax
+from .integer_kernels import gelu, gelu_fits, layer_norm, layer_norm_fits, softmax
 
-INTEGER_OPS = ("softmax", "layernorm")
+INTEGER_OPS = ("softmax", "layernorm", "gelu")
 _ISLAND_OPS = frozenset({OpKind.ELEMENTWISE, OpKind.REDUCE, OpKind.BROADCAST})
 _KINDS = {"max": "softmax", "sum": "layernorm"}
 MASK_FILL_BELOW = -1e4      # a select's constant fill at most this is a mask
@@ -95,7 +97,7 @@ def _island(graph: Graph, at: int, x: Value, kind: str, uses, outputs) -> Island
         if node.op in _ISLAND_OPS and any(i in members for i in ins) and all(i in members or i == x.id for i in ins):
             members[node.output.id] = node
     for final in members.values():
-        if final.op != OpKind.ELEMENTWISE or final.output.shape != x.shape or final.output.id in outputs:
+        if final.op != OpKind.ELEMENTWISE or final.output.shape != x.shape:
             continue
         inner = _ancestors(final, members)
         if graph.nodes[at].output.id not in inner or any(
@@ -198,3 +200,23 @@ def emit_island(rw, island: Island) -> None:
     else:
         out = layer_norm(rw, q, s_in, s_out, island.gamma, island.beta, final.name)
     rw.int8[final.output.id], rw.scales[out.id] = out, s_out
+
+
+def int8_gelu(rw, node: Node) -> bool:
+    """An ELEMENTWISE GELU (exact or tanh form: confirmed on probes) of one int8 value and scalar
+    constants as I-BERT's i-GELU, where `rw.integer` asks for it; False, emitting nothing, otherwise."""
+    expr = node.attr("expr")
+    k = unary_input(expr, node.inputs, rw.consts) if "gelu" in rw.integer else None
+    if k is None or node.inputs[k].id not in rw.int8 or node.output.dtype != "float32":
+        return False
+    q = rw.int8[node.inputs[k].id]
+    t = np.linspace(-6, 6, 97, dtype=np.float32)
+    args = [t if i == k else np.float32(scalar(v, rw.consts)) for i, v in enumerate(node.inputs)]
+    got = np.asarray(eval_expr(expr, [np.asarray(a) for a in args]), np.float64)
+    want = 0.5 * t * (1 + np.vectorize(math.erf)(t / math.sqrt(2)))
+    if got.shape != t.shape or not np.allclose(got, want, atol=2e-3) or not gelu_fits(rw.scales[q.id]):
+        return False
+    s_out = rw.scale_of(node.output)
+    out = gelu(rw, q, rw.scales[q.id], s_out, node.name)
+    rw.int8[node.output.id], rw.scales[out.id] = out, s_out
+    return True

@@ -67,7 +67,7 @@ from .activations import (
 )
 from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value
 from .int8_binary import int8_mul
-from .integer_ops import emit_island, find_islands, int8_inputs
+from .integer_ops import emit_island, find_islands, int8_gelu, int8_inputs
 from .passes import dce, prune
 from .requant import QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, add_records, records
 
@@ -101,6 +101,7 @@ class _Rewriter:
         self.scales: dict[int, float] = {}   # int8 value id -> scale
         self.sums: dict[int, tuple[Value, float]] = {}   # original id -> its int32 sum of int8 values, their scale
         self.int8_uses: set[int] = set()     # values an integer kernel reads as int8 (lower.graph.integer_ops)
+        self.integer: frozenset[str] = frozenset()   # the ops run integer-only (compile's integer_ops)
 
     def fresh(self, shape, dtype: str = "float32") -> Value:
         return Value(next(self.ids), tuple(shape), dtype)
@@ -325,7 +326,7 @@ def _elementwise(rw: _Rewriter, node: Node) -> None:
     (the zero point is 0), any other as a table lookup (lower.graph.activations) -- to the value's
     own scale for a clamp, which only narrows the range its int8 grid already holds, to the
     result's calibrated scale for the rest.  Any other expression runs in fp32."""
-    if _int8_add(rw, node) or _average(rw, node) or int8_mul(rw, node):
+    if _int8_add(rw, node) or _average(rw, node) or int8_mul(rw, node) or int8_gelu(rw, node):
         return
     expr = node.attr("expr")
     k = unary_input(expr, node.inputs, rw.consts)
@@ -472,7 +473,7 @@ def quantize(graph: Graph, amax: dict[int, float], keep: frozenset[str] = frozen
     rw = _Rewriter(graph, _shared_concat_ranges(graph, amax))
     islands = find_islands(graph, integer, keep)
     inner = {i for island in islands.values() for i in island.inner}
-    rw.int8_uses = int8_inputs(islands)
+    rw.int8_uses, rw.integer = int8_inputs(islands), integer
     for node in graph.nodes:
         if node.output.id in islands:
             emit_island(rw, islands[node.output.id])
