@@ -1,7 +1,7 @@
-"""I-BERT's integer-only softmax and layer norm (compile's integer_ops=) against the default bf16
-float islands, on the zoo's transformers, in one run: DRAM bytes, cycles, energy and cosine
-against fp32 PyTorch of int8 with bf16 islands, int8 with integer softmax, with integer layer norm,
-with both, and fp32.
+"""I-BERT's integer-only softmax, layer norm and GELU (compile's integer_ops=) against the default
+bf16 float islands, on the zoo's transformers, in one run: DRAM bytes, cycles, energy and cosine
+against fp32 PyTorch of int8 with bf16 islands, with integer softmax, integer layer norm (per-tensor
+and per-channel power-of-two ranges: activation_ranges="channel"), both, all three, and fp32.
 
     python experiments/bench_integer_ops.py [models...] [--full bert_base ...] [--calibration 4]
                                             [--out FILE]
@@ -24,8 +24,11 @@ from stagec import zoo
 from stagec.precision import calibration_batches, run_precision
 
 MODELS = ("bert_base", "vit_b16", "whisper_tiny_encoder")
-VARIANTS = {"bf16 islands": None, "int softmax": ("softmax",), "int layernorm": ("layernorm",),
-            "int both": ("softmax", "layernorm")}
+VARIANTS = {"bf16 islands": {}, "int softmax": {"integer_ops": "softmax"},
+            "int layernorm": {"integer_ops": "layernorm"},
+            "int ln, ptf": {"integer_ops": "layernorm", "activation_ranges": "channel"},
+            "int sm+ln": {"integer_ops": ("softmax", "layernorm")},
+            "int all, ptf": {"integer_ops": "all", "activation_ranges": "channel"}}
 
 
 def bench(name: str, full: bool, n_calibration: int) -> dict:
@@ -35,9 +38,9 @@ def bench(name: str, full: bool, n_calibration: int) -> dict:
     calibration = calibration_batches(args, kwargs, n_calibration)
     fp32 = run_precision(model, args, kwargs, "fp32", reference=ref)
     rows = {"fp32": fp32.to_dict()}
-    for label, ops in VARIANTS.items():
+    for label, options in VARIANTS.items():
         rows[label] = run_precision(model, args, kwargs, "int8", calibration=calibration, reference=ref,
-                                    integer_ops=ops).to_dict()
+                                    **options).to_dict()
     return {"model": name, "size": "full" if full else "reduced", "runs": rows}
 
 

@@ -16,7 +16,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
             fuse: bool = True, mappings: dict | None = None, kwargs: dict | None = None,
             tune=None, objective: str = "edp", quantize: str | None = None, calibration=None,
             percentile: float | None = None, fallback: str | None = None, layer_precision: dict | None = None,
-            accuracy_target: float | None = None, integer_ops=None, stages: Sequence[Stage] = PIPELINE) -> Program:
+            accuracy_target: float | None = None, integer_ops=None, activation_ranges: str | None = None,
+            stages: Sequence[Stage] = PIPELINE) -> Program:
     """Compile a PyTorch model (called with `example_args` and `kwargs`) or a JAX function for the
     accelerator; `stagec.simulate` then takes and returns the model's own input and output structure.
 
@@ -47,9 +48,14 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     sensitive layers bf16 until the whole graph meets it (greedy, deterministic; progress on
     stderr); if even all of them bf16 miss, a stagec.AccuracyWarning and the best mix found.  The
     report shows each layer's precision and the chosen layers (lower.graph.mixed_precision).
-    `integer_ops` ("all", or names from ("softmax", "layernorm")) runs those ops integer-only instead
+    `integer_ops` ("all", or names from ("softmax", "layernorm", "gelu")) runs those ops integer-only instead
     of as float islands: I-BERT's integer softmax (polynomial exp, integer division) and layer norm
-    (integer Newton square root), int8 in and out, int32 inside (lower.graph.integer_kernels).
+    (integer Newton square root), and GELU (I-BERT's i-GELU polynomial in place of the 256-entry
+    table), int8 in and out, int32 inside (lower.graph.integer_kernels).  `activation_ranges="channel"`
+    (with "layernorm" among them) gives an integer layer norm whose input is a float value per-channel
+    ranges: FQ-ViT's power-of-two factors, channel c on the grid s * 2**alpha_c, alpha_c in 0..3,
+    which the integer kernel shifts onto one grid exactly; it helps when a few channels have far
+    larger ranges than the rest (transformers' residual streams).  Other values stay per tensor.
     `quantize="bf16"` holds activations and weights as bfloat16 (lower.graph.bfloat16): half the
     DRAM and scratchpad bytes of fp32, bf16 MACs into float32 accumulators, no calibration.
 
@@ -62,7 +68,7 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     """
     request = Request(model_or_fn, example_args, kwargs, hw or HardwareConfig(), fuse, quantize, calibration,
                       percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective), objective,
-                      fallback, layer_precision, accuracy_target, integer_ops)
+                      fallback, layer_precision, accuracy_target, integer_ops, activation_ranges)
     return run(stages, Compilation(request), dump).program
 
 

@@ -38,7 +38,7 @@ from stagec.isa import HardwareConfig, Program, disassemble, verify
 from stagec.lower.codegen.lowering import lower_to_program
 from stagec.lower.graph.activations import split_activations
 from stagec.lower.graph.bfloat16 import to_bfloat16
-from stagec.lower.graph.calibrate import calibrate
+from stagec.lower.graph.calibrate import calibrate, channel_ranges
 from stagec.lower.graph.canonicalize import canonicalize
 from stagec.lower.graph.graph_ir import Graph
 from stagec.lower.graph.hoist_affine import hoist_affine
@@ -59,6 +59,7 @@ from stagec.lower.schedule.mapper import Schedule, make_schedule
 from stagec.lower.schedule.pack import pack_depthwise
 
 QUANTIZE_MODES = (None, "int8", "bf16")
+ACTIVATION_RANGES = (None, "tensor", "channel")
 _PACKAGE = str(Path(__file__).parent)
 
 
@@ -83,6 +84,7 @@ class Request:
     layer_precision: Mapping | None = None   # int8: layer name -> "int8", "bf16" or "fp32"
     accuracy_target: float | None = None     # int8: the cosine against the float graph to keep layers bf16 for
     integer_ops: object = None               # int8: ops run integer-only (lower.graph.integer_ops.integer_op_set)
+    activation_ranges: str | None = None     # int8: "tensor" (the default) or "channel" (integer layer norms' inputs)
 
     def __post_init__(self):
         if not isinstance(self.hw, HardwareConfig):
@@ -98,7 +100,7 @@ class Request:
         self._check_mixed_precision()
 
     def _check_mixed_precision(self):
-        given = [k for k in ("fallback", "layer_precision", "accuracy_target", "integer_ops")
+        given = [k for k in ("fallback", "layer_precision", "accuracy_target", "integer_ops", "activation_ranges")
                  if getattr(self, k) is not None]
         if given and self.quantize != "int8":
             raise InputError(f"{', '.join(given)} need quantize='int8'")
@@ -107,7 +109,12 @@ class Request:
         if self.layer_precision is not None and not isinstance(self.layer_precision, Mapping):
             raise InputError(f"layer_precision must be a dict of layer name -> precision, not "
                              f"{type(self.layer_precision).__name__}")
-        integer_op_set(self.integer_ops)
+        integer = integer_op_set(self.integer_ops)
+        if self.activation_ranges not in ACTIVATION_RANGES:
+            raise InputError(f"activation_ranges must be one of {ACTIVATION_RANGES}, not {self.activation_ranges!r}")
+        if self.activation_ranges == "channel" and "layernorm" not in integer:
+            raise InputError("activation_ranges='channel' gives integer layer norms' inputs per-channel ranges: "
+                             "it needs 'layernorm' in integer_ops")
         target = self.accuracy_target
         if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
                                    or not 0 < target <= 1):
@@ -122,6 +129,7 @@ class Compilation:
     traced: TracedModel | None = None        # jaxpr
     graph: Graph | None = None               # graph, its passes, the int8 stages, pack
     amax: Mapping | None = None              # calibrate: value id -> range
+    channel_amax: Mapping | None = None      # calibrate (activation_ranges="channel"): value id -> range per channel
     precision: LayerPrecision | None = None  # precision: what int8 keeps float, and in which type
     quantization: QuantParams | None = None  # quantize
     tuning: object = None                    # tune: a stagec.Tuning (its .mappings)
@@ -193,8 +201,11 @@ def _calibration_batches(c: Compilation) -> list:
 
 
 def _calibrate(c: Compilation) -> Compilation:
-    """Every fp32 value's range over the calibration batches."""
-    return replace(c, amax=MappingProxyType(calibrate(c.graph, _calibration_batches(c), c.request.percentile)))
+    """Every fp32 value's range over the calibration batches (per channel too, for activation_ranges="channel")."""
+    batches = _calibration_batches(c)
+    channels = channel_ranges(c.graph, batches) if c.request.activation_ranges == "channel" else {}
+    return replace(c, amax=MappingProxyType(calibrate(c.graph, batches, c.request.percentile)),
+                   channel_amax=MappingProxyType(channels))
 
 
 def _precision(c: Compilation) -> Compilation:
@@ -215,7 +226,7 @@ def _precision(c: Compilation) -> Compilation:
 
 def _quantize(c: Compilation) -> Compilation:
     graph, params = quantize_graph(c.graph, dict(c.amax), c.precision.float_layers(c.graph),
-                                   integer_op_set(c.request.integer_ops))
+                                   integer_op_set(c.request.integer_ops), dict(c.channel_amax or {}))
     return replace(c, graph=graph, quantization=params)
 
 

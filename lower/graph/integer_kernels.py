@@ -116,12 +116,22 @@ def _exp_steps(i: int, grid: str) -> list[Step]:
             Step("add", (i + 6, 8)), Step("shr", (i + 11, i + 12))]
 
 
-def mean_bits(n: int) -> int:
-    """j: y = 2**j x - mean keeps 2**j more resolution while n (255 * 2**j + 1)**2 < 2**31."""
+def mean_bits(n: int, span: int = 255) -> int:
+    """j: y = 2**j x - mean (|x - mean| <= span) keeps 2**j more resolution while
+    n (span 2**j + 1)**2 < 2**31."""
     j = 0
-    while j < 8 and n * (255 * 2 ** (j + 1) + 1) ** 2 < 2**31:
+    while j < 8 and n * (span * 2 ** (j + 1) + 1) ** 2 < 2**31:
         j += 1
     return j
+
+
+def ptf_levels(n: int) -> int:
+    """The largest power-of-two factor 2**K (K <= 3, FQ-ViT's) of a layer norm over n channels whose
+    sum of squares still fits int32: n (255 * 2**K + 1)**2 < 2**31."""
+    k = 0
+    while k < 3 and n * (255 * 2 ** (k + 1) + 1) ** 2 < 2**31:
+        k += 1
+    return k
 
 
 def isqrt_steps(v: int, one: int, k: int, at: int, bound: int) -> tuple[list[Step], int]:
@@ -147,21 +157,35 @@ def layer_norm_fits(gamma: np.ndarray, beta: np.ndarray) -> bool:
     return unit > 0 and bool(np.abs(np.asarray(beta, np.float64) / unit).max() < 2**30)
 
 
-def layer_norm(rw, x: Value, s_in: float, s_out: float, gamma: np.ndarray, beta: np.ndarray, name: str) -> Value:
-    """int8 layer norm of int8 `x` (scale s_in) over its last axis, times gamma plus beta (per
-    channel, `layer_norm_fits`), to int8 at s_out."""
+def layer_norm(rw, x: Value, s_out: float, gamma: np.ndarray, beta: np.ndarray, name: str,
+               alpha: np.ndarray | None = None) -> Value:
+    """int8 layer norm of int8 `x` over its last axis, times gamma plus beta (per channel,
+    `layer_norm_fits`), to int8 at s_out.  `alpha`: channel c of x is on the grid s 2**alpha[c]
+    (FQ-ViT's power-of-two factors; None: one grid), so 2**alpha[c] x is on the common grid s."""
     n = x.shape[-1]
+    alpha = np.zeros(n, np.int64) if alpha is None else np.asarray(alpha, np.int64)
+    span = 255 * 2 ** int(alpha.max())
     g_max = float(np.abs(gamma).max())
     unit = _affine_unit(gamma, n)
     big_b = np.round(np.asarray(beta, np.float64) / unit)
     big_g = np.round(np.asarray(gamma, np.float64) / g_max * 2**GAMMA_BITS)
-    j = mean_bits(n)
-    total = _rows(rw, x, "sum", f"{name}/sum", "int32")
-    inputs = (x, total, *[_i32(rw, v) for v in (2**j, 2 ** (j + 1), n, 2 * n)])
+    j = mean_bits(n, span)
+    if alpha.any():   # the row sum on the common grid, sum of x 2**alpha: int8 x int8 -> int32 on the array
+        rows = rw.fresh((math.prod(x.shape[:-1]), n), "int8")
+        rw.emit(OpKind.RESHAPE, (x,), rows, f"{name}/sum/rows_in")
+        sums = rw.fresh((rows.shape[0], 1), "int32")
+        rw.emit(OpKind.MATMUL, (rows, rw.const((2**alpha).astype(np.int8).reshape(n, 1))), sums, f"{name}/sum")
+        total = rw.fresh(x.shape[:-1] + (1,), "int32")
+        rw.emit(OpKind.RESHAPE, (sums,), total, f"{name}/sum/rows")
+        widen = rw.const((2 ** (j + alpha)).astype(np.int32))
+    else:
+        total = _rows(rw, x, "sum", f"{name}/sum", "int32")
+        widen = _i32(rw, 2**j)
+    inputs = (x, total, widen, *[_i32(rw, v) for v in (2 ** (j + 1), n, 2 * n)])
     square = _elementwise(rw, inputs, [*_center_steps(6), Step("mul", (11, 11))], x.shape, "int32",
                           f"{name}/square")
     var = _rows(rw, square, "sum", f"{name}/sum_squares", "int32")
-    bound = math.isqrt(n * (255 * 2**j + 1) ** 2) + 1
+    bound = math.isqrt(n * (span * 2**j + 1) ** 2) + 1
     newton, k = isqrt_steps(4, 1, 3, 5, bound)       # inputs: v, 1, 2**29, the bound; step 4: max(v, 1)
     factor = _elementwise(rw, (var, _i32(rw, 1), _i32(rw, 2**NORM_BITS), _i32(rw, bound)),
                           [Step("max", (0, 1)), *newton, Step("div", (2, k))], var.shape, "int32", f"{name}/isqrt")
@@ -174,8 +198,8 @@ def layer_norm(rw, x: Value, s_in: float, s_out: float, gamma: np.ndarray, beta:
 
 
 def _center_steps(i: int) -> list[Step]:
-    """y = 2**j x - round(2**j sum / n) of arguments (x, its row sum, 2**j, 2**(j + 1), n, 2n), the
-    steps numbered from i; the last is y."""
+    """y = 2**j x - round(2**j sum / n) of arguments (x, its row sum, 2**j (per channel: 2**(j + alpha)),
+    2**(j + 1), n, 2n), the steps numbered from i; the last is y."""
     return [Step("to_i32", (0,)), Step("mul", (i, 2)), Step("mul", (1, 3)), Step("add", (i + 2, 4)),
             Step("div", (i + 3, 5)), Step("sub", (i + 1, i + 4))]
 

@@ -27,7 +27,8 @@ from stagec.errors import InputError
 from .activations import scalar, unary_input
 from .evaluate import eval_expr, evaluate
 from .graph_ir import Graph, Node, OpKind, Step, Value
-from .integer_kernels import gelu, gelu_fits, layer_norm, layer_norm_fits, softmax
+from .integer_kernels import gelu, gelu_fits, layer_norm, layer_norm_fits, ptf_levels, softmax
+from .requant import QUANTIZE_EXPR, QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD
 
 INTEGER_OPS = ("softmax", "layernorm", "gelu")
 _ISLAND_OPS = frozenset({OpKind.ELEMENTWISE, OpKind.REDUCE, OpKind.BROADCAST})
@@ -189,16 +190,19 @@ def int8_inputs(islands: dict[int, Island]) -> set[int]:
 
 def emit_island(rw, island: Island) -> None:
     """The island's integer kernel, emitted through the quantize pass's rewriter `rw`; its result
-    int8 at the final value's calibrated scale."""
-    final = island.final
-    src = island.mask[0] if island.mask else island.x
-    q = rw.as_int8(src)
-    s_in, s_out = rw.scales[q.id], rw.scale_of(final.output)
+    int8 at the final value's calibrated scale.  A layer norm of a float value with per-channel ranges
+    (`rw.channel_amax`) quantizes it for itself with power-of-two factors per channel (`ptf_quantize`)."""
+    final, x = island.final, island.x
+    s_out = rw.scale_of(final.output)
     if island.kind == "softmax":
+        q = rw.as_int8(island.mask[0] if island.mask else x)
         mask = (rw.as_fp32(island.mask[1]), island.mask[2]) if island.mask else None
-        out = softmax(rw, q, s_in, s_out, final.name, mask)
+        out = softmax(rw, q, rw.scales[q.id], s_out, final.name, mask)
+    elif x.id in rw.channel_amax and x.id not in rw.int8 and x.id not in rw.sums:
+        q, alpha = ptf_quantize(rw, x, rw.channel_amax[x.id], final.name)
+        out = layer_norm(rw, q, s_out, island.gamma, island.beta, final.name, alpha)
     else:
-        out = layer_norm(rw, q, s_in, s_out, island.gamma, island.beta, final.name)
+        out = layer_norm(rw, rw.as_int8(x), s_out, island.gamma, island.beta, final.name)
     rw.int8[final.output.id], rw.scales[out.id] = out, s_out
 
 
@@ -220,3 +224,24 @@ def int8_gelu(rw, node: Node) -> bool:
     out = gelu(rw, q, rw.scales[q.id], s_out, node.name)
     rw.int8[node.output.id], rw.scales[out.id] = out, s_out
     return True
+
+
+def ptf_factors(amax: np.ndarray) -> tuple[float, np.ndarray]:
+    """(s, alpha): FQ-ViT's power-of-two factors of per-channel ranges `amax`: channel c on the grid
+    s 2**alpha[c], alpha in [0, K] (integer_kernels.ptf_levels), the widest channel at alpha = K, each
+    other at the smallest factor whose grid holds its range."""
+    levels = ptf_levels(len(amax))
+    s = float(amax.max()) / (127 * 2**levels)
+    need = np.ceil(np.log2(np.maximum(amax, 1e-30) / (127 * s)) - 1e-9)
+    return s, np.clip(need, 0, levels).astype(np.int64)
+
+
+def ptf_quantize(rw, x: Value, amax: np.ndarray, name: str) -> tuple[Value, np.ndarray]:
+    """(int8 x, alpha): float `x` quantized per channel at s 2**alpha (`ptf_factors`) by QUANTIZE
+    with a gain per channel, for a layer norm alone (no other node reads this int8 version)."""
+    s, alpha = ptf_factors(np.asarray(amax, np.float64))
+    gain = rw.const((2**QUANTIZE_FRACTION_BITS / (s * 2.0**alpha)).astype(np.float32))
+    q = rw.fresh(x.shape, "int8")
+    rw.emit(OpKind.ELEMENTWISE, (rw.fp32.get(x.id, x), gain, rw.const(QUANTIZE_RECORD.copy())), q,
+            f"{name}/quantize_channels", expr=QUANTIZE_EXPR)
+    return q, alpha

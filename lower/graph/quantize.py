@@ -69,11 +69,10 @@ from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value
 from .int8_binary import int8_mul
 from .integer_ops import emit_island, find_islands, int8_gelu, int8_inputs
 from .passes import dce, prune
-from .requant import QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, add_records, records
+from .requant import QUANTIZE_EXPR, QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, add_records, records
 
 QMAX = 127
 INT8_VIEWS = frozenset({OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.SLICE, OpKind.BROADCAST})
-QUANTIZE_EXPR = (Step("mul", (0, 1)), Step("to_i32", (3,)), Step("requant", (4, 2)))
 DEQUANTIZE_EXPR = (Step("to_f32", (0,)), Step("mul", (2, 1)))
 
 
@@ -102,6 +101,7 @@ class _Rewriter:
         self.sums: dict[int, tuple[Value, float]] = {}   # original id -> its int32 sum of int8 values, their scale
         self.int8_uses: set[int] = set()     # values an integer kernel reads as int8 (lower.graph.integer_ops)
         self.integer: frozenset[str] = frozenset()   # the ops run integer-only (compile's integer_ops)
+        self.channel_amax: dict = {}         # value id -> per-channel ranges (compile's activation_ranges)
 
     def fresh(self, shape, dtype: str = "float32") -> Value:
         return Value(next(self.ids), tuple(shape), dtype)
@@ -465,15 +465,16 @@ def _residual_split(graph: Graph, node: Node):
 
 
 def quantize(graph: Graph, amax: dict[int, float], keep: frozenset[str] = frozenset(),
-             integer: frozenset[str] = frozenset()) -> tuple[Graph, QuantParams]:
+             integer: frozenset[str] = frozenset(), channel_amax: dict | None = None) -> tuple[Graph, QuantParams]:
     """The int8 graph of `graph` (same inputs and fp32 outputs) and its activation scales;
     `amax` ({value id: calibrated range}) comes from lower.graph.calibrate on this same graph.
     The nodes named in `keep` stay float (lower.graph.mixed_precision: pinned or sensitive layers);
-    the ops named in `integer` run as integer-only kernels (lower.graph.integer_ops)."""
+    the ops named in `integer` run as integer-only kernels (lower.graph.integer_ops), their inputs at
+    the per-channel ranges of `channel_amax` where those kernels take them."""
     rw = _Rewriter(graph, _shared_concat_ranges(graph, amax))
     islands = find_islands(graph, integer, keep)
     inner = {i for island in islands.values() for i in island.inner}
-    rw.int8_uses, rw.integer = int8_inputs(islands), integer
+    rw.int8_uses, rw.integer, rw.channel_amax = int8_inputs(islands), integer, channel_amax or {}
     for node in graph.nodes:
         if node.output.id in islands:
             emit_island(rw, islands[node.output.id])
