@@ -36,7 +36,9 @@ Max pooling, max/min reductions, lone ReLUs and views (reshape, transpose, slice
 broadcast, zero padding) keep int8 and the scale; sums of int8 accumulate in int32 (and are
 dequantized when no average takes them).  Any other expression of one int8 value and scalar
 constants (a clamp, hardswish, sigmoid, GELU, ...) is a 256-entry table lookup
-(lower.graph.activations), int8 to int8.  Every
+(lower.graph.activations), int8 to int8.  With `integer`
+(compile's integer_ops=), softmax, layer norm and GELU run as I-BERT's integer kernels
+(lower.graph.integer_ops finds them; the scores a softmax takes are requantized to int8).  Every
 other op runs in fp32 on the vector unit; the pass inserts QUANTIZE (x * 256/s,
 truncate to int32, REQUANT by exactly 1/256: round half away from zero) and
 DEQUANTIZE (to_f32, times s) nodes at the boundaries, once per value.  Fusion
