@@ -111,6 +111,8 @@ class VectorFunc(enum.IntEnum):
     MUL = 18
     MAX = 19
     MIN = 20
+    DIV = 21        # int32 floor division (I-BERT's integer softmax and layer norm)
+    SHR = 22        # int32 arithmetic shift right by src2 (clipped to 0..31): floor(x / 2**s)
     CMP_GT = 24
     CMP_GE = 25
     CMP_EQ = 26

@@ -218,6 +218,7 @@ class VectorFuncDef:
 
 ANY_TYPES = frozenset((a, b) for a in DType for b in DType)
 SAME_TYPES = frozenset((a, a) for a in DType)
+INT32_ONLY = frozenset({(DType.I32, DType.I32)})
 # A DMA moves elements as they are, or widens bf16 in DRAM to float32 in local memory (LOAD, GATHER)
 # and rounds local float32 to bf16 in DRAM (STORE: dtype is the DRAM side): what the vector unit
 # computes on is float32, what DRAM holds is half its size.
@@ -233,6 +234,12 @@ def _multiply(ns, a, b):
     if a.dtype == np.int8:
         a, b = a.astype(np.int32), b.astype(np.int32)
     return ns.xp.multiply(a, b)
+
+
+def _floor_div(ns, a, b):
+    nonzero = b != 0
+    return ns.xp.where(nonzero, ns.xp.floor_divide(a, ns.xp.where(nonzero, b, ns.xp.ones((), b.dtype))),
+                       ns.xp.zeros((), a.dtype))
 
 
 def _compare(op):
@@ -259,6 +266,11 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     _vf(VectorFunc.MUL, _multiply, sources=2, types=SAME_TYPES | {(DType.I8, DType.I32), (DType.BF16, DType.F32)}),
     _vf(VectorFunc.MAX, lambda ns, a, b: ns.xp.maximum(a, b), sources=2),
     _vf(VectorFunc.MIN, lambda ns, a, b: ns.xp.minimum(a, b), sources=2),
+    # int32 only (I-BERT's integer-only kernels, lower.graph.integer_kernels): floor(a / b), 0 where b == 0;
+    # a >> b, arithmetic (floor(a / 2**b)), b clipped to [0, 31]
+    _vf(VectorFunc.DIV, _floor_div, sources=2, transcendental=True, types=INT32_ONLY),
+    _vf(VectorFunc.SHR, lambda ns, a, b: ns.xp.right_shift(a, ns.xp.clip(b, 0, 31).astype(a.dtype)), sources=2,
+        types=INT32_ONLY),
     _vf(VectorFunc.CMP_GT, _compare(lambda a, b: a > b), sources=2),     # 1 or 0
     _vf(VectorFunc.CMP_GE, _compare(lambda a, b: a >= b), sources=2),
     _vf(VectorFunc.CMP_EQ, _compare(lambda a, b: a == b), sources=2),

@@ -16,7 +16,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
             fuse: bool = True, mappings: dict | None = None, kwargs: dict | None = None,
             tune=None, objective: str = "edp", quantize: str | None = None, calibration=None,
             percentile: float | None = None, fallback: str | None = None, layer_precision: dict | None = None,
-            accuracy_target: float | None = None, int8_scores: bool | None = None,
+            accuracy_target: float | None = None, int8_scores: bool | None = None, integer_ops=None,
+            activation_ranges: str | None = None,
             stages: Sequence[Stage] = PIPELINE) -> Program:
     """Compile a PyTorch model (called with `example_args` and `kwargs`) or a JAX function for the
     accelerator; `stagec.simulate` then takes and returns the model's own input and output structure.
@@ -52,6 +53,14 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     `int8_scores=False` keeps attention's scores (a product of two activations that softmax, not a
     matmul, takes) float in DRAM, dequantized from the accumulator; by default they are requantized
     to int8 (half the bytes of bf16; no accuracy cost measured on the zoo: lower.graph.quantize).
+    `integer_ops` ("all", or names from ("softmax", "layernorm", "gelu")) runs those ops integer-only instead
+    of as float islands: I-BERT's integer softmax (polynomial exp, integer division) and layer norm
+    (integer Newton square root), and GELU (I-BERT's i-GELU polynomial in place of the 256-entry
+    table), int8 in and out, int32 inside (lower.graph.integer_kernels).  `activation_ranges="channel"`
+    (with "layernorm" among them) gives an integer layer norm whose input is a float value per-channel
+    ranges: FQ-ViT's power-of-two factors, channel c on the grid s * 2**alpha_c, alpha_c in 0..3,
+    which the integer kernel shifts onto one grid exactly; it helps when a few channels have far
+    larger ranges than the rest (transformers' residual streams).  Other values stay per tensor.
     `quantize="bf16"` holds activations and weights as bfloat16 (lower.graph.bfloat16): half the
     DRAM and scratchpad bytes of fp32, bf16 MACs into float32 accumulators, no calibration.
 
@@ -64,7 +73,7 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     """
     request = Request(model_or_fn, example_args, kwargs, hw or HardwareConfig(), fuse, quantize, calibration,
                       percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective), objective,
-                      fallback, layer_precision, accuracy_target, int8_scores)
+                      fallback, layer_precision, accuracy_target, int8_scores, integer_ops, activation_ranges)
     return run(stages, Compilation(request), dump).program
 
 

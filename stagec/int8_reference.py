@@ -98,6 +98,21 @@ def _to_i32(x: np.ndarray) -> np.ndarray:
     return np.clip(x, *INT32).astype(np.int64)
 
 
+def _floor_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Integer division rounded toward minus infinity, written with truncating division (as C has it); a
+    zero divisor gives 0."""
+    a, b = np.broadcast_arrays(a.astype(np.int64), b.astype(np.int64))
+    safe = np.where(b == 0, 1, b)
+    q = np.sign(a) * np.sign(safe) * (np.abs(a) // np.abs(safe))     # truncated toward zero
+    q = q - ((q * safe != a) & ((a < 0) != (safe < 0)))               # a remainder of the other sign: one lower
+    return np.where(b == 0, 0, q)
+
+
+def _shift_right(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """floor(a / 2**b) for b clipped to [0, 31], as an integer division by the power of two."""
+    return _floor_div(a, np.int64(1) << np.clip(b.astype(np.int64), 0, 31))
+
+
 def _f32(fn):
     return lambda *xs: fn(*xs).astype(np.float32)
 
@@ -115,6 +130,7 @@ STEPS = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum,
     "cmp_gt": _cmp(np.greater), "cmp_ge": _cmp(np.greater_equal), "cmp_eq": _cmp(np.equal),
     "cmp_ne": _cmp(np.not_equal), "select": lambda p, f, t: np.where(p != 0, t, f),
+    "div": _floor_div, "shr": _shift_right,
     "to_f32": lambda x: x.astype(np.float32), "to_i32": _to_i32, "requant": requantize, "lut": lookup,
     "rescale": rescale, "mul_i32": lambda a, b: a.astype(np.int64) * b,
 }

@@ -38,10 +38,11 @@ from stagec.isa import HardwareConfig, Program, disassemble, verify
 from stagec.lower.codegen.lowering import lower_to_program
 from stagec.lower.graph.activations import split_activations
 from stagec.lower.graph.bfloat16 import to_bfloat16
-from stagec.lower.graph.calibrate import calibrate
+from stagec.lower.graph.calibrate import calibrate, channel_ranges
 from stagec.lower.graph.canonicalize import canonicalize
 from stagec.lower.graph.graph_ir import Graph
 from stagec.lower.graph.hoist_affine import hoist_affine
+from stagec.lower.graph.integer_ops import integer_op_set
 from stagec.lower.graph.mixed_precision import (
     DEFAULT_FALLBACK,
     FALLBACKS,
@@ -58,6 +59,7 @@ from stagec.lower.schedule.mapper import Schedule, make_schedule
 from stagec.lower.schedule.pack import pack_depthwise
 
 QUANTIZE_MODES = (None, "int8", "bf16")
+ACTIVATION_RANGES = (None, "tensor", "channel")
 _PACKAGE = str(Path(__file__).parent)
 
 
@@ -82,6 +84,8 @@ class Request:
     layer_precision: Mapping | None = None   # int8: layer name -> "int8", "bf16" or "fp32"
     accuracy_target: float | None = None     # int8: the cosine against the float graph to keep layers bf16 for
     int8_scores: bool | None = None          # int8: attention scores int8 in DRAM (None: yes; lower.graph.quantize)
+    integer_ops: object = None               # int8: ops run integer-only (lower.graph.integer_ops.integer_op_set)
+    activation_ranges: str | None = None     # int8: "tensor" (the default) or "channel" (integer layer norms' inputs)
 
     def __post_init__(self):
         if not isinstance(self.hw, HardwareConfig):
@@ -97,7 +101,8 @@ class Request:
         self._check_mixed_precision()
 
     def _check_mixed_precision(self):
-        given = [k for k in ("fallback", "layer_precision", "accuracy_target", "int8_scores")
+        given = [k for k in ("fallback", "layer_precision", "accuracy_target", "int8_scores", "integer_ops",
+                             "activation_ranges")
                  if getattr(self, k) is not None]
         if given and self.quantize != "int8":
             raise InputError(f"{', '.join(given)} need quantize='int8'")
@@ -108,6 +113,12 @@ class Request:
         if self.layer_precision is not None and not isinstance(self.layer_precision, Mapping):
             raise InputError(f"layer_precision must be a dict of layer name -> precision, not "
                              f"{type(self.layer_precision).__name__}")
+        integer = integer_op_set(self.integer_ops)
+        if self.activation_ranges not in ACTIVATION_RANGES:
+            raise InputError(f"activation_ranges must be one of {ACTIVATION_RANGES}, not {self.activation_ranges!r}")
+        if self.activation_ranges == "channel" and "layernorm" not in integer:
+            raise InputError("activation_ranges='channel' gives integer layer norms' inputs per-channel ranges: "
+                             "it needs 'layernorm' in integer_ops")
         target = self.accuracy_target
         if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
                                    or not 0 < target <= 1):
@@ -122,6 +133,7 @@ class Compilation:
     traced: TracedModel | None = None        # jaxpr
     graph: Graph | None = None               # graph, its passes, the int8 stages, pack
     amax: Mapping | None = None              # calibrate: value id -> range
+    channel_amax: Mapping | None = None      # calibrate (activation_ranges="channel"): value id -> range per channel
     precision: LayerPrecision | None = None  # precision: what int8 keeps float, and in which type
     quantization: QuantParams | None = None  # quantize
     tuning: object = None                    # tune: a stagec.Tuning (its .mappings)
@@ -185,8 +197,11 @@ def _calibration_batches(c: Compilation) -> list:
 
 
 def _calibrate(c: Compilation) -> Compilation:
-    """Every fp32 value's range over the calibration batches."""
-    return replace(c, amax=MappingProxyType(calibrate(c.graph, _calibration_batches(c), c.request.percentile)))
+    """Every fp32 value's range over the calibration batches (per channel too, for activation_ranges="channel")."""
+    batches = _calibration_batches(c)
+    channels = channel_ranges(c.graph, batches) if c.request.activation_ranges == "channel" else {}
+    return replace(c, amax=MappingProxyType(calibrate(c.graph, batches, c.request.percentile)),
+                   channel_amax=MappingProxyType(channels))
 
 
 def _precision(c: Compilation) -> Compilation:
@@ -207,7 +222,8 @@ def _precision(c: Compilation) -> Compilation:
 
 def _quantize(c: Compilation) -> Compilation:
     graph, params = quantize_graph(c.graph, dict(c.amax), c.precision.float_layers(c.graph),
-                                   c.request.int8_scores is not False)
+                                   c.request.int8_scores is not False, integer_op_set(c.request.integer_ops),
+                                   dict(c.channel_amax or {}))
     return replace(c, graph=graph, quantization=params)
 
 
@@ -251,6 +267,12 @@ def _metadata(c: Compilation) -> dict | None:
             **({"mixed_precision": c.precision.to_dict()} if c.precision is not None else {})}
 
 
+def _softmax_stays(request: Request) -> bool:
+    """Whether softmax stays softmax: an integer softmax normalizes before P @ V (deferring it would
+    leave nothing to find)."""
+    return "softmax" not in integer_op_set(request.integer_ops)
+
+
 def _quantizing(request: Request) -> bool:
     return request.quantize == "int8"
 
@@ -271,7 +293,7 @@ PIPELINE: tuple[Stage, ...] = (
     # elementwise chains -> one node
     Stage("fuse_elementwise", GraphPass(fuse_elementwise, fusion=True)),
     # matmul(x * row scale, b) -> matmul(x, b) * row scale
-    Stage("defer_row_scale", GraphPass(defer_row_scale, fusion=True)),
+    Stage("defer_row_scale", GraphPass(defer_row_scale, fusion=True), when=_softmax_stays),
     # bias/activation/residual -> the conv/matmul's accumulator tile
     Stage("fuse_epilogues", GraphPass(fuse_epilogues, fusion=True)),
     # a per-channel scale and shift of another conv/matmul's result -> that layer's epilogue, to fold

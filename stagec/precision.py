@@ -63,18 +63,20 @@ def _leaves(out) -> np.ndarray:
 
 def run_precision(model, args: tuple, kwargs: dict, precision: str, hw=None, calibration=None,
                   reference=None, objective: str = "edp", percentile: float | None = None,
-                  fallback: str | None = None) -> PrecisionRun:
+                  fallback: str | None = None, integer_ops=None, activation_ranges: str | None = None) -> PrecisionRun:
     """Compile `model` at `precision` ('int8' calibrates on `calibration`, default 4 batches of
     calibration_batches, its ranges the `percentile` of |x| when given, and runs its float islands
-    in `fallback`: compile's) with the mapper minimizing `objective`, simulate it on the example
-    inputs and compare with `reference` (the model's fp32 PyTorch outputs, computed when not given)."""
+    in `fallback`, or integer-only for `integer_ops`, with `activation_ranges`: compile's) with the mapper minimizing
+    `objective`, simulate it on the example inputs and compare with `reference` (the model's fp32
+    PyTorch outputs, computed when not given)."""
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     int8 = precision == "int8"
     program = compile(model, args, hw=hw, kwargs=kwargs, quantize=None if precision == "fp32" else precision,
                       calibration=(calibration or calibration_batches(args, kwargs, 4)) if int8 else None,
                       objective=objective, percentile=percentile if int8 else None,
-                      fallback=fallback if int8 else None)
+                      fallback=fallback if int8 else None, integer_ops=integer_ops if int8 else None,
+                      activation_ranges=activation_ranges if int8 else None)
     out, report = simulate(program, *args, **kwargs)
     if reference is None:
         with torch.no_grad():

@@ -201,6 +201,14 @@ def test_a_tile_slot_is_as_wide_as_the_widest_value_it_holds():
     assert buffers.slot_offsets([1, 4, 2], 3) == [18, 0, 12]   # widest first: each aligned to its elements
 
 
+def test_a_select_never_takes_its_predicates_slot():
+    """select(pred, on_false, on_true) copies on_false to its destination first: a predicate or on_true
+    dying there keeps its slot until after (its slot taken, the copy overwrote the predicate)."""
+    expr = (Step("to_i32", (0,)), Step("to_i32", (1,)), Step("select", (4, 2, 3)))   # on_false: a scalar input
+    p = tile_expr.plan(expr, 3, frozenset())
+    assert p.dst[2] not in (p.dst[0], p.dst[1])
+
+
 def _objectives(cost) -> dict:
     """Each objective of a nest's cost as the mapper defines it: cycles with the instruction charge,
     energy over those cycles, their product."""

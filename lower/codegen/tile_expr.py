@@ -60,15 +60,18 @@ def plan(expr: Expr, n_inputs: int, writable: frozenset[int]) -> ExprPlan:
         # may be overwritten in place
         candidates = step.args[1:2] if step.func == "select" else step.args
         chosen = next((slot_of[a] for a in candidates if a in slot_of and last_use.get(a) == j), None)
-        for a in step.args:   # values dying here free their temporaries for later steps
-            if a in slot_of and last_use.get(a) == j and slot_of[a] != chosen and slot_of[a][0] == "tmp":
-                free.append(slot_of[a])
+        dying = [slot_of[a] for a in dict.fromkeys(step.args)   # values dying here free their temporaries
+                 if a in slot_of and last_use.get(a) == j and slot_of[a] != chosen and slot_of[a][0] == "tmp"]
+        if step.func != "select":   # a select's predicate and on_true are read after on_false's copy
+            free.extend(dying)
         if chosen is None:
             if free:
                 chosen = free.pop()
             else:
                 chosen = ("tmp", temps)
                 temps += 1
+        if step.func == "select":
+            free.extend(dying)
         dst.append(chosen)
         slot_of[n_inputs + j] = chosen
     return ExprPlan(tuple(dst), temps)

@@ -63,3 +63,17 @@ def calibrate(graph: Graph, batches: list[list[np.ndarray]], percentile: float |
             raise InputError(f"calibration batch {i} has {len(batch)} inputs; the model takes {len(graph.inputs)}")
         evaluate(graph, *batch, observe=observe)
     return {vid: float(r.top.max()) if percentile is None else r.percentile(percentile) for vid, r in ranges.items()}
+
+
+def channel_ranges(graph: Graph, batches: list[list[np.ndarray]]) -> dict[int, np.ndarray]:
+    """{value id: max |x| per channel} of every float32 graph input and node result of two or more
+    dims over `batches`, a channel being an index of the last axis (a transformer's hidden unit)."""
+    ranges: dict[int, np.ndarray] = {}
+
+    def observe(v: Value, x) -> None:
+        if v.dtype == "float32" and len(v.shape) >= 2:
+            a = np.abs(np.asarray(x, np.float32)).reshape(-1, v.shape[-1]).max(0)
+            ranges[v.id] = np.maximum(ranges[v.id], a) if v.id in ranges else a
+    for batch in batches:
+        evaluate(graph, *batch, observe=observe)
+    return ranges

@@ -31,6 +31,8 @@ STEP_FUNCS = {
     "cmp_gt": lambda a, b: (a > b).astype(a.dtype), "cmp_ge": lambda a, b: (a >= b).astype(a.dtype),
     "cmp_eq": lambda a, b: (a == b).astype(a.dtype), "cmp_ne": lambda a, b: (a != b).astype(a.dtype),
     "select": lambda p, f, t: jnp.where(p != 0, t, f),
+    "div": lambda a, b: jnp.where(b != 0, jnp.floor_divide(a, jnp.where(b != 0, b, 1)), 0).astype(a.dtype),
+    "shr": lambda a, b: jnp.right_shift(a, jnp.clip(b, 0, 31).astype(a.dtype)),
     "to_f32": lambda x: x.astype(jnp.float32), "to_i32": lambda x: jnp.trunc(x).astype(jnp.int32),
     "mul_i32": lambda a, b: a.astype(jnp.int32) * b.astype(jnp.int32),
     "requant": _requant, "rescale": _rescale, "lut": lambda x, table: jnp.take(table, x.astype(jnp.int32) + 128),

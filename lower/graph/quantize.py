@@ -40,7 +40,9 @@ Max pooling, max/min reductions, lone ReLUs and views (reshape, transpose, slice
 broadcast, zero padding) keep int8 and the scale; sums of int8 accumulate in int32 (and are
 dequantized when no average takes them).  Any other expression of one int8 value and scalar
 constants (a clamp, hardswish, sigmoid, GELU, ...) is a 256-entry table lookup
-(lower.graph.activations), int8 to int8.  Every
+(lower.graph.activations), int8 to int8.  With `integer`
+(compile's integer_ops=), softmax, layer norm and GELU run as I-BERT's integer kernels
+(lower.graph.integer_ops finds them; the scores a softmax takes are requantized to int8).  Every
 other op runs in fp32 on the vector unit; the pass inserts QUANTIZE (x * 256/s,
 truncate to int32, REQUANT by exactly 1/256: round half away from zero) and
 DEQUANTIZE (to_f32, times s) nodes at the boundaries, once per value.  Fusion
@@ -71,12 +73,12 @@ from .activations import (
 )
 from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value
 from .int8_binary import int8_mul
+from .integer_ops import emit_island, find_islands, int8_gelu, int8_inputs
 from .passes import dce, prune
-from .requant import QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, add_records, records
+from .requant import QUANTIZE_EXPR, QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, add_records, records
 
 QMAX = 127
 INT8_VIEWS = frozenset({OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.SLICE, OpKind.BROADCAST})
-QUANTIZE_EXPR = (Step("mul", (0, 1)), Step("to_i32", (3,)), Step("requant", (4, 2)))
 DEQUANTIZE_EXPR = (Step("to_f32", (0,)), Step("mul", (2, 1)))
 
 
@@ -103,6 +105,9 @@ class _Rewriter:
         self.fp32: dict[int, Value] = {v.id: v for v in graph.inputs}   # original id -> its fp32 version
         self.scales: dict[int, float] = {}   # int8 value id -> scale
         self.sums: dict[int, tuple[Value, float]] = {}   # original id -> its int32 sum of int8 values, their scale
+        self.int8_uses: set[int] = set()     # values an integer kernel reads as int8 (lower.graph.integer_ops)
+        self.integer: frozenset[str] = frozenset()   # the ops run integer-only (compile's integer_ops)
+        self.channel_amax: dict = {}         # value id -> per-channel ranges (compile's activation_ranges)
 
     def fresh(self, shape, dtype: str = "float32") -> Value:
         return Value(next(self.ids), tuple(shape), dtype)
@@ -237,6 +242,12 @@ def _multiplied(v: Value, uses) -> bool:
     return any(n.op in MATRIX_OPS or n.op in INT8_VIEWS and _multiplied(n.output, uses) for n in uses.get(v.id, ()))
 
 
+def _viewed_into(v: Value, uses, wanted: set[int]) -> bool:
+    """Whether v, or a view of it, is among the `wanted` values (an integer kernel's int8 input)."""
+    return v.id in wanted or any(n.op in INT8_VIEWS and _viewed_into(n.output, uses, wanted)
+                                 for n in uses.get(v.id, ()))
+
+
 @register(OpKind.CONV, OpKind.MATMUL)
 def _matrix(rw: _Rewriter, node: Node) -> None:
     operands = _int8_operands(rw, node)
@@ -247,7 +258,7 @@ def _matrix(rw: _Rewriter, node: Node) -> None:
     acc_scale = acc_scale * factor
     integer = _integer_epilogue(node, rw.consts)
     if integer is not None and not integer_matrix(node, rw.consts) and not (
-            rw.int8_scores or _multiplied(node.output, rw.uses)):
+            rw.int8_scores or _multiplied(node.output, rw.uses) or _viewed_into(node.output, rw.uses, rw.int8_uses)):
         integer = None
     if integer is None:   # dequantize the accumulator, then the fp32 epilogue as it was
         expr, n_in = node.attr("epilogue") or (), len(node.inputs) - 1
@@ -321,7 +332,7 @@ def _elementwise(rw: _Rewriter, node: Node) -> None:
     (the zero point is 0), any other as a table lookup (lower.graph.activations) -- to the value's
     own scale for a clamp, which only narrows the range its int8 grid already holds, to the
     result's calibrated scale for the rest.  Any other expression runs in fp32."""
-    if _int8_add(rw, node) or _average(rw, node) or int8_mul(rw, node):
+    if _int8_add(rw, node) or _average(rw, node) or int8_mul(rw, node) or int8_gelu(rw, node):
         return
     expr = node.attr("expr")
     k = unary_input(expr, node.inputs, rw.consts)
@@ -460,13 +471,24 @@ def _residual_split(graph: Graph, node: Node):
 
 
 def quantize(graph: Graph, amax: dict[int, float], keep: frozenset[str] = frozenset(),
-             int8_scores: bool = True) -> tuple[Graph, QuantParams]:
+             int8_scores: bool = True, integer: frozenset[str] = frozenset(),
+             channel_amax: dict | None = None) -> tuple[Graph, QuantParams]:
     """The int8 graph of `graph` (same inputs and fp32 outputs) and its activation scales;
     `amax` ({value id: calibrated range}) comes from lower.graph.calibrate on this same graph.
     The nodes named in `keep` stay float (lower.graph.mixed_precision: pinned or sensitive layers);
-    `int8_scores`: products of two activations requantize to int8 whatever takes them (module doc)."""
+    `int8_scores`: products of two activations requantize to int8 whatever takes them (module doc);
+    the ops named in `integer` run as integer-only kernels (lower.graph.integer_ops), their inputs at
+    the per-channel ranges of `channel_amax` where those kernels take them."""
     rw = _Rewriter(graph, _shared_concat_ranges(graph, amax), int8_scores)
+    islands = find_islands(graph, integer, keep)
+    inner = {i for island in islands.values() for i in island.inner}
+    rw.int8_uses, rw.integer, rw.channel_amax = int8_inputs(islands), integer, channel_amax or {}
     for node in graph.nodes:
+        if node.output.id in islands:
+            emit_island(rw, islands[node.output.id])
+            continue
+        if node.output.id in inner:
+            continue
         rule = _Rewriter.keep_fp32 if node.name in keep else QUANT_RULES.get(node.op, _Rewriter.keep_fp32)
         rule(rw, node)
     outputs = tuple(rw.as_fp32(v) for v in graph.outputs)

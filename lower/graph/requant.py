@@ -15,7 +15,7 @@ import numpy as np
 
 from stagec.errors import QuantizationError
 
-from .graph_ir import RECORD_WORDS
+from .graph_ir import RECORD_WORDS, Step
 
 MAX_SHIFT = 30     # a larger multiplier saturates every nonzero input: a compiler bug, not a scale
 MIN_SHIFT = -31    # a smaller one rounds every int32 input to 0
@@ -62,6 +62,7 @@ def records(reals, where: str = "", zero_point: int = 0, bounds: tuple[int, int]
 # multiples of 1/2), so the result is round-half-away-from-zero(y / 256), saturated.
 QUANTIZE_FRACTION_BITS = 8
 QUANTIZE_RECORD = np.array([2**31 - 1, -QUANTIZE_FRACTION_BITS, 0, 0], np.int32)
+QUANTIZE_EXPR = (Step("mul", (0, 1)), Step("to_i32", (3,)), Step("requant", (4, 2)))   # (x, 256 / scale, record)
 
 
 # TFLite Add (reference_ops::Add, int8): both inputs shifted left by 20 bits, each scaled by
