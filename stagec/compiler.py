@@ -16,13 +16,17 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
             fuse: bool = True, mappings: dict | None = None, kwargs: dict | None = None,
             tune=None, objective: str = "edp", quantize: str | None = None, calibration=None,
             percentile: float | None = None, fallback: str | None = None, layer_precision: dict | None = None,
-            accuracy_target: float | None = None, stages: Sequence[Stage] = PIPELINE) -> Program:
+            accuracy_target: float | None = None, stages: Sequence[Stage] = PIPELINE,
+            fuse_layers: bool = True) -> Program:
     """Compile a PyTorch model (called with `example_args` and `kwargs`) or a JAX function for the
     accelerator; `stagec.simulate` then takes and returns the model's own input and output structure.
 
     `dump` prints the IR of the stages it names (or of all with True; a folder: one file per stage).
     `fuse=False` skips the fusion passes (every elementwise op then round-trips through DRAM),
-    to measure what fusion saves.  `mappings` ({layer name: lower.schedule.nest.TileMapping}) replaces
+    to measure what fusion saves.  `fuse_layers=False` runs every layer alone, its result through DRAM;
+    by default the mapper runs chains of pointwise layers (a feed-forward block's matmuls, 1x1 convs)
+    as cascades (lower.schedule.cascade) where that lowers `objective`.
+    `mappings` ({layer name: lower.schedule.nest.TileMapping}) replaces
     the default mapper's choice for those layers (the names are the schedule dump's; a vector
     layer of several nests, a pad or a concat, takes one mapping for all or a tuple of one each).
     The default mapper and the tuner minimize `objective`: "latency" (cycles), "energy" (pJ per
@@ -59,7 +63,7 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     """
     request = Request(model_or_fn, example_args, kwargs, hw or HardwareConfig(), fuse, quantize, calibration,
                       percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective), objective,
-                      fallback, layer_precision, accuracy_target)
+                      fallback, layer_precision, accuracy_target, fuse_layers)
     return run(stages, Compilation(request), dump).program
 
 

@@ -81,6 +81,7 @@ class Request:
     fallback: str | None = None              # int8: the float islands' type, "bf16" or "fp32" (None: the default)
     layer_precision: Mapping | None = None   # int8: layer name -> "int8", "bf16" or "fp32"
     accuracy_target: float | None = None     # int8: the cosine against the float graph to keep layers bf16 for
+    fuse_layers: bool = True                 # False: no cascades, every layer's result goes to DRAM
 
     def __post_init__(self):
         if not isinstance(self.hw, HardwareConfig):
@@ -232,7 +233,8 @@ def _tune(c: Compilation) -> Compilation:
 def _schedule(c: Compilation) -> Compilation:
     """A tiling per layer: the caller's, else the tuner's, else the default mapper's."""
     mappings = {**(c.tuning.mappings if c.tuning is not None else {}), **c.request.mappings}
-    return replace(c, schedule=make_schedule(c.graph, c.layout, c.request.hw, mappings, c.request.objective))
+    return replace(c, schedule=make_schedule(c.graph, c.layout, c.request.hw, mappings, c.request.objective,
+                                                    c.request.fuse_layers))
 
 
 def _lower(c: Compilation) -> Compilation:

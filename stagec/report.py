@@ -30,6 +30,7 @@ is span / bound (1.0 = on the roofline).
                         compulsory_bytes (weights + model inputs + model outputs), memory_cycles,
                         bound_cycles = max(compute, memory), bound}
     cycles_over_model_limit  cycles / model_limit["bound_cycles"]
+    cascades            layers run depth-first (lower.schedule.cascade): [{layers, tile, saved_bytes}]
     layers              list of per-layer records:
         name, op, in_shapes, out_shape, macs,
         precision (what it computes in: int8, bf16 or fp32 -- a CONV/MATMUL its operands' type, another
@@ -113,6 +114,7 @@ class Report:
     layer_ids: np.ndarray = field(repr=False)   # layer of each instruction (-1: none)
     mixed_precision: dict | None = None         # an int8 program's float layers (module doc)
     model_limit: dict | None = None             # the model's physical limit (module doc)
+    cascades: tuple = ()                        # the program's cascades (module doc)
 
     @property
     def clock_hz(self) -> float:
@@ -148,6 +150,7 @@ class Report:
             "roofline_cycles": self.roofline_cycles,
             "cycles_over_roofline": self.cycles / self.roofline_cycles if self.roofline_cycles else None,
             "model_limit": self.model_limit, "cycles_over_model_limit": self.cycles_over_model_limit,
+            "cascades": list(self.cascades),
             "layers": [layer.to_dict(self.hw) for layer in self.layers], "mixed_precision": self.mixed_precision,
         }
 
@@ -183,7 +186,7 @@ class Report:
             f"area:   {sum(self.area_mm2.values()):.2f} mm^2 = " + ", ".join(
                 f"{k} {v:.2f}" for k, v in self.area_mm2.items()),
         ]
-        return "\n".join(lines + _mixed_precision_lines(self.mixed_precision))
+        return "\n".join(lines + _cascade_lines(self.cascades) + _mixed_precision_lines(self.mixed_precision))
 
 
 def _model_limit_lines(limit: dict | None, cycles: float) -> list[str]:
@@ -192,6 +195,11 @@ def _model_limit_lines(limit: dict | None, cycles: float) -> list[str]:
     return [f"model limit: {limit['bound_cycles']:.0f} cycles ({limit['bound']}: {limit['macs'] / 1e6:.2f} MMACs, "
             f"{limit['compulsory_bytes'] / 2**20:.2f} MiB of weights, inputs and outputs); cycles are "
             f"{cycles / limit['bound_cycles'] if limit['bound_cycles'] else float('nan'):.2f}x it"]
+
+
+def _cascade_lines(cascades) -> list[str]:
+    return [f"cascade {' -> '.join(c['layers'])}: tile {c['tile'][0]}x{c['tile'][1]}, saves "
+            f"{c['saved_bytes'] / 1024:.1f} KiB of DRAM" for c in cascades]
 
 
 def _mixed_precision_lines(mixed: dict | None) -> list[str]:
@@ -261,7 +269,7 @@ def make_report(program: Program) -> Report:
                   dict(zip(UNITS, map(float, busy.sum(0)), strict=True)), tl.cycles, total,
                   {k: float(v) for k, v in energy_pj(total, tl.cycles, hw).items()},
                   {k: float(v) for k, v in area_mm2(hw).items()}, tl, ids, program.metadata.get("mixed_precision"),
-                  model_limit(program))
+                  model_limit(program), tuple(program.metadata.get("cascades") or ()))
 
 
 def model_limit(program: Program) -> dict:

@@ -30,6 +30,8 @@ from stagec.sim.energy import energy_pj
 from ..codegen.vector import LayoutViews, VectorNest, vector_jobs
 from ..graph.graph_ir import OpKind
 from .buffers import NO_EXTRAS, Extras, epilogue_extras
+from .cascade import Cascade
+from .cascade_map import choose_cascades
 from .layout import Layout
 from .nest import (
     MATRIX,
@@ -397,27 +399,41 @@ class Tiling:
 
 @dataclass(frozen=True)
 class Schedule:
-    """The tiling of every node that emits instructions, in program order."""
+    """The tiling of every node that emits instructions, in program order, and the cascades
+    (lower.schedule.cascade) some of them run in, whose members' tilings are the cascade's."""
 
     tilings: tuple[tuple[str, Tiling], ...]
+    cascades: tuple[Cascade, ...] = ()
 
     @functools.cached_property
     def _by_name(self) -> dict[str, Tiling]:
         return dict(self.tilings)
 
+    @functools.cached_property
+    def _cascade_of(self) -> dict[str, Cascade]:
+        return {name: c for c in self.cascades for name in c.layers}
+
     def __getitem__(self, name: str) -> Tiling:
         return self._by_name[name]
 
+    def cascade_of(self, name: str) -> Cascade | None:
+        """The cascade layer `name` runs in, or None."""
+        return self._cascade_of.get(name)
+
     def __str__(self) -> str:
-        return "schedule {\n" + "\n".join(f"  {line}" for name, t in self.tilings for line in t.lines(name)) + "\n}"
+        lines = [f"  {line}" for name, t in self.tilings for line in t.lines(name)]
+        return "schedule {\n" + "\n".join(lines + [f"  {c}" for c in self.cascades]) + "\n}"
 
 
 def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | None = None,
-                  objective: str = "latency") -> Schedule:
+                  objective: str = "latency", fuse_layers: bool = True) -> Schedule:
     """The tiling of every node that emits instructions (lower.schedule.layout: a view op only where it
     copies): `mappings[node name]` where given (a TileMapping, for each of the node's nests, or a
-    sequence of one per nest; checked to fit), else the default mapper's for `objective`."""
+    sequence of one per nest; checked to fit), else the default mapper's for `objective`; with
+    `fuse_layers`, the cascades that lower `objective` (lower.schedule.cascade_map) among the layers
+    the caller did not map."""
     mappings = dict(mappings or {})
+    given = frozenset(mappings)
     views = LayoutViews(layout)
     out = []
     for node in graph.nodes:
@@ -434,4 +450,12 @@ def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | No
     if mappings:
         raise InputError(f"mappings for layers the schedule does not have: {sorted(mappings)} (the schedule dump "
                          f"names every layer it tiles)")
-    return Schedule(tuple(out))
+    if not fuse_layers:
+        return Schedule(tuple(out))
+    tilings = dict(out)
+    emitted = [node for node in graph.nodes if layout.emits(node)]
+    cascades = choose_cascades(graph, emitted, tilings, hw, objective, given)
+    for c in cascades:
+        for name, m in zip(c.layers, c.mappings, strict=True):
+            tilings[name] = Tiling(tilings[name].nests, (m,))
+    return Schedule(tuple((name, tilings[name]) for name, _ in out), tuple(cascades))

@@ -1,0 +1,147 @@
+"""Which layers run as cascades (lower.schedule.cascade), and their tiles: decided by the cost.
+
+A chain is a run of consecutive emitted pointwise layers (`member`), each one's result read by the
+next alone (not a graph output, no other reader).  Each segment of a chain of up to MAX_MEMBERS
+layers gets its best cascade tiling (`map_cascade`: a grid of spatial tiles crossed with each
+member's output-channel tile and weight residency, what fits the scratchpad and accumulator,
+ranked by compile's objective of the cascade's cost); a chain is then cut into the segments of
+least total objective, a segment of one layer being the layer as the default mapper tiled it.
+A cascade that does not fit, or costs more, is thus split, never emitted illegally.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from stagec.isa.instructions import MAX_COUNT
+from stagec.sim.energy import ActionCounts, energy_pj
+
+from ..graph.graph_ir import OpKind
+from .cascade import MAX_MEMBERS, Cascade, cascade_cost
+from .nest import Exact, LayerShape, TileMapping
+from .nest_cost import nest_cost
+from .tensors import DTYPE_OF
+
+FUSED_DTYPES = ("float32", "int8")   # intermediates the scratchpad holds as the next layer reads them
+
+
+def member(node, graph) -> bool:
+    """Whether a node can be a cascade's member: a matrix-unit matmul of constant weights and no batch,
+    or a 1x1 convolution of stride 1, no padding, one group, on float32 or int8 operands."""
+    from .mapper import node_problem  # the mapper imports this module
+    found = node_problem(node)
+    if found is None or found.kind != "matrix" or node.inputs[0].dtype not in FUSED_DTYPES:
+        return False
+    p = found.problem
+    if node.op == OpKind.MATMUL:
+        return math.prod(node.output.shape[:-2]) == 1 and node.inputs[1].id in graph.constants
+    return (node.op == OpKind.CONV and (p.kh, p.kw, p.stride, p.dilation) == (1, 1, (1, 1), (1, 1))
+            and p.padding == ((0, 0), (0, 0)) and node.attr("groups") == 1)
+
+
+def chains(graph, emitted: list, excluded) -> list[list]:
+    """Maximal runs of consecutive emitted members, each one's output read by the next alone."""
+    uses = graph.consumers()
+    outputs = {v.id for v in graph.outputs}
+    runs, run = [], []
+    for node in emitted:
+        ok = member(node, graph) and node.name not in excluded
+        linked = (ok and run and node.inputs[0].id == run[-1].output.id and len(uses[run[-1].output.id]) == 1
+                  and run[-1].output.id not in outputs and node.inputs[0].dtype == run[-1].output.dtype
+                  and _spatial(run[-1]) == _spatial(node))
+        if linked:
+            run.append(node)
+            continue
+        if len(run) > 1:
+            runs.append(run)
+        run = [node] if ok else []
+    return runs + ([run] if len(run) > 1 else [])
+
+
+def _spatial(node):
+    from .mapper import node_problem
+    p = node_problem(node).problem
+    return p.n, p.oh, p.ow
+
+
+def _options(dim: int, cols: int) -> np.ndarray:
+    """Output-channel tiles a member may take: the whole dim, multiples of the array's columns."""
+    from .mapper import _sizes
+    sizes = _sizes(dim)
+    return sizes[(sizes == dim) | (sizes % cols == 0)]
+
+
+def _charged(cycles, instructions, actions: ActionCounts, hw, objective: str):
+    from .mapper import INSTRUCTION_CHARGE, objective_of
+    charged = cycles + INSTRUCTION_CHARGE * instructions
+    energy = sum(energy_pj(actions, charged, hw).values())
+    return charged, energy, objective_of(charged, energy, objective)
+
+
+def map_cascade(nests, hw, objective: str):
+    """The cheapest cascade tiling of members `nests` (the mapper's ConvNests): (spatial tile, member
+    mappings, charged cycles, energy, objective), or None when no tiling fits."""
+    from .mapper import _sizes
+    Ls = [LayerShape.of(nest.kind, nest.problem, nest.extras) for nest in nests]
+    if max(L.c for L in Ls) > MAX_COUNT:
+        return None
+    axes = [_sizes(Ls[0].oh), _sizes(Ls[0].ow)]
+    for L in Ls:
+        axes += [_options(L.o, hw.array_cols), np.array([1, 0])]
+    grid = [np.asarray(a).reshape([1] * i + [-1] + [1] * (len(axes) - 1 - i)) for i, a in enumerate(axes)]
+    th, tw = grid[0], grid[1]
+    # a member's channel tiles are the last one's output-channel tiles (lower.schedule.cascade)
+    ms = [TileMapping(th, tw, grid[2 + 2 * i], grid[2 * i] if i else L.c, 1, grid[3 + 2 * i], 0, 0, 0)
+          for i, L in enumerate(Ls)]
+    cost = cascade_cost(Ls, ms, hw, Exact)
+    charged, energy, value = _charged(cost.cycles, cost.instructions, cost.actions, hw, objective)
+    shape = np.broadcast_shapes(*(np.shape(g) for g in grid))
+    fit = np.broadcast_to((cost.spad_bytes <= hw.scratchpad_bytes) & (cost.acc_bytes <= hw.accumulator_bytes), shape)
+    if not fit.any():
+        return None
+    value = np.where(fit, np.broadcast_to(value, shape), np.inf)
+    at = np.unravel_index(int(np.argmin(value)), shape)
+    pick = [int(axes[i][at[i]]) for i in range(len(axes))]
+    mappings = tuple(TileMapping(pick[0], pick[1], pick[2 + 2 * i], pick[2 * i] if i else L.c, True,
+                                 bool(pick[3 + 2 * i])) for i, L in enumerate(Ls))
+    return ((pick[0], pick[1]), mappings, float(np.broadcast_to(charged, shape)[at]),
+            float(np.broadcast_to(energy, shape)[at]), float(value[at]))
+
+
+def layer_cost(nest, m: TileMapping, hw, objective: str):
+    """(charged cycles, energy, objective) of a layer run alone as the default mapper tiled it."""
+    L = LayerShape.of(nest.kind, nest.problem, nest.extras)
+    cost = nest_cost(L, m, hw, Exact)
+    return _charged(cost.cycles, cost.instructions, cost.actions, hw, objective)
+
+
+def saved_bytes(nodes) -> int:
+    """DRAM bytes the intermediates of a cascade of `nodes` would move layer by layer: a STORE and a LOAD."""
+    return sum(2 * math.prod(n.output.shape) * DTYPE_OF[n.output.dtype].itemsize for n in nodes[:-1])
+
+
+def choose_cascades(graph, emitted: list, tilings: dict, hw, objective: str, excluded) -> list[Cascade]:
+    """The cascades of least objective over every chain (module doc); `tilings`: node name -> the
+    default mapper's Tiling, `excluded`: layers the caller mapped.  Each prefix of a chain keeps its
+    cheapest cut by the objective of its summed cycles and energy (EDP is not a sum over segments)."""
+    from .mapper import objective_of
+    found = []
+    for run in chains(graph, emitted, excluded):
+        nests = [tilings[node.name].nests[0] for node in run]
+        alone = [layer_cost(nest, tilings[node.name].mapping, hw, objective)[:2]
+                 for nest, node in zip(nests, run, strict=True)]
+        best = [(0.0, 0.0, [])]          # best[j]: (cycles, energy, cascades) of run[:j]
+        for j in range(1, len(run) + 1):
+            cycles, energy, cut = best[j - 1]
+            options = [(cycles + alone[j - 1][0], energy + alone[j - 1][1], cut)]
+            for i in range(max(0, j - MAX_MEMBERS), j - 1):
+                mapped = map_cascade(nests[i:j], hw, objective)
+                if mapped is not None:
+                    tile, mappings, c, e, _ = mapped
+                    cascade = Cascade(tuple(n.name for n in run[i:j]), tile, mappings, saved_bytes(run[i:j]))
+                    options.append((best[i][0] + c, best[i][1] + e, best[i][2] + [cascade]))
+            best.append(min(options, key=lambda o: objective_of(o[0], o[1], objective)))
+        found += best[-1][2]
+    return found
