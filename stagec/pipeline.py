@@ -273,8 +273,9 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("dce", GraphPass(dce)),
     # scalar elementwise ops before a reshape -> after it, to fuse
     Stage("sink_reshapes", GraphPass(sink_reshapes, fusion=True)),
-    # elementwise chains -> one node
-    Stage("fuse_elementwise", GraphPass(fuse_elementwise, fusion=True)),
+    # elementwise chains -> one node; one that reads a reshape alone (a GELU reads its input several times, so
+    # its pieces could not sink one by one) then sinks before it, to fuse into the reshaped value's producer
+    Stage("fuse_elementwise", GraphPass(lambda g: sink_reshapes(fuse_elementwise(g)), fusion=True)),
     # matmul(x * row scale, b) -> matmul(x, b) * row scale
     Stage("defer_row_scale", GraphPass(defer_row_scale, fusion=True)),
     # bias/activation/residual -> the conv/matmul's accumulator tile

@@ -41,16 +41,29 @@ def member(node, graph) -> bool:
             and p.padding == ((0, 0), (0, 0)) and node.attr("groups") == 1)
 
 
-def chains(graph, emitted: list, excluded) -> list[list]:
-    """Maximal runs of consecutive emitted members, each one's output read by the next alone."""
-    uses = graph.consumers()
+def chains(graph, layout, excluded) -> list[list]:
+    """Maximal runs of consecutive emitted members, each one's output read by the next alone (through
+    reshapes that are views, lower.schedule.layout, read by nothing else)."""
+    uses, producer = graph.consumers(), graph.producer()
     outputs = {v.id for v in graph.outputs}
+
+    def alone(v) -> bool:
+        return len(uses.get(v.id, ())) == 1 and v.id not in outputs
+
+    def source(v):
+        """The value `v` views, through single-use reshapes that emit nothing."""
+        p = producer.get(v.id)
+        while p is not None and p.op == OpKind.RESHAPE and not layout.emits(p) and alone(p.inputs[0]):
+            v = p.inputs[0]
+            p = producer.get(v.id)
+        return v
+
     runs, run = [], []
-    for node in emitted:
+    for node in (n for n in graph.nodes if layout.emits(n)):
         ok = member(node, graph) and node.name not in excluded
-        linked = (ok and run and node.inputs[0].id == run[-1].output.id and len(uses[run[-1].output.id]) == 1
-                  and run[-1].output.id not in outputs and node.inputs[0].dtype == run[-1].output.dtype
-                  and _spatial(run[-1]) == _spatial(node))
+        last = run[-1].output if run else None
+        linked = (ok and run and alone(node.inputs[0]) and source(node.inputs[0]).id == last.id and alone(last)
+                  and node.inputs[0].dtype == last.dtype and _spatial(run[-1]) == _spatial(node))
         if linked:
             run.append(node)
             continue
@@ -122,13 +135,13 @@ def saved_bytes(nodes) -> int:
     return sum(2 * math.prod(n.output.shape) * DTYPE_OF[n.output.dtype].itemsize for n in nodes[:-1])
 
 
-def choose_cascades(graph, emitted: list, tilings: dict, hw, objective: str, excluded) -> list[Cascade]:
+def choose_cascades(graph, layout, tilings: dict, hw, objective: str, excluded) -> list[Cascade]:
     """The cascades of least objective over every chain (module doc); `tilings`: node name -> the
     default mapper's Tiling, `excluded`: layers the caller mapped.  Each prefix of a chain keeps its
     cheapest cut by the objective of its summed cycles and energy (EDP is not a sum over segments)."""
     from .mapper import objective_of
     found = []
-    for run in chains(graph, emitted, excluded):
+    for run in chains(graph, layout, excluded):
         nests = [tilings[node.name].nests[0] for node in run]
         alone = [layer_cost(nest, tilings[node.name].mapping, hw, objective)[:2]
                  for nest, node in zip(nests, run, strict=True)]

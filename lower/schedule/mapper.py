@@ -453,8 +453,7 @@ def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | No
     if not fuse_layers:
         return Schedule(tuple(out))
     tilings = dict(out)
-    emitted = [node for node in graph.nodes if layout.emits(node)]
-    cascades = choose_cascades(graph, emitted, tilings, hw, objective, given)
+    cascades = choose_cascades(graph, layout, tilings, hw, objective, given)
     for c in cascades:
         for name, m in zip(c.layers, c.mappings, strict=True):
             tilings[name] = Tiling(tilings[name].nests, (m,))
