@@ -161,3 +161,31 @@ def test_bert_feed_forward_blocks_run_as_cascades():
     y, _ = stagec.simulate(program, *args, **kwargs)
     y_alone, _ = stagec.simulate(unfused, *args, **kwargs)
     assert rel_err(y.last_hidden_state, y_alone.last_hidden_state) <= 1e-5
+
+
+def test_the_cascade_cost_is_written_over_the_nest_namespace():
+    """cascade_cost over jax.numpy (costmodel.smooth.Relaxed) at temperature 0 is the exact cost, and
+    at a positive temperature it has a gradient in the tile sizes: what the differentiable cost
+    model and the tuner will take up."""
+    import jax
+    import jax.numpy as jnp
+
+    from stagec.costmodel.smooth import Relaxed
+    model, x = pointwise()
+    c = run(PIPELINE, Compilation(Request(model, (x,))))
+    (cascade,) = c.schedule.cascades
+    shapes = [LayerShape.of(*c.schedule[name].nests[0]) for name in cascade.layers]
+    hw = c.request.hw
+    exact = cascade_cost(shapes, list(cascade.mappings), hw, Exact)
+    relaxed = cascade_cost(shapes, list(cascade.mappings), hw, Relaxed(0.0))
+    assert float(relaxed.cycles) == pytest.approx(float(exact.cycles), rel=1e-6)
+    assert float(relaxed.actions.dram_read_bytes) == pytest.approx(float(exact.actions.dram_read_bytes))
+
+    def cycles(rows):
+        ms = [m.__class__(rows, jnp.float32(m.tile_ow), *(getattr(m, f) for f in ("tile_o", "tile_c",
+              "double_buffer", "weights_resident", "single_acc", "transposed", "stacked")))
+              for m in cascade.mappings]
+        return cascade_cost(shapes, ms, hw, Relaxed(0.1)).cycles
+
+    grad = jax.grad(cycles)(jnp.float32(cascade.tile[0]))
+    assert np.isfinite(float(grad)) and float(grad) != 0.0
