@@ -85,7 +85,7 @@ def test_a_cascade_that_does_not_fit_is_split():
     model, x = ffn()
     hw = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=8 * 1024, accumulator_bytes=16 * 1024)
     c = schedule_of(model, x, hw)
-    (chain,) = cascade_map.chains(c.graph, c.layout, ())
+    (chain,) = cascade_map.chains(c.graph, c.layout, dict(c.schedule.tilings), ())
     assert cascade_map.map_cascade([c.schedule[n.name].nests[0] for n in chain], hw, "edp") is None
     assert c.schedule.cascades == ()
     program, y, _ = simulated(model, x, hw=hw)
@@ -113,6 +113,7 @@ def test_the_cascade_cost_predicts_the_simulator(kind, hw):
     model, x = KINDS[kind]()
     c = run(PIPELINE, Compilation(Request(model, (x,), hw=hw)))
     (cascade,) = c.schedule.cascades
+    assert f"  {cascade}\n" in str(c.schedule)       # the schedule dump shows it
     shapes = [LayerShape.of(*c.schedule[name].nests[0]) for name in cascade.layers]
     cost = cascade_cost(shapes, list(cascade.mappings), hw, Exact)
     report = make_report(c.program)

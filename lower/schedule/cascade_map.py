@@ -22,26 +22,26 @@ from ..graph.graph_ir import OpKind
 from .cascade import MAX_MEMBERS, Cascade, cascade_cost
 from .nest import Exact, LayerShape, TileMapping
 from .nest_cost import nest_cost
+from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
 from .tensors import DTYPE_OF
 
 FUSED_DTYPES = ("float32", "int8")   # intermediates the scratchpad holds as the next layer reads them
 
 
-def member(node, graph) -> bool:
-    """Whether a node can be a cascade's member: a matrix-unit matmul of constant weights and no batch,
-    or a 1x1 convolution of stride 1, no padding, one group, on float32 or int8 operands."""
-    from .mapper import node_problem  # the mapper imports this module
-    found = node_problem(node)
-    if found is None or found.kind != "matrix" or node.inputs[0].dtype not in FUSED_DTYPES:
+def member(node, graph, nest) -> bool:
+    """Whether a node (its first nest `nest`, the mapper's) can be a cascade's member: a matrix-unit
+    matmul of constant weights and no batch, or a 1x1 convolution of stride 1, no padding, one group,
+    on float32 or int8 operands."""
+    if getattr(nest, "kind", None) != "matrix" or node.inputs[0].dtype not in FUSED_DTYPES:
         return False
-    p = found.problem
+    p = nest.problem
     if node.op == OpKind.MATMUL:
         return math.prod(node.output.shape[:-2]) == 1 and node.inputs[1].id in graph.constants
     return (node.op == OpKind.CONV and (p.kh, p.kw, p.stride, p.dilation) == (1, 1, (1, 1), (1, 1))
             and p.padding == ((0, 0), (0, 0)) and node.attr("groups") == 1)
 
 
-def chains(graph, layout, excluded) -> list[list]:
+def chains(graph, layout, tilings: dict, excluded) -> list[list]:
     """Maximal runs of consecutive emitted members, each one's output read by the next alone (through
     reshapes that are views, lower.schedule.layout, read by nothing else)."""
     uses, producer = graph.consumers(), graph.producer()
@@ -58,12 +58,16 @@ def chains(graph, layout, excluded) -> list[list]:
             p = producer.get(v.id)
         return v
 
+    def spatial(node):
+        p = tilings[node.name].nests[0].problem
+        return p.n, p.oh, p.ow
+
     runs, run = [], []
     for node in (n for n in graph.nodes if layout.emits(n)):
-        ok = member(node, graph) and node.name not in excluded
+        ok = member(node, graph, tilings[node.name].nests[0]) and node.name not in excluded
         last = run[-1].output if run else None
         linked = (ok and run and alone(node.inputs[0]) and source(node.inputs[0]).id == last.id and alone(last)
-                  and node.inputs[0].dtype == last.dtype and _spatial(run[-1]) == _spatial(node))
+                  and node.inputs[0].dtype == last.dtype and spatial(run[-1]) == spatial(node))
         if linked:
             run.append(node)
             continue
@@ -73,21 +77,13 @@ def chains(graph, layout, excluded) -> list[list]:
     return runs + ([run] if len(run) > 1 else [])
 
 
-def _spatial(node):
-    from .mapper import node_problem
-    p = node_problem(node).problem
-    return p.n, p.oh, p.ow
-
-
 def _options(dim: int, cols: int) -> np.ndarray:
     """Output-channel tiles a member may take: the whole dim, multiples of the array's columns."""
-    from .mapper import _sizes
-    sizes = _sizes(dim)
+    sizes = tile_sizes(dim)
     return sizes[(sizes == dim) | (sizes % cols == 0)]
 
 
 def _charged(cycles, instructions, actions: ActionCounts, hw, objective: str):
-    from .mapper import INSTRUCTION_CHARGE, objective_of
     charged = cycles + INSTRUCTION_CHARGE * instructions
     energy = sum(energy_pj(actions, charged, hw).values())
     return charged, energy, objective_of(charged, energy, objective)
@@ -96,11 +92,10 @@ def _charged(cycles, instructions, actions: ActionCounts, hw, objective: str):
 def map_cascade(nests, hw, objective: str):
     """The cheapest cascade tiling of members `nests` (the mapper's ConvNests): (spatial tile, member
     mappings, charged cycles, energy, objective), or None when no tiling fits."""
-    from .mapper import _sizes
     Ls = [LayerShape.of(nest.kind, nest.problem, nest.extras) for nest in nests]
     if max(L.c for L in Ls) > MAX_COUNT:
         return None
-    axes = [_sizes(Ls[0].oh), _sizes(Ls[0].ow)]
+    axes = [tile_sizes(Ls[0].oh), tile_sizes(Ls[0].ow)]
     for L in Ls:
         axes += [_options(L.o, hw.array_cols), np.array([1, 0])]
     grid = [np.asarray(a).reshape([1] * i + [-1] + [1] * (len(axes) - 1 - i)) for i, a in enumerate(axes)]
@@ -139,9 +134,8 @@ def choose_cascades(graph, layout, tilings: dict, hw, objective: str, excluded) 
     """The cascades of least objective over every chain (module doc); `tilings`: node name -> the
     default mapper's Tiling, `excluded`: layers the caller mapped.  Each prefix of a chain keeps its
     cheapest cut by the objective of its summed cycles and energy (EDP is not a sum over segments)."""
-    from .mapper import objective_of
     found = []
-    for run in chains(graph, layout, excluded):
+    for run in chains(graph, layout, tilings, excluded):
         nests = [tilings[node.name].nests[0] for node in run]
         alone = [layer_cost(nest, tilings[node.name].mapping, hw, objective)[:2]
                  for nest, node in zip(nests, run, strict=True)]

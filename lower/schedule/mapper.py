@@ -46,20 +46,10 @@ from .nest import (
 from .nest_cost import bound, dma_cycles, nest_cost
 from .nest_work import footprint as nest_footprint
 from .nest_work import matmul_k
+from .search import INSTRUCTION_CHARGE, OBJECTIVES, objective_of, tile_sizes
 from .tensors import DTYPE_OF
 
-OBJECTIVES = ("latency", "energy", "edp")   # what the default mapper may minimize (objective_of)
-INSTRUCTION_CHARGE = 32.0  # cycles the mappers charge an instruction: what the nest latency leaves out, and size
 FIRST_COMPOSED = 256       # candidates map_nest composes the latency of before it prunes by the bound
-
-
-def _sizes(dim: int, cap: int = MAX_COUNT) -> np.ndarray:
-    """Candidate tile sizes along one dim: powers of two, the whole dim, and balanced splits, none
-    above `cap` (an instruction's iteration counts are 16-bit)."""
-    cands = {dim} | {1 << k for k in range(dim.bit_length()) if 1 << k <= dim}
-    cands |= {-(-dim // k) for k in range(2, 9)}
-    cands = {c for c in cands if c <= cap} or {cap}
-    return np.array(sorted(cands), np.int64)
 
 
 def _axes(*values) -> TileMapping:
@@ -73,7 +63,8 @@ def candidates(L: LayerShape) -> tuple[TileMapping, np.ndarray]:
     exists), and which of its points are candidates: no conflicting switches, a MATMUL's k within
     its 16-bit count."""
     fold = L.kw if L.dilation_w == 1 else 1   # MATMUL's k covers a kernel row: kw * tc <= the count limit
-    m = _axes(_sizes(L.oh), _sizes(L.ow), _sizes(L.o), _sizes(L.c, MAX_COUNT // fold) if L.kind == MATRIX else [1],
+    m = _axes(tile_sizes(L.oh), tile_sizes(L.ow), tile_sizes(L.o),
+              tile_sizes(L.c, MAX_COUNT // fold) if L.kind == MATRIX else [1],
               *(s.grid if s.exists(L) else (0,) for s in SWITCHES))
     # a single accumulator tile is a double-buffered nest's choice; resident weights, one channel tile
     ok = ~conflicts(m, L) & ((m.single_acc == 0) | (m.double_buffer == 1))
@@ -171,17 +162,6 @@ def map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS, la
     return found if with_cost else found[0]
 
 
-def objective_of(cycles, energy_pj, objective: str):
-    """The scalar a mapper or tuner minimizes: cycles, energy (pJ) or their product (EDP)."""
-    if objective == "latency":
-        return cycles
-    if objective == "energy":
-        return energy_pj
-    if objective == "edp":
-        return cycles * energy_pj
-    raise InputError(f"unknown objective {objective!r}; expected one of {OBJECTIVES}")
-
-
 @functools.lru_cache(maxsize=4096)
 def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras, objective: str):
     """map_nest's search, once per problem, config, epilogue and objective (networks repeat their layer
@@ -247,7 +227,7 @@ def map_vector(nest: VectorNest, hw: HardwareConfig, layer: str = "vector") -> T
     DRAM channel and vector unit, plus one tile's load, passes and store (the pipeline's fill and
     drain), so a tensor is cut into enough tiles to overlap, plus a charge per instruction (compile
     time, and issue); long innermost runs break ties (DMA bursts)."""
-    m = _axes(*(_sizes(d) for d in nest.space), [1],
+    m = _axes(*(tile_sizes(d) for d in nest.space), [1],
               *(s.grid if s.name in VECTOR_SWITCHES else (0,) for s in SWITCHES))
     spad, acc, cost = _vector_estimate(nest, m, hw)
     grid = _Candidates(ConvProblem(1, 1, 1, 1, 1), m, True, spad, acc, cost)
