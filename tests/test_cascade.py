@@ -16,6 +16,7 @@ from stagec.lower.schedule.cascade import MAX_MEMBERS, cascade_cost
 from stagec.lower.schedule.nest import Exact, LayerShape
 from stagec.pipeline import PIPELINE, Compilation, Request, run
 from stagec.report import make_report
+from stagec.sim.energy import energy_pj
 
 SMALL = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=128 * 1024, accumulator_bytes=32 * 1024,
                        dma_bandwidth_bytes_per_cycle=4.0)
@@ -107,8 +108,9 @@ def test_a_long_chain_is_cut_into_cascades_of_at_most_max_members():
 @pytest.mark.parametrize(("kind", "hw"), [("ffn", HardwareConfig()), ("pointwise", HardwareConfig()),
                                            ("pointwise", SMALL)], ids=["ffn", "pointwise", "pointwise-small"])
 def test_the_cascade_cost_predicts_the_simulator(kind, hw):
-    """The cost the mapper ranks a cascade by: its DRAM bytes and instructions are the program's, its
-    cycles within 15% of the timed simulation (the program is the cascade alone).  (On SMALL the FFN's
+    """The cost the mapper ranks a cascade by: its DRAM bytes, instructions and vector ops are the
+    program's, its cycles within 15% of the timed simulation, its energy (over the simulated cycles)
+    within 2% (the program is the cascade alone).  (On SMALL the FFN's
     weights do not both stay resident, and the mapper keeps its layers apart.)"""
     model, x = KINDS[kind]()
     c = run(PIPELINE, Compilation(Request(model, (x,), hw=hw)))
@@ -121,6 +123,9 @@ def test_the_cascade_cost_predicts_the_simulator(kind, hw):
     assert cost.actions.dram_write_bytes == report.actions.dram_write_bytes
     assert cost.instructions == len(c.program)
     assert cost.cycles == pytest.approx(report.cycles, rel=0.15)
+    assert cost.actions.vector_ops == report.actions.vector_ops
+    energy = sum(energy_pj(cost.actions, report.cycles, hw).values())
+    assert energy == pytest.approx(sum(report.energy_pj.values()), rel=0.02)
     spad, acc = c.program.metadata["local_peak_bytes"][cascade.layers[0]]
     assert (spad, acc) == (cost.spad_bytes, cost.acc_bytes)
 

@@ -133,8 +133,10 @@ def cascade_cost(Ls, ms, hw, ops) -> CascadeCost:
 def _member_actions(L: LayerShape, m: TileMapping, w, hw, ops, reads_intermediate, writes_intermediate,
                     copy) -> dict:
     """A member's actions as its own nest's, less the intermediate's DRAM LOAD (and the scratchpad write
-    it makes) and STORE, plus the COPY that writes the intermediate (its vector ops, the bytes it
-    reads from the accumulator and writes to the scratchpad)."""
+    it makes) and STORE; the intermediate written to the scratchpad, by a COPY out of the accumulator
+    (in the STORE's place: its vector ops) or by the epilogue's last step (which then writes no
+    accumulator, and no STORE reads it).  (An epilogue with temporaries moves some more bytes between
+    the two memories than this counts: a GELU's, about 3 intermediates' worth each way.)"""
     a = actions(L, m, w, hw, ops, MATRIX).to_dict()
     out = L.n * L.oh * L.ow * L.o
     stored = w.store[1]
@@ -143,4 +145,7 @@ def _member_actions(L: LayerShape, m: TileMapping, w, hw, ops, reads_intermediat
                                    + writes_intermediate * stored)
     a["dram_write_bytes"] = a["dram_write_bytes"] - writes_intermediate * stored
     a["vector_ops"] = a["vector_ops"] + writes_intermediate * copy * out
+    direct = writes_intermediate * (1 - copy) * stored
+    a["accumulator_read_bytes"] = a["accumulator_read_bytes"] - direct
+    a["accumulator_write_bytes"] = a["accumulator_write_bytes"] - direct
     return a
