@@ -37,7 +37,15 @@ def pointwise(seed=0):
     return model, torch.randn(1, 16, 28, 28)
 
 
-KINDS = {"ffn": ffn, "pointwise": pointwise}
+def inverted(seed=0):
+    """An inverted residual block's tail: a depthwise 3x3 (ReLU6), then the 1x1 projection."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Conv2d(96, 96, 3, padding=1, groups=96), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(96, 24, 1)).eval()
+    return model, torch.randn(1, 96, 28, 28)
+
+
+KINDS = {"ffn": ffn, "pointwise": pointwise, "inverted": inverted}
 
 
 def simulated(model, x, **options):
@@ -67,7 +75,7 @@ def test_cascade_matches_pytorch_and_the_unfused_program(kind):
     assert f"cascade {' -> '.join(cascade['layers'])}" in report.summary()
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("kind", ["ffn", "pointwise"])    # an int8 depthwise conv leads no cascade
 def test_int8_cascades_equal_the_unfused_program_bit_for_bit(kind):
     model, x = KINDS[kind]()
     fused, y, _ = simulated(model, x, quantize="int8")
@@ -106,7 +114,8 @@ def test_a_long_chain_is_cut_into_cascades_of_at_most_max_members():
 
 
 @pytest.mark.parametrize(("kind", "hw"), [("ffn", HardwareConfig()), ("pointwise", HardwareConfig()),
-                                           ("pointwise", SMALL)], ids=["ffn", "pointwise", "pointwise-small"])
+                                           ("pointwise", SMALL), ("inverted", HardwareConfig()), ("inverted", SMALL)],
+                         ids=["ffn", "pointwise", "pointwise-small", "inverted", "inverted-small"])
 def test_the_cascade_cost_predicts_the_simulator(kind, hw):
     """The cost the mapper ranks a cascade by: its DRAM bytes, instructions and vector ops are the
     program's, its cycles within 15% of the timed simulation, its energy (over the simulated cycles)
@@ -195,3 +204,20 @@ def test_the_cascade_cost_is_written_over_the_nest_namespace():
 
     grad = jax.grad(cycles)(jnp.float32(cascade.tile[0]))
     assert np.isfinite(float(grad)) and float(grad) != 0.0
+
+
+def test_mobilenet_v2_runs_its_depthwise_and_projection_convs_as_cascades():
+    """The zoo's reduced MobileNetV2 (TF-style padding: a pad before every conv, of nothing before a 1x1
+    one, which is its input itself): each block's depthwise 3x3 -> 1x1 projection is a cascade, and
+    the logits are the layer-by-layer program's."""
+    from stagec import zoo
+    model, args, kwargs = zoo.build("mobilenet_v2", reduced=True)
+    program = stagec.compile(model, args, kwargs=kwargs)
+    unfused = stagec.compile(model, args, kwargs=kwargs, fuse_layers=False)
+    assert not any(layer.op == "pad" and "1x1" in layer.name for layer in program.layers)
+    cascades = program.metadata["cascades"]
+    assert sum("conv_3x3" in c["layers"][0] and "reduce_1x1" in c["layers"][1] for c in cascades) >= 10
+    y, _ = stagec.simulate(program, *args, **kwargs)
+    y_alone, _ = stagec.simulate(unfused, *args, **kwargs)
+    assert rel_err(y.logits, y_alone.logits) <= 1e-5
+    assert rel_err(y.logits, model(*args, **kwargs).logits.detach().numpy()) < 1e-5

@@ -19,6 +19,7 @@ from ..schedule.cascade import cascade_buffers, member_buffers
 from ..schedule.nest import ConvProblem, LayerShape, TileMapping, tiles
 from ..schedule.tensors import DramTensor, local_type
 from .matrix import OUT_AXES, _ConvNest
+from .window import WindowNest
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Member:
 
     layer: int
     name: str
+    kind: str                   # the nest's: "matrix", or "depthwise" (a cascade's first member alone)
     problem: ConvProblem
     mapping: TileMapping
     x: DramTensor
@@ -38,7 +40,7 @@ class Member:
 
 
 def emit_cascade(em, members: list[Member], fill) -> None:
-    Ls = [LayerShape.of("matrix", mb.problem, mb.epilogue.extras if mb.epilogue else ()) for mb in members]
+    Ls = [LayerShape.of(mb.kind, mb.problem, mb.epilogue.extras if mb.epilogue else ()) for mb in members]
     ms = [mb.mapping for mb in members]
     em.layer, em.layer_name = members[0].layer, members[0].name
     bases = em.allocate(cascade_buffers(Ls, ms, np))
@@ -47,7 +49,10 @@ def emit_cascade(em, members: list[Member], fill) -> None:
         em.layer, em.layer_name = mb.layer, mb.name
         own = {b.name: bases[f"{i}:{b.name}"] for b in bufs}
         inter.append(own.pop("intermediate", None))
-        nest = _ConvNest(em, mb.problem, mb.mapping, mb.x if i == 0 else None, mb.w, mb.epilogue, fill, own)
+        if mb.kind == "depthwise":
+            nest = WindowNest(em, "depthwise", mb.problem, mb.mapping, mb.x, mb.w, mb.epilogue, fill, own)
+        else:
+            nest = _ConvNest(em, mb.problem, mb.mapping, mb.x if i == 0 else None, mb.w, mb.epilogue, fill, own)
         nests.append(nest)
         epis.append(nest.start(mb.extras))
     first, last = members[0], members[-1]

@@ -143,11 +143,14 @@ def lower_vector(ctx: LowerContext, node: Node) -> None:
 
 
 def _member(ctx: LowerContext, node: Node, layer: int) -> Member:
-    """A cascade member (lower.codegen.cascade): a pointwise CONV or a MATMUL of no batch, as conv views."""
-    _, p, _ = node_problem(node)
+    """A cascade member (lower.codegen.cascade): a pointwise or depthwise CONV or a MATMUL of no batch, as
+    conv views."""
+    kind, p, _ = node_problem(node)
     x, out = ctx.tensor(node.inputs[0]), ctx.tensor(node.output)
     extras = _extras(ctx, node, 2, node.output.shape)
-    if node.op == OpKind.MATMUL:
+    if kind == "depthwise":
+        w = ctx.weights(node.inputs[1], (1, 2, 3, 0))     # [KH, KW, C], as lower_conv has them
+    elif node.op == OpKind.MATMUL:
         def pick(t):
             for _ in node.output.shape[:-2]:
                 t = t.select(0, 0)
@@ -157,7 +160,8 @@ def _member(ctx: LowerContext, node: Node, layer: int) -> Member:
         extras = [as_conv(pick(e), "x") for e in extras]
     else:
         w = ctx.weights(node.inputs[1], (2, 3, 1, 0))
-    return Member(layer, node.name, p, ctx.schedule[node.name].mapping, x, w, out, epilogue_layout(node), extras)
+    return Member(layer, node.name, kind, p, ctx.schedule[node.name].mapping, x, w, out, epilogue_layout(node),
+                  extras)
 
 
 # --- the driver -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..graph.graph_ir import OpKind
 from .cascade import MAX_MEMBERS, Cascade, cascade_cost
-from .nest import Exact, LayerShape, TileMapping
+from .nest import MATRIX, Exact, LayerShape, TileMapping
 from .nest_cost import nest_cost
 from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
 from .tensors import DTYPE_OF
@@ -31,8 +31,11 @@ FUSED_DTYPES = ("float32", "int8")   # intermediates the scratchpad holds as the
 def member(node, graph, nest) -> bool:
     """Whether a node (its first nest `nest`, the mapper's) can be a cascade's member: a matrix-unit
     matmul of constant weights and no batch, or a 1x1 convolution of stride 1, no padding, one group,
-    on float32 or int8 operands."""
-    if getattr(nest, "kind", None) != "matrix" or node.inputs[0].dtype not in FUSED_DTYPES:
+    on float32 or int8 operands; or, to lead one, a float32 depthwise convolution."""
+    kind = getattr(nest, "kind", None)
+    if kind == "depthwise":
+        return node.inputs[0].dtype == "float32" and not nest.problem.widened
+    if kind != "matrix" or node.inputs[0].dtype not in FUSED_DTYPES:
         return False
     p = nest.problem
     if node.op == OpKind.MATMUL:
@@ -66,8 +69,9 @@ def chains(graph, layout, tilings: dict, excluded) -> list[list]:
     for node in (n for n in graph.nodes if layout.emits(n)):
         ok = member(node, graph, tilings[node.name].nests[0]) and node.name not in excluded
         last = run[-1].output if run else None
-        linked = (ok and run and alone(node.inputs[0]) and source(node.inputs[0]).id == last.id and alone(last)
-                  and node.inputs[0].dtype == last.dtype and spatial(run[-1]) == spatial(node))
+        linked = (ok and run and tilings[node.name].nests[0].kind == "matrix" and alone(node.inputs[0])
+                  and source(node.inputs[0]).id == last.id and alone(last) and node.inputs[0].dtype == last.dtype
+                  and spatial(run[-1]) == spatial(node))
         if linked:
             run.append(node)
             continue
@@ -96,13 +100,14 @@ def map_cascade(nests, hw, objective: str):
     if max(L.c for L in Ls) > MAX_COUNT:
         return None
     axes = [tile_sizes(Ls[0].oh), tile_sizes(Ls[0].ow)]
-    for L in Ls:
-        axes += [_options(L.o, hw.array_cols), np.array([1, 0])]
+    for L in Ls:   # output-channel tiles, weight residency (a depthwise member's are whole, held throughout)
+        axes += [_options(L.o, hw.array_cols), np.array([1, 0] if L.kind == MATRIX else [0])]
     grid = [np.asarray(a).reshape([1] * i + [-1] + [1] * (len(axes) - 1 - i)) for i, a in enumerate(axes)]
     th, tw = grid[0], grid[1]
-    # a member's channel tiles are the last one's output-channel tiles (lower.schedule.cascade)
-    ms = [TileMapping(th, tw, grid[2 + 2 * i], grid[2 * i] if i else L.c, 1, grid[3 + 2 * i], 0, 0, 0)
-          for i, L in enumerate(Ls)]
+    # a member's channel tiles are the last one's output-channel tiles (lower.schedule.cascade); a
+    # depthwise member's, one (its nest's)
+    ms = [TileMapping(th, tw, grid[2 + 2 * i], grid[2 * i] if i else L.c if L.kind == MATRIX else 1, 1,
+                      grid[3 + 2 * i], 0, 0, 0) for i, L in enumerate(Ls)]
     cost = cascade_cost(Ls, ms, hw, Exact)
     charged, energy, value = _charged(cost.cycles, cost.instructions, cost.actions, hw, objective)
     shape = np.broadcast_shapes(*(np.shape(g) for g in grid))
@@ -112,8 +117,8 @@ def map_cascade(nests, hw, objective: str):
     value = np.where(fit, np.broadcast_to(value, shape), np.inf)
     at = np.unravel_index(int(np.argmin(value)), shape)
     pick = [int(axes[i][at[i]]) for i in range(len(axes))]
-    mappings = tuple(TileMapping(pick[0], pick[1], pick[2 + 2 * i], pick[2 * i] if i else L.c, True,
-                                 bool(pick[3 + 2 * i])) for i, L in enumerate(Ls))
+    mappings = tuple(TileMapping(pick[0], pick[1], pick[2 + 2 * i], pick[2 * i] if i else L.c if L.kind == MATRIX
+                                 else 1, True, bool(pick[3 + 2 * i])) for i, L in enumerate(Ls))
     return ((pick[0], pick[1]), mappings, float(np.broadcast_to(charged, shape)[at]),
             float(np.broadcast_to(energy, shape)[at]), float(value[at]))
 
