@@ -50,7 +50,15 @@ from stagec.lower.graph.mixed_precision import (
     layer_precisions,
     pin_layers,
 )
-from stagec.lower.graph.passes import dce, defer_row_scale, fold_affine, fuse_elementwise, fuse_epilogues, sink_reshapes
+from stagec.lower.graph.passes import (
+    dce,
+    defer_row_scale,
+    fold_affine,
+    fold_pads,
+    fuse_elementwise,
+    fuse_epilogues,
+    sink_reshapes,
+)
 from stagec.lower.graph.quantize import QuantParams, split_residuals
 from stagec.lower.graph.quantize import quantize as quantize_graph
 from stagec.lower.schedule.layout import Layout, assign_layout
@@ -271,6 +279,8 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("graph", lambda c: replace(c, graph=canonicalize(c.traced.closed))),
     # drop what no output needs
     Stage("dce", GraphPass(dce)),
+    # a zero pad of a conv's rows and columns -> the conv's padding
+    Stage("fold_pads", GraphPass(fold_pads, fusion=True)),
     # scalar elementwise ops before a reshape -> after it, to fuse
     Stage("sink_reshapes", GraphPass(sink_reshapes, fusion=True)),
     # elementwise chains -> one node; one that reads a reshape alone (a GELU reads its input several times, so
