@@ -17,15 +17,18 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
             tune=None, objective: str = "edp", quantize: str | None = None, calibration=None,
             percentile: float | None = None, fallback: str | None = None, layer_precision: dict | None = None,
             accuracy_target: float | None = None, int8_scores: bool | None = None, integer_ops=None,
-            activation_ranges: str | None = None,
-            stages: Sequence[Stage] = PIPELINE) -> Program:
+            activation_ranges: str | None = None, stages: Sequence[Stage] = PIPELINE,
+            fuse_layers: bool = True) -> Program:
     """Compile a PyTorch model (called with `example_args` and `kwargs`) or a JAX function for the
     accelerator; `stagec.simulate` then takes and returns the model's own input and output structure.
 
     `dump` prints the IR of the stages it names (a name or a list; all with True; a folder, a Path or a
     str that names no stage: one file per stage).
     `fuse=False` skips the fusion passes (every elementwise op then round-trips through DRAM),
-    to measure what fusion saves.  `mappings` ({layer name: lower.schedule.nest.TileMapping}) replaces
+    to measure what fusion saves.  `fuse_layers=False` runs every layer alone, its result through DRAM;
+    by default the mapper runs chains of pointwise layers (a feed-forward block's matmuls, 1x1 convs)
+    as cascades (lower.schedule.cascade) where that lowers `objective`.
+    `mappings` ({layer name: lower.schedule.nest.TileMapping}) replaces
     the default mapper's choice for those layers (the names are the schedule dump's; a vector
     layer of several nests, a pad or a concat, takes one mapping for all or a tuple of one each).
     The default mapper and the tuner minimize `objective`: "latency" (cycles), "energy" (pJ per
@@ -73,7 +76,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     """
     request = Request(model_or_fn, example_args, kwargs, hw or HardwareConfig(), fuse, quantize, calibration,
                       percentile, MappingProxyType(dict(mappings or {})), _tuner(tune, objective), objective,
-                      fallback, layer_precision, accuracy_target, int8_scores, integer_ops, activation_ranges)
+                      fallback, layer_precision, accuracy_target, int8_scores, integer_ops, activation_ranges,
+                      fuse_layers)
     return run(stages, Compilation(request), dump).program
 
 

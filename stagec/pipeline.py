@@ -51,7 +51,15 @@ from stagec.lower.graph.mixed_precision import (
     layer_precisions,
     pin_layers,
 )
-from stagec.lower.graph.passes import dce, defer_row_scale, fold_affine, fuse_elementwise, fuse_epilogues, sink_reshapes
+from stagec.lower.graph.passes import (
+    dce,
+    defer_row_scale,
+    fold_affine,
+    fold_pads,
+    fuse_elementwise,
+    fuse_epilogues,
+    sink_reshapes,
+)
 from stagec.lower.graph.quantize import QuantParams, split_residuals
 from stagec.lower.graph.quantize import quantize as quantize_graph
 from stagec.lower.schedule.layout import Layout, assign_layout
@@ -86,6 +94,7 @@ class Request:
     int8_scores: bool | None = None          # int8: attention scores int8 in DRAM (None: yes; lower.graph.quantize)
     integer_ops: object = None               # int8: ops run integer-only (lower.graph.integer_ops.integer_op_set)
     activation_ranges: str | None = None     # int8: "tensor" (the default) or "channel" (integer layer norms' inputs)
+    fuse_layers: bool = True                 # False: no cascades, every layer's result goes to DRAM
 
     def __post_init__(self):
         if not isinstance(self.hw, HardwareConfig):
@@ -245,7 +254,8 @@ def _tune(c: Compilation) -> Compilation:
 def _schedule(c: Compilation) -> Compilation:
     """A tiling per layer: the caller's, else the tuner's, else the default mapper's."""
     mappings = {**(c.tuning.mappings if c.tuning is not None else {}), **c.request.mappings}
-    return replace(c, schedule=make_schedule(c.graph, c.layout, c.request.hw, mappings, c.request.objective))
+    return replace(c, schedule=make_schedule(c.graph, c.layout, c.request.hw, mappings, c.request.objective,
+                                                    c.request.fuse_layers))
 
 
 def _lower(c: Compilation) -> Compilation:
@@ -288,10 +298,13 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("graph", lambda c: replace(c, graph=canonicalize(c.traced.closed))),
     # drop what no output needs
     Stage("dce", GraphPass(dce)),
+    # a zero pad of a conv's rows and columns -> the conv's padding
+    Stage("fold_pads", GraphPass(fold_pads, fusion=True)),
     # scalar elementwise ops before a reshape -> after it, to fuse
     Stage("sink_reshapes", GraphPass(sink_reshapes, fusion=True)),
-    # elementwise chains -> one node
-    Stage("fuse_elementwise", GraphPass(fuse_elementwise, fusion=True)),
+    # elementwise chains -> one node; one that reads a reshape alone (a GELU reads its input several times, so
+    # its pieces could not sink one by one) then sinks before it, to fuse into the reshaped value's producer
+    Stage("fuse_elementwise", GraphPass(lambda g: sink_reshapes(fuse_elementwise(g)), fusion=True)),
     # matmul(x * row scale, b) -> matmul(x, b) * row scale
     Stage("defer_row_scale", GraphPass(defer_row_scale, fusion=True), when=_softmax_stays),
     # bias/activation/residual -> the conv/matmul's accumulator tile

@@ -26,6 +26,11 @@ is span / bound (1.0 = on the roofline).
     mixed_precision     int8 programs: {fallback, pinned, chosen, target, cosine} (lower.graph.mixed_precision)
     roofline_cycles     sum of the layers' roofline bounds
     cycles_over_roofline  cycles / roofline_cycles
+    model_limit         the model's physical limit, every intermediate on chip: {macs, compute_cycles,
+                        compulsory_bytes (weights + model inputs + model outputs), memory_cycles,
+                        bound_cycles = max(compute, memory), bound}
+    cycles_over_model_limit  cycles / model_limit["bound_cycles"]
+    cascades            layers run depth-first (lower.schedule.cascade): [{layers, tile, saved_bytes}]
     layers              list of per-layer records:
         name, op, in_shapes, out_shape, macs,
         precision (what it computes in: int8, bf16 or fp32 -- a CONV/MATMUL its operands' type, another
@@ -108,6 +113,8 @@ class Report:
     timeline: Timeline = field(repr=False)
     layer_ids: np.ndarray = field(repr=False)   # layer of each instruction (-1: none)
     mixed_precision: dict | None = None         # an int8 program's float layers (module doc)
+    model_limit: dict | None = None             # the model's physical limit (module doc)
+    cascades: tuple = ()                        # the program's cascades (module doc)
 
     @property
     def clock_hz(self) -> float:
@@ -126,6 +133,11 @@ class Report:
     def roofline_cycles(self) -> float:
         return sum(layer.roofline["bound_cycles"] for layer in self.layers)
 
+    @property
+    def cycles_over_model_limit(self) -> float | None:
+        bound = (self.model_limit or {}).get("bound_cycles")
+        return self.cycles / bound if bound else None
+
     def to_dict(self) -> dict:
         """The report as JSON-ready data; the keys are listed in this module's docstring."""
         return {
@@ -137,6 +149,8 @@ class Report:
             "area_mm2": {**self.area_mm2, "total": sum(self.area_mm2.values())},
             "roofline_cycles": self.roofline_cycles,
             "cycles_over_roofline": self.cycles / self.roofline_cycles if self.roofline_cycles else None,
+            "model_limit": self.model_limit, "cycles_over_model_limit": self.cycles_over_model_limit,
+            "cascades": list(self.cascades),
             "layers": [layer.to_dict(self.hw) for layer in self.layers], "mixed_precision": self.mixed_precision,
         }
 
@@ -160,6 +174,7 @@ class Report:
             f"{self.cycles / self.roofline_cycles if self.roofline_cycles else float('nan'):.2f}x the sum of "
             f"per-layer roofline bounds ({self.roofline_cycles:.0f}); array utilization "
             f"{100 * self.array_utilization:.1f}%",
+            *_model_limit_lines(self.model_limit, self.cycles),
             "MACs by precision: " + (", ".join(f"{p} {m / 1e6:.2f} M"
                                                for p, m in macs_by_precision(self.actions).items()) or "none"),
             "instructions per unit: " + ", ".join(f"{u} {c}" for u, c in self.instructions.items()),
@@ -171,7 +186,20 @@ class Report:
             f"area:   {sum(self.area_mm2.values()):.2f} mm^2 = " + ", ".join(
                 f"{k} {v:.2f}" for k, v in self.area_mm2.items()),
         ]
-        return "\n".join(lines + _mixed_precision_lines(self.mixed_precision))
+        return "\n".join(lines + _cascade_lines(self.cascades) + _mixed_precision_lines(self.mixed_precision))
+
+
+def _model_limit_lines(limit: dict | None, cycles: float) -> list[str]:
+    if not limit:
+        return []
+    return [f"model limit: {limit['bound_cycles']:.0f} cycles ({limit['bound']}: {limit['macs'] / 1e6:.2f} MMACs, "
+            f"{limit['compulsory_bytes'] / 2**20:.2f} MiB of weights, inputs and outputs); cycles are "
+            f"{cycles / limit['bound_cycles'] if limit['bound_cycles'] else float('nan'):.2f}x it"]
+
+
+def _cascade_lines(cascades) -> list[str]:
+    return [f"cascade {' -> '.join(c['layers'])}: tile {c['tile'][0]}x{c['tile'][1]}, saves "
+            f"{c['saved_bytes'] / 1024:.1f} KiB of DRAM" for c in cascades]
 
 
 def _mixed_precision_lines(mixed: dict | None) -> list[str]:
@@ -240,7 +268,22 @@ def make_report(program: Program) -> Report:
     return Report(layers, hw, dict(zip(UNITS, map(int, count.sum(0)), strict=True)),
                   dict(zip(UNITS, map(float, busy.sum(0)), strict=True)), tl.cycles, total,
                   {k: float(v) for k, v in energy_pj(total, tl.cycles, hw).items()},
-                  {k: float(v) for k, v in area_mm2(hw).items()}, tl, ids, program.metadata.get("mixed_precision"))
+                  {k: float(v) for k, v in area_mm2(hw).items()}, tl, ids, program.metadata.get("mixed_precision"),
+                  model_limit(program), tuple(program.metadata.get("cascades") or ()))
+
+
+def model_limit(program: Program) -> dict:
+    """The model's physical limit: max(total MACs / peak MACs per cycle, compulsory bytes / DRAM bandwidth).
+
+    Compulsory bytes are what no schedule avoids moving: the weights (the constant blob) read once, the
+    model's inputs read once and its outputs written once; every intermediate stays on chip.
+    """
+    hw = program.hw
+    macs = sum(layer.macs for layer in program.layers)
+    compulsory = len(program.constants) + sum(t.nbytes for t in (*program.inputs, *program.outputs))
+    compute, memory = macs / hw.peak_macs_per_cycle, compulsory / hw.dma_bandwidth_bytes_per_cycle
+    return {"macs": macs, "compute_cycles": compute, "compulsory_bytes": compulsory, "memory_cycles": memory,
+            "bound_cycles": max(compute, memory), "bound": "compute" if compute >= memory else "memory"}
 
 
 def _roofline(layer: Layer, hw: HardwareConfig, itemsize: int, span: float) -> dict:

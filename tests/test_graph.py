@@ -213,3 +213,27 @@ def test_take_along_axis_gathers_rows_by_batch_position():
         graph = canonicalize(jax.make_jaxpr(fn)(*args))
         assert OpKind.GATHER in {n.op for n in graph.nodes}
         np.testing.assert_array_equal(evaluate(graph, *args)[0], np.asarray(fn(*args)))
+
+
+def test_a_zero_pad_of_a_convs_rows_and_columns_becomes_its_padding():
+    """TF-style "same" padding (asymmetric before a stride-2 conv) folds into the conv; a pad of
+    nothing is no node at all; a pad of the channels, or of a value other than zero, stays."""
+    class Padded(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = torch.nn.Conv2d(3, 8, 3, 2), torch.nn.Conv2d(8, 8, 1), torch.nn.Conv2d(9, 4, 3)
+
+        def forward(self, x):
+            h = self.a(torch.nn.functional.pad(x, (0, 1, 0, 1)))
+            h = self.b(torch.nn.functional.pad(h, (0, 0, 0, 0)))
+            h = torch.nn.functional.pad(h, (1, 1, 1, 1), value=0.5)
+            return self.c(torch.nn.functional.pad(h, (0, 0, 0, 0, 0, 1)))
+
+    model, x = Padded().eval(), torch.randn(1, 3, 9, 9)
+    ref, graphs = _graphs(model, x)
+    _, g = graphs[-1]
+    convs = [n for n in g.nodes if n.op == OpKind.CONV]
+    assert convs[0].attr("padding") == ((0, 1), (0, 1)) and convs[1].attr("padding") == ((0, 0), (0, 0))
+    assert [n.attr("value") for n in g.nodes if n.op == OpKind.PAD] == [0.5, 0.0]
+    assert rel_err(evaluate(g, x.numpy())[0], model(x).detach().numpy()) < 1e-5
+    assert rel_err(evaluate(g, x.numpy())[0], ref) < 1e-5

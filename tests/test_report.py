@@ -99,3 +99,30 @@ def test_roofline_bytes_are_exact_for_any_layer_shape(two_layer_program):
     program = dataclasses.replace(two_layer_program, layers=(huge, two_layer_program.layers[1]), cache={})
     roof = make_report(program).to_dict()["layers"][0]["roofline"]
     assert roof["compulsory_bytes"] == (2**64 + 2 * 2**32) * 4 and roof["memory_cycles"] > 0
+
+
+def test_model_limit_is_the_hand_computed_bound():
+    """Two Linear layers: the limit counts both layers' MACs, the weights and biases read once, the model's
+    input read once and its output written once -- the hidden activation is not compulsory."""
+    import torch
+
+    import stagec
+    from stagec.isa import HardwareConfig
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).eval()
+    x = torch.randn(48, 64)
+    hw = HardwareConfig(array_rows=8, array_cols=8, dma_bandwidth_bytes_per_cycle=4.0)
+    program = stagec.compile(model, (x,), hw=hw)
+    report = make_report(program)
+    macs = 48 * 64 * 128 + 48 * 128 * 32
+    weights = (64 * 128 + 128 + 128 * 32 + 32) * 4
+    compulsory = weights + (48 * 64 + 48 * 32) * 4
+    limit = report.model_limit
+    assert limit["macs"] == macs and limit["compute_cycles"] == pytest.approx(macs / 64)
+    assert limit["compulsory_bytes"] == compulsory
+    assert limit["memory_cycles"] == pytest.approx(limit["compulsory_bytes"] / 4.0)
+    assert limit["bound_cycles"] == pytest.approx(max(macs / 64, limit["compulsory_bytes"] / 4.0))
+    assert report.cycles_over_model_limit == pytest.approx(report.cycles / limit["bound_cycles"])
+    assert report.cycles_over_model_limit >= 1.0
+    assert report.to_dict()["cycles_over_model_limit"] == report.cycles_over_model_limit
+    assert "model limit:" in report.summary()

@@ -25,6 +25,7 @@ from ..schedule.buffers import epilogue_layout
 from ..schedule.layout import Layout
 from ..schedule.mapper import Schedule, node_problem
 from ..schedule.tensors import DTYPE_OF, DramRegion, DramTensor
+from .cascade import Member, emit_cascade
 from .emitter import Emitter
 from .matrix import as_conv, emit_conv
 from .memory import Interval, align, allocate_by_liveness
@@ -141,6 +142,28 @@ def lower_vector(ctx: LowerContext, node: Node) -> None:
         job.emit(ctx.em, m)
 
 
+def _member(ctx: LowerContext, node: Node, layer: int) -> Member:
+    """A cascade member (lower.codegen.cascade): a pointwise or depthwise CONV or a MATMUL of no batch, as
+    conv views."""
+    kind, p, _ = node_problem(node)
+    x, out = ctx.tensor(node.inputs[0]), ctx.tensor(node.output)
+    extras = _extras(ctx, node, 2, node.output.shape)
+    if kind == "depthwise":
+        w = ctx.weights(node.inputs[1], (1, 2, 3, 0))     # [KH, KW, C], as lower_conv has them
+    elif node.op == OpKind.MATMUL:
+        def pick(t):
+            for _ in node.output.shape[:-2]:
+                t = t.select(0, 0)
+            return t
+        w = as_conv(pick(ctx.weights(node.inputs[1], None)), "w")
+        x, out = as_conv(pick(x), "x"), as_conv(pick(out), "x")
+        extras = [as_conv(pick(e), "x") for e in extras]
+    else:
+        w = ctx.weights(node.inputs[1], (2, 3, 1, 0))
+    return Member(layer, node.name, kind, p, ctx.schedule[node.name].mapping, x, w, out, epilogue_layout(node),
+                  extras)
+
+
 # --- the driver -------------------------------------------------------------------------------
 
 def plan_dram(graph: Graph, layout: Layout):
@@ -172,14 +195,18 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
     offsets, arena, peak, total = plan_dram(graph, layout)
     ctx = LowerContext(em, graph, layout, schedule, offsets)
     layers = []
-    for node in graph.nodes:
-        if not layout.emits(node):
-            continue
+    emitted = [node for node in graph.nodes if layout.emits(node)]
+    index = {node.name: i for i, node in enumerate(emitted)}
+    for node in emitted:
         em.layer, em.layer_name = len(layers), node.name
         if node.op not in LOWERINGS:
             raise LoweringError(f"no lowering rule for graph op {node.op.value} ({node.name})")
         check_records(node)
-        LOWERINGS[node.op](ctx, node)
+        cascade = schedule.cascade_of(node.name)
+        if cascade is None:
+            LOWERINGS[node.op](ctx, node)
+        elif cascade.layers[0] == node.name:
+            emit_cascade(em, [_member(ctx, emitted[index[name]], index[name]) for name in cascade.layers], ctx.fill)
         mapping = str(schedule[node.name].mapping) if node_problem(node) else ""
         layers.append(Layer(node.name, node.op.value, [v.shape for v in node.inputs], node.output.shape,
                             node_macs(node), mapping))
@@ -203,6 +230,7 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
             regions.append(Region(ref.name, kind, ref.offset, ref.nbytes))
     regions.append(Region("activations", RegionKind.INTERMEDIATE, data_base + arena, peak))
     meta = {"peak_activation_bytes": peak, "activation_bytes": total, "local_peak_bytes": em.local_peaks,
+            **({"cascades": [c.to_dict() for c in schedule.cascades]} if schedule.cascades else {}),
             **(metadata or {})}
     program = Program(code=code, layer_ids=np.array(em.layer_ids, np.int32), layers=tuple(layers),
                       inputs=tuple(inputs), outputs=tuple(outputs), regions=tuple(regions), constants=blob,

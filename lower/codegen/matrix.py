@@ -115,21 +115,16 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
               fill: Callable | None = None) -> None:
     """Emit a whole convolution; x [N,C,H,W], w [O,C,KH,KW], out [N,O,OH,OW] are DRAM views.  Float32
     operands accumulate in float32, int8 ones in int32 (the epilogue then sees an int32 tile)."""
-    _check_operands(em, p, x, w)
     nest = _ConvNest(em, p, m, x, w, epilogue, fill)
-    nest.load_resident_weights()
-    epi = Epilogue(em, epilogue, list(extras), nest.bases, m.tile_o, p.o, nest.bufs,
-                   m.tile_oh * m.tile_ow * m.tile_o, nest.one)
+    epi = nest.start(extras)
+
+    def store(n, o0, oh0, ow0, counts, result):
+        em.store(out, (n, o0, oh0, ow0), OUT_AXES, counts, result.operand(counts))
+
     for n in range(p.n):
         for oh0, th in row_tiles(p, m):
             for ow0, tw in tiles(p.ow, m.tile_ow):
-                shared = nest.load_halo(n, oh0, th, ow0, tw, 0, p.c) if len(nest.c_tiles) == 1 else None
-                line, pitch = tile_line(nest.shape, th, tw)   # transposed: C[o][line position], else C[row][col][o]
-                for o0, to in tiles(p.o, m.tile_o):
-                    acc_tile = nest.accumulate(n, oh0, th, ow0, tw, o0, to, shared, line, pitch)
-                    result = epi.emit(em, acc_tile, n, o0, oh0, ow0, (th, tw, to), nest.n_out % nest.bufs, nest.final)
-                    em.store(out, (n, o0, oh0, ow0), OUT_AXES, (th, tw, to), result.operand((th, tw, to)))
-                    nest.n_out += 1
+                nest.spatial_tile(epi, n, oh0, th, ow0, tw, store)
 
 
 def _check_operands(em, p: ConvProblem, x: DramTensor, w: DramTensor) -> None:
@@ -146,14 +141,19 @@ class _ConvNest:
     (Emitter.allocate of the nest's list), the weights' k order, and the running counts of halos,
     weight tiles and output tiles that pick each one's buffer."""
 
-    def __init__(self, em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor,
-                 epilogue: EpilogueLayout | None, fill: Callable | None):
+    def __init__(self, em, p: ConvProblem, m: TileMapping, x: DramTensor | None, w: DramTensor,
+                 epilogue: EpilogueLayout | None, fill: Callable | None, bases: dict | None = None):
+        """`bases`: the nest's buffers where a cascade allocated them (lower.codegen.cascade), without a
+        halo where it reads its input from the scratchpad (then `x` is None)."""
+        if x is not None:
+            _check_operands(em, p, x, w)
         self.em, self.p, self.m, self.x, self.w, self.fill = em, p, m, x, w, fill
-        self.acc_type = ACC_DTYPE[x.dtype]
+        self.epilogue = epilogue
+        self.acc_type = ACC_DTYPE[w.dtype]   # the operands' type, x's as well (_check_operands)
         self.bufs = 2 if m.double_buffer else 1
         self.shape = LayerShape.of("matrix", p, epilogue.extras if epilogue else NO_EXTRAS)
         self.one = bool(one_spatial_tile(self.shape, m, np))
-        self.bases = em.allocate(matrix_buffers(self.shape, m, np))
+        self.bases = em.allocate(matrix_buffers(self.shape, m, np)) if bases is None else bases
         self.taps = p.kh * p.kw
         # the weights' k order: (kernel row, kernel column, channel), stacked (kernel column, kernel row, channel).
         # Resident, they are held a channel tile after another, each [taps][channels of the tile][O], so
@@ -166,6 +166,34 @@ class _ConvNest:
         self.final = tile_expr.LocalTile(Space.SPAD, self.bases["result"][0], (1, 1, 1)) \
             if self.bases["result"] else None
         self.n_halo = self.n_w = self.n_out = 0
+
+    def start(self, extras) -> Epilogue:
+        """LOAD what the nest holds throughout (resident weights, the epilogue's whole vectors); its Epilogue."""
+        self.load_resident_weights()
+        m = self.m
+        return Epilogue(self.em, self.epilogue, list(extras), self.bases, m.tile_o, self.p.o, self.bufs,
+                        m.tile_oh * m.tile_ow * m.tile_o, self.one)
+
+    def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None) -> None:
+        """A spatial tile's output-channel tiles: their sums, epilogue, and write(n, o0, oh0, ow0, counts,
+        result).  In a cascade (lower.codegen.cascade), `inside`: the scratchpad base of the tile's input,
+        channel tiles one after another, each [rows][cols][its channels]; `into`: (base, type) of
+        where the output goes in that form instead, the epilogue writing each tile there."""
+        p, m = self.p, self.m
+        shared = None
+        if inside is None and len(self.c_tiles) == 1:
+            shared = self.load_halo(n, oh0, th, ow0, tw, 0, p.c)
+        line, pitch = tile_line(self.shape, th, tw)   # transposed: C[o][line position], else C[row][col][o]
+        for o0, to in tiles(p.o, m.tile_o):
+            acc_tile = self.accumulate(n, oh0, th, ow0, tw, o0, to, shared, line, pitch, inside)
+            final = self.final
+            if into is not None:
+                base, dtype = into
+                final = tile_expr.LocalTile(Space.SPAD, base + o0 * th * tw * dtype.itemsize, (th, tw, to), dtype)
+            result = epi.emit(self.em, acc_tile, n, o0, oh0, ow0, (th, tw, to), self.n_out % self.bufs, final)
+            if into is None:
+                write(n, o0, oh0, ow0, (th, tw, to), result)
+            self.n_out += 1
 
     def load_resident_weights(self) -> None:
         """LOAD all the weights once, a channel tile after another, when the mapping keeps them resident."""
@@ -214,16 +242,19 @@ class _ConvNest:
                          Operand(Space.SPAD, row, (p.kh * tc, tc, 1)), pad=(left, right, above, below, 0, 0),
                          local=x.dtype)
 
-    def accumulate(self, n, oh0, th, ow0, tw, o0, to, shared, line, pitch) -> tile_expr.LocalTile:
+    def accumulate(self, n, oh0, th, ow0, tw, o0, to, shared, line, pitch, inside=None) -> tile_expr.LocalTile:
         """An output tile's sums over every input-channel tile, zero where its whole receptive field is
         padding, as a (rows, cols, channels) tile: the accumulator tile, or a transposed nest's COPY
-        of it out of C[o][line position]."""
+        of it out of C[o][line position].  `inside`: a cascade's input in the scratchpad (spatial_tile)."""
         m, acc_type = self.m, self.acc_type
         c_base = self.bases["accumulator"][self.n_out % m.acc_buffers]
         c_op = Operand(Space.ACC, c_base, (0, line, 1) if m.transposed else (tw * to, to, 1))
         first = True
         for c0, tc in self.c_tiles:
-            halo = shared if len(self.c_tiles) == 1 else self.load_halo(n, oh0, th, ow0, tw, c0, tc)
+            if inside is not None:
+                halo = inside + c0 * th * tw * self.w.dtype.itemsize, tw
+            else:
+                halo = shared if len(self.c_tiles) == 1 else self.load_halo(n, oh0, th, ow0, tw, c0, tc)
             if halo is None:
                 continue
             self.matmuls(c_op, halo, self.weights(o0, to, c0, tc), th, tw, tc, to, line, accumulate=not first)
@@ -253,14 +284,14 @@ class _ConvNest:
     def matmuls(self, c_op: Operand, halo, weights, th, tw, tc, to, line, accumulate: bool) -> None:
         """One input-channel tile's MATMULs into the accumulator tile `c_op`: the first accumulates onto
         it or not as `accumulate` says, the others do."""
-        p, m, x = self.p, self.m, self.x
+        p, m, dtype = self.p, self.m, self.w.dtype
         (h_base, iw), (w_base, k_stride, tap_stride) = halo, weights
-        xb, wb = x.dtype.itemsize, self.w.dtype.itemsize
+        xb = wb = dtype.itemsize
         (sh, sw), (dh, dw) = p.stride, p.dilation
         if m.stacked:   # k = (kernel column, kernel row, channel), contiguous in the halo
             self.em.matmul(Operand(Space.SPAD, h_base, (iw * p.kh * tc, sw * p.kh * tc, 1)),
                            Operand(Space.SPAD, w_base, (k_stride, 1, 0)), c_op, th, tw, self.taps * tc, to,
-                           accumulate=accumulate, dtype=x.dtype)
+                           accumulate=accumulate, dtype=dtype)
             return
         # With unit column dilation a kernel row's taps are contiguous in the halo
         # ((kw, c) -> kw * tc + c) and in the weights: one MATMUL of k = kw * tc.
@@ -272,11 +303,11 @@ class _ConvNest:
                 if m.transposed:   # A: the weights' transpose [o][k]; B: the halo's [k][line]
                     self.em.matmul(Operand(Space.SPAD, b_base, (0, 1, k_stride)),
                                    Operand(Space.SPAD, a_base, (1, sw * tc, 0)), c_op, 1, to, fold * tc, line,
-                                   accumulate=accumulate, dtype=x.dtype)
+                                   accumulate=accumulate, dtype=dtype)
                 else:
                     self.em.matmul(Operand(Space.SPAD, a_base, (sh * iw * tc, sw * tc, 1)),
                                    Operand(Space.SPAD, b_base, (k_stride, 1, 0)), c_op, th, tw, fold * tc, to,
-                                   accumulate=accumulate, dtype=x.dtype)
+                                   accumulate=accumulate, dtype=dtype)
                 accumulate = True
 
 

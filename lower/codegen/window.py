@@ -34,55 +34,104 @@ def emit_window(em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, ou
     """x [N,C,H,W] -> out [N,C,OH,OW] (p.c == p.o); w [C,1,KH,KW] for depthwise.  An int8 max pool
     stays int8; int8 sums and products run in int32, bf16 ones in float32 (p.widened, decided by the
     schedule): each tap's COPY or MUL reads the halo (and weights) as loaded and converts them itself."""
-    func, acc_mode, pad_value = _REDUCE[kind]
-    widen = bool(p.widened)
-    if x.dtype.itemsize != p.itemsize or w is not None and w.dtype != x.dtype:
-        raise AssertionError(f"{em.layer_name}: internal error: {x.dtype.name} operands of a problem of "
-                             f"{p.itemsize}-byte elements")
-    acc_type = ACC_DTYPE[x.dtype] if widen else x.dtype
-    cb = x.dtype.itemsize
-    bufs = 2 if m.double_buffer else 1
-    (pt, _), (pl, _) = p.padding
-    sh, sw = p.stride
-    dh, dw = p.dilation
-    shape = LayerShape.of("depthwise" if w is not None else "pool", p, epilogue.extras if epilogue else NO_EXTRAS)
-    bases = em.allocate(window_buffers(shape, m, np))
-    halo_buf = bases["halo"]
-    w_buf = bases["weights"]
-    epi = Epilogue(em, epilogue, list(extras), bases, m.tile_o, p.o, bufs, m.tile_oh * m.tile_ow * m.tile_o)
-    acc_buf = bases["accumulator"]
-    k = 0
+    nest = WindowNest(em, kind, p, m, x, w, epilogue, fill)
+    epi = nest.epilogue(extras)
     for c0, tc in tiles(p.o, m.tile_o):
-        if w is not None:   # the channel tile's weights, [taps, tc], reused by every spatial tile
-            w_base = w_buf[(c0 // m.tile_o) % bufs]
-            em.load_box(w, (c0, 0, 0, 0), (2, 3, 0), (p.kh, p.kw, tc), Space.SPAD, w_base, local=w.dtype)
+        w_base = nest.load_weights(c0, tc)
         for n in range(p.n):
             for oh0, th in tiles(p.oh, m.tile_oh):
                 for ow0, tw in tiles(p.ow, m.tile_ow):
-                    buf = k % bufs
-                    k += 1
-                    ih, iw = p.halo(th, tw)
-                    r0, q0 = oh0 * sh - pt, ow0 * sw - pl
-                    top, left = max(0, -r0), max(0, -q0)
-                    bottom, right = max(0, r0 + ih - p.h), max(0, q0 + iw - p.w)
-                    dst = Operand(Space.ACC, acc_buf[buf], (tw * tc, tc, 1))
-                    if ih - top - bottom <= 0 or iw - left - right <= 0:
-                        fill(dst, (th, tw, tc), 0.0 if pad_value == PadValue.ZERO else float("-inf"), acc_type)
-                    else:
-                        if max(top, bottom, left, right) > 255:
-                            raise LoweringError(f"{em.layer_name}: padding exceeds the DMA's 255")
-                        em.load(x, (n, c0, r0 + top, q0 + left), (2, 3, 1),
-                                (ih - top - bottom, iw - left - right, tc),
-                                Operand(Space.SPAD, halo_buf[buf], (iw * tc, tc, 1)),
-                                pad=(top, bottom, left, right, 0, 0), pad_value=pad_value, local=x.dtype)
-                        for t, (kh, kw) in enumerate((a, b) for a in range(p.kh) for b in range(p.kw)):
-                            src = Operand(Space.SPAD, halo_buf[buf] + (kh * dh * iw * tc + kw * dw * tc) * cb,
-                                          (sh * iw * tc, sw * tc, 1))
-                            weight = Operand(Space.SPAD, w_base + t * tc * cb, (0, 0, 1)) if w is not None else None
-                            em.vector(func, dst, src, weight, (th, tw, tc),
-                                      acc=AccMode.OVERWRITE if t == 0 else acc_mode, dtype=x.dtype,
-                                      out_dtype=acc_type)
-                    acc_tile = tile_expr.LocalTile(Space.ACC, acc_buf[buf], (th, tw, tc), acc_type)
-                    result = epi.emit(em, acc_tile, n, c0, oh0, ow0, (th, tw, tc), buf)
+                    result = nest.tile(epi, n, oh0, th, ow0, tw, c0, tc, w_base)
                     em.store(out, (n, c0, oh0, ow0), (2, 3, 1), (th, tw, tc), result.operand((th, tw, tc)))
+
+
+class WindowNest:
+    """A depthwise conv's or a pooling's nest on the vector unit, emitted a tile at a time: its buffers
+    (Emitter.allocate of the nest's list, or `bases` where a cascade allocated them, lower.codegen.cascade,
+    its weights then one buffer holding every channel tile's), and the running count of output tiles
+    that picks each one's halo and accumulator buffer."""
+
+    def __init__(self, em, kind: str, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor | None,
+                 epilogue: EpilogueLayout | None, fill, bases: dict | None = None):
+        self.em, self.kind, self.p, self.m, self.x, self.w = em, kind, p, m, x, w
+        self.layout, self.fill = epilogue, fill
+        self.func, self.acc_mode, self.pad_value = _REDUCE[kind]
+        self.widen = bool(p.widened)
+        if x.dtype.itemsize != p.itemsize or w is not None and w.dtype != x.dtype:
+            raise AssertionError(f"{em.layer_name}: internal error: {x.dtype.name} operands of a problem of "
+                                 f"{p.itemsize}-byte elements")
+        self.acc_type = ACC_DTYPE[x.dtype] if self.widen else x.dtype
+        self.bufs = 2 if m.double_buffer else 1
+        self.resident = bases is not None
+        shape = LayerShape.of("depthwise" if w is not None else "pool", p, epilogue.extras if epilogue else NO_EXTRAS)
+        self.bases = em.allocate(window_buffers(shape, m, np)) if bases is None else bases
+        self.k = 0
+
+    def epilogue(self, extras) -> Epilogue:
+        m = self.m
+        return Epilogue(self.em, self.layout, list(extras), self.bases, m.tile_o, self.p.o, self.bufs,
+                        m.tile_oh * m.tile_ow * m.tile_o)
+
+    def start(self, extras) -> Epilogue:
+        """A cascade's depthwise leader (lower.codegen.cascade): every channel tile's weights LOADed once,
+        into the one buffer that holds them all; its Epilogue."""
+        self.w_bases = {c0: self.load_weights(c0, tc) for c0, tc in tiles(self.p.o, self.m.tile_o)}
+        return self.epilogue(extras)
+
+    def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None) -> None:
+        """A spatial tile's channel tiles, as lower.codegen.matrix's nest runs them in a cascade: each written
+        by write(n, c0, oh0, ow0, counts, result), or, `into` = (base, type), by its epilogue into the
+        scratchpad there, channel tiles one after another (the input is in DRAM: `inside` is None)."""
+        for c0, tc in tiles(self.p.o, self.m.tile_o):
+            final = None
+            if into is not None:
+                base, dtype = into
+                final = tile_expr.LocalTile(Space.SPAD, base + c0 * th * tw * dtype.itemsize, (th, tw, tc), dtype)
+            result = self.tile(epi, n, oh0, th, ow0, tw, c0, tc, self.w_bases[c0], final)
+            if into is None:
+                write(n, c0, oh0, ow0, (th, tw, tc), result)
+
+    def load_weights(self, c0: int, tc: int) -> int | None:
+        """LOAD a channel tile's weights, [taps, tc]; their base."""
+        p, w, em = self.p, self.w, self.em
+        if w is None:
+            return None
+        at = c0 * p.kh * p.kw * w.dtype.itemsize if self.resident else 0
+        slot = 0 if self.resident else (c0 // self.m.tile_o) % self.bufs
+        w_base = self.bases["weights"][slot] + at
+        em.load_box(w, (c0, 0, 0, 0), (2, 3, 0), (p.kh, p.kw, tc), Space.SPAD, w_base, local=w.dtype)
+        return w_base
+
+    def tile(self, epi: Epilogue, n, oh0, th, ow0, tw, c0, tc, w_base, final=None) -> tile_expr.LocalTile:
+        """An output tile: its halo LOADed (padding by the DMA), a VECTOR per tap, the epilogue; the result
+        tile (`final`, a scratchpad tile, where given)."""
+        p, em, cb = self.p, self.em, self.x.dtype.itemsize
+        (pt, _), (pl, _) = p.padding
+        (sh, sw), (dh, dw) = p.stride, p.dilation
+        buf = self.k % self.bufs
+        self.k += 1
+        halo_buf = self.bases["halo"]
+        acc_buf = self.bases["accumulator"]
+        ih, iw = p.halo(th, tw)
+        r0, q0 = oh0 * sh - pt, ow0 * sw - pl
+        top, left = max(0, -r0), max(0, -q0)
+        bottom, right = max(0, r0 + ih - p.h), max(0, q0 + iw - p.w)
+        dst = Operand(Space.ACC, acc_buf[buf], (tw * tc, tc, 1))
+        if ih - top - bottom <= 0 or iw - left - right <= 0:
+            self.fill(dst, (th, tw, tc), 0.0 if self.pad_value == PadValue.ZERO else float("-inf"), self.acc_type)
+        else:
+            if max(top, bottom, left, right) > 255:
+                raise LoweringError(f"{em.layer_name}: padding exceeds the DMA's 255")
+            em.load(self.x, (n, c0, r0 + top, q0 + left), (2, 3, 1), (ih - top - bottom, iw - left - right, tc),
+                    Operand(Space.SPAD, halo_buf[buf], (iw * tc, tc, 1)),
+                    pad=(top, bottom, left, right, 0, 0), pad_value=self.pad_value, local=self.x.dtype)
+            for t, (kh, kw) in enumerate((a, b) for a in range(p.kh) for b in range(p.kw)):
+                src = Operand(Space.SPAD, halo_buf[buf] + (kh * dh * iw * tc + kw * dw * tc) * cb,
+                              (sh * iw * tc, sw * tc, 1))
+                weight = Operand(Space.SPAD, w_base + t * tc * cb, (0, 0, 1)) if self.w is not None else None
+                em.vector(self.func, dst, src, weight, (th, tw, tc),
+                          acc=AccMode.OVERWRITE if t == 0 else self.acc_mode, dtype=self.x.dtype,
+                          out_dtype=self.acc_type)
+        acc_tile = tile_expr.LocalTile(Space.ACC, acc_buf[buf], (th, tw, tc), self.acc_type)
+        return epi.emit(em, acc_tile, n, c0, oh0, ow0, (th, tw, tc), buf, final)
 

@@ -47,6 +47,8 @@ def pad(b, eqn, x, value):
     config = [tuple(int(n) for n in axis) for axis in eqn.params["padding_config"]]   # jnp.pad gives numpy ints
     if any(interior for _, _, interior in config):
         raise LoweringError(f"pad with interior padding (equation `{eqn}`)")
+    if all(lo == hi == 0 for lo, hi, _ in config):   # a pad of nothing (a 1x1 conv's "same" padding): x itself
+        return x
     shape = np.shape(x)
     if any(lo < 0 or hi < 0 for lo, hi, _ in config):   # negative padding crops: a slice first
         cropped = tuple(d + min(lo, 0) + min(hi, 0) for d, (lo, hi, _) in zip(shape, config, strict=True))

@@ -34,6 +34,26 @@ def _uses(graph: Graph) -> tuple[dict[int, int], set[int], dict[int, Node]]:
     return uses, {v.id for v in graph.outputs}, {n.output.id: n for n in graph.nodes}
 
 
+def fold_pads(graph: Graph) -> Graph:
+    """A zero PAD of a convolution's rows and columns alone, read by that convolution alone, becomes
+    the convolution's own padding (which the DMA fills as it loads each halo): no padded copy of the
+    tensor goes through DRAM (TF-style "same" padding, HF MobileNetV2's and EfficientNet's)."""
+    uses, outputs, producer = _uses(graph)
+    removed, nodes = set(), []
+    for node in graph.nodes:
+        p = producer.get(node.inputs[0].id) if node.op == OpKind.CONV else None
+        if (p is not None and p.op == OpKind.PAD and uses[p.output.id] == 1 and p.output.id not in outputs
+                and p.attr("value") == 0 and not any(p.attr("lo")[:-2] + p.attr("hi")[:-2])):
+            (pt, pb), (pl, pr) = node.attr("padding")
+            (lt, ll), (ht, hl) = p.attr("lo")[-2:], p.attr("hi")[-2:]
+            padding = ((pt + lt, pb + ht), (pl + ll, pr + hl))
+            node = Node(node.op, (p.inputs[0],) + node.inputs[1:], node.output, _attrs(node, padding=padding),
+                        node.name)
+            removed.add(p.name)
+        nodes.append(node)
+    return Graph(graph.inputs, graph.outputs, tuple(n for n in nodes if n.name not in removed), graph.constants)
+
+
 def sink_reshapes(graph: Graph) -> Graph:
     """An elementwise op whose one tensor operand is a single-use RESHAPE (every other operand a
     scalar) runs before the reshape instead, so that it can fuse into the reshaped value's producer

@@ -30,6 +30,8 @@ from stagec.sim.energy import energy_pj
 from ..codegen.vector import LayoutViews, VectorNest, vector_jobs
 from ..graph.graph_ir import OpKind
 from .buffers import NO_EXTRAS, Extras, epilogue_extras
+from .cascade import Cascade
+from .cascade_map import choose_cascades
 from .layout import Layout
 from .nest import (
     MATRIX,
@@ -44,20 +46,10 @@ from .nest import (
 from .nest_cost import bound, dma_cycles, nest_cost
 from .nest_work import footprint as nest_footprint
 from .nest_work import matmul_k
+from .search import INSTRUCTION_CHARGE, OBJECTIVES, objective_of, tile_sizes
 from .tensors import DTYPE_OF
 
-OBJECTIVES = ("latency", "energy", "edp")   # what the default mapper may minimize (objective_of)
-INSTRUCTION_CHARGE = 32.0  # cycles the mappers charge an instruction: what the nest latency leaves out, and size
 FIRST_COMPOSED = 256       # candidates map_nest composes the latency of before it prunes by the bound
-
-
-def _sizes(dim: int, cap: int = MAX_COUNT) -> np.ndarray:
-    """Candidate tile sizes along one dim: powers of two, the whole dim, and balanced splits, none
-    above `cap` (an instruction's iteration counts are 16-bit)."""
-    cands = {dim} | {1 << k for k in range(dim.bit_length()) if 1 << k <= dim}
-    cands |= {-(-dim // k) for k in range(2, 9)}
-    cands = {c for c in cands if c <= cap} or {cap}
-    return np.array(sorted(cands), np.int64)
 
 
 def _axes(*values) -> TileMapping:
@@ -71,7 +63,8 @@ def candidates(L: LayerShape) -> tuple[TileMapping, np.ndarray]:
     exists), and which of its points are candidates: no conflicting switches, a MATMUL's k within
     its 16-bit count."""
     fold = L.kw if L.dilation_w == 1 else 1   # MATMUL's k covers a kernel row: kw * tc <= the count limit
-    m = _axes(_sizes(L.oh), _sizes(L.ow), _sizes(L.o), _sizes(L.c, MAX_COUNT // fold) if L.kind == MATRIX else [1],
+    m = _axes(tile_sizes(L.oh), tile_sizes(L.ow), tile_sizes(L.o),
+              tile_sizes(L.c, MAX_COUNT // fold) if L.kind == MATRIX else [1],
               *(s.grid if s.exists(L) else (0,) for s in SWITCHES))
     # a single accumulator tile is a double-buffered nest's choice; resident weights, one channel tile
     ok = ~conflicts(m, L) & ((m.single_acc == 0) | (m.double_buffer == 1))
@@ -169,17 +162,6 @@ def map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS, la
     return found if with_cost else found[0]
 
 
-def objective_of(cycles, energy_pj, objective: str):
-    """The scalar a mapper or tuner minimizes: cycles, energy (pJ) or their product (EDP)."""
-    if objective == "latency":
-        return cycles
-    if objective == "energy":
-        return energy_pj
-    if objective == "edp":
-        return cycles * energy_pj
-    raise InputError(f"unknown objective {objective!r}; expected one of {OBJECTIVES}")
-
-
 @functools.lru_cache(maxsize=4096)
 def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras, objective: str):
     """map_nest's search, once per problem, config, epilogue and objective (networks repeat their layer
@@ -245,7 +227,7 @@ def map_vector(nest: VectorNest, hw: HardwareConfig, layer: str = "vector") -> T
     DRAM channel and vector unit, plus one tile's load, passes and store (the pipeline's fill and
     drain), so a tensor is cut into enough tiles to overlap, plus a charge per instruction (compile
     time, and issue); long innermost runs break ties (DMA bursts)."""
-    m = _axes(*(_sizes(d) for d in nest.space), [1],
+    m = _axes(*(tile_sizes(d) for d in nest.space), [1],
               *(s.grid if s.name in VECTOR_SWITCHES else (0,) for s in SWITCHES))
     spad, acc, cost = _vector_estimate(nest, m, hw)
     grid = _Candidates(ConvProblem(1, 1, 1, 1, 1), m, True, spad, acc, cost)
@@ -397,27 +379,41 @@ class Tiling:
 
 @dataclass(frozen=True)
 class Schedule:
-    """The tiling of every node that emits instructions, in program order."""
+    """The tiling of every node that emits instructions, in program order, and the cascades
+    (lower.schedule.cascade) some of them run in, whose members' tilings are the cascade's."""
 
     tilings: tuple[tuple[str, Tiling], ...]
+    cascades: tuple[Cascade, ...] = ()
 
     @functools.cached_property
     def _by_name(self) -> dict[str, Tiling]:
         return dict(self.tilings)
 
+    @functools.cached_property
+    def _cascade_of(self) -> dict[str, Cascade]:
+        return {name: c for c in self.cascades for name in c.layers}
+
     def __getitem__(self, name: str) -> Tiling:
         return self._by_name[name]
 
+    def cascade_of(self, name: str) -> Cascade | None:
+        """The cascade layer `name` runs in, or None."""
+        return self._cascade_of.get(name)
+
     def __str__(self) -> str:
-        return "schedule {\n" + "\n".join(f"  {line}" for name, t in self.tilings for line in t.lines(name)) + "\n}"
+        lines = [f"  {line}" for name, t in self.tilings for line in t.lines(name)]
+        return "schedule {\n" + "\n".join(lines + [f"  {c}" for c in self.cascades]) + "\n}"
 
 
 def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | None = None,
-                  objective: str = "latency") -> Schedule:
+                  objective: str = "latency", fuse_layers: bool = True) -> Schedule:
     """The tiling of every node that emits instructions (lower.schedule.layout: a view op only where it
     copies): `mappings[node name]` where given (a TileMapping, for each of the node's nests, or a
-    sequence of one per nest; checked to fit), else the default mapper's for `objective`."""
+    sequence of one per nest; checked to fit), else the default mapper's for `objective`; with
+    `fuse_layers`, the cascades that lower `objective` (lower.schedule.cascade_map) among the layers
+    the caller did not map."""
     mappings = dict(mappings or {})
+    given = frozenset(mappings)
     views = LayoutViews(layout)
     out = []
     for node in graph.nodes:
@@ -434,4 +430,11 @@ def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | No
     if mappings:
         raise InputError(f"mappings for layers the schedule does not have: {sorted(mappings)} (the schedule dump "
                          f"names every layer it tiles)")
-    return Schedule(tuple(out))
+    if not fuse_layers:
+        return Schedule(tuple(out))
+    tilings = dict(out)
+    cascades = choose_cascades(graph, layout, tilings, hw, objective, given)
+    for c in cascades:
+        for name, m in zip(c.layers, c.mappings, strict=True):
+            tilings[name] = Tiling(tilings[name].nests, (m,))
+    return Schedule(tuple((name, tilings[name]) for name, _ in out), tuple(cascades))

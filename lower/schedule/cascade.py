@@ -1,0 +1,161 @@
+"""Cascades: consecutive layers run depth-first, their intermediate tiles kept on chip.
+
+A cascade is a chain of pointwise layers (a matmul, a 1x1 convolution of stride 1 without padding),
+each feeding the next alone, possibly led by a depthwise convolution (an inverted residual block's
+depthwise -> 1x1 projection; its halo comes from DRAM, so it needs no overlap).  Its nest walks
+spatial tiles of the common output (`Cascade.tile`: rows x columns; a matmul's rows are its M); per
+spatial tile each member runs its own nest's output-channel tiles (its TileMapping, whose spatial
+tile is the cascade's), the first reading its halo from DRAM, the others the previous member's whole
+result tile, held in the scratchpad (an "intermediate" buffer, double-buffered so the next spatial
+tile's first member overlaps the last one's later members); only the last member STOREs.  Only the
+first input, the weights and the last output touch DRAM.  The intermediate holds the producer's
+output-channel tiles one after another, each a dense [rows][cols][its channels] block (its epilogue
+writes it there; a COPY where it has none), so the consumer's channel tiles are the producer's
+output-channel tiles.
+
+The cost is the members' nest work (lower.schedule.nest_work's matrix_work, window_work) with the
+intermediate's STORE and LOAD taken out and the COPYs put in, composed into a latency as a pipeline
+over spatial tiles: the busiest unit (LOAD and STORE queues, the DRAM channel, the vector unit, or
+the array, which also waits per spatial tile for each non-last member's last tile), plus one step's
+LOADs to fill and one tile's epilogue and STORE to drain.  Written over an ops namespace like the
+nest (lower.schedule.nest.Exact; costmodel.smooth.Relaxed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from stagec.isa.instructions import Space
+from stagec.sim.energy import ActionCounts
+
+from .buffers import Buffer, local_bytes, words
+from .nest import MATRIX, LayerShape, TileMapping
+from .nest_cost import dma_cycles
+from .nest_energy import actions
+from .nest_work import matrix_buffers, matrix_work, window_buffers, window_work
+
+MAX_MEMBERS = 3     # layers per cascade the mapper considers (its grid grows with each one's tile choices)
+
+
+@dataclass(frozen=True)
+class Cascade:
+    """Layers (node names, in order) run depth-first over spatial tiles of `tile` (rows, cols), each
+    member's nest as `mappings` says; `saved_bytes`: the DRAM traffic of the intermediates (a STORE
+    and a LOAD each) that layer-by-layer would move."""
+
+    layers: tuple[str, ...]
+    tile: tuple[int, int]
+    mappings: tuple[TileMapping, ...]
+    saved_bytes: int
+
+    def to_dict(self) -> dict:
+        """What a program's metadata records of it (the report shows it)."""
+        return {"layers": list(self.layers), "tile": list(self.tile), "saved_bytes": self.saved_bytes}
+
+    def __str__(self) -> str:
+        return (f"cascade {' -> '.join(self.layers)}: tile {self.tile[0]}x{self.tile[1]}, "
+                f"saves {self.saved_bytes / 1024:.1f} KiB of DRAM")
+
+
+def copies(L: LayerShape):
+    """1 where a non-last member's output tiles reach the intermediate by a COPY out of the accumulator,
+    0 where its epilogue writes them there (lower.schedule.nest_work.epilogue_ops)."""
+    e = L.epilogue
+    return (e.plain + e.hard == 0) * 1
+
+
+def intermediate(L: LayerShape, m: TileMapping) -> Buffer:
+    """A non-last member's result tiles, every channel, `out_itemsize` each (int8 or float32)."""
+    item = L.out_itemsize
+    return Buffer("intermediate", Space.SPAD, words(m.tile_oh * m.tile_ow * L.o * item, item), 1 + m.double_buffer)
+
+
+def member_buffers(Ls, ms, xp) -> list[list[Buffer]]:
+    """Each member's buffers: its nest's (the first member's halo; the others read the intermediate;
+    a depthwise first member holds every channel tile's weights) and, but for the last, its
+    intermediate."""
+    out = []
+    for i, (L, m) in enumerate(zip(Ls, ms, strict=True)):
+        if L.kind == MATRIX:
+            own = [b for b in matrix_buffers(L, m, xp) if i == 0 or b.name != "halo"]
+        else:
+            resident = Buffer("weights", Space.SPAD, words(L.kh * L.kw * L.o * L.itemsize, L.itemsize))
+            own = [resident if b.name == "weights" else b for b in window_buffers(L, m, xp)]
+        out.append(own + ([intermediate(L, m)] if i < len(Ls) - 1 else []))
+    return out
+
+
+def cascade_buffers(Ls, ms, xp) -> list[Buffer]:
+    """Every buffer the cascade holds at once, named `member:buffer` (one Emitter.allocate)."""
+    return [dataclasses.replace(b, name=f"{i}:{b.name}") for i, bs in enumerate(member_buffers(Ls, ms, xp))
+            for b in bs]
+
+
+class CascadeCost(NamedTuple):
+    """A cascade's cost: cycles, instructions, actions (sim.energy's), per-unit busy cycles
+    ({load, store, channel, matrix, vector}), and its scratchpad and accumulator bytes."""
+
+    cycles: object
+    instructions: object
+    actions: ActionCounts
+    units: dict
+    spad_bytes: object
+    acc_bytes: object
+
+
+def cascade_cost(Ls, ms, hw, ops) -> CascadeCost:
+    """The cost of a cascade of members `Ls` (LayerShapes) mapped by `ms` (TileMappings sharing one
+    spatial tile) on `hw` (module doc)."""
+    xp = ops.xp
+    last = len(Ls) - 1
+    works = [(matrix_work if L.kind == MATRIX else window_work)(L, m, hw, ops)
+             for L, m in zip(Ls, ms, strict=True)]
+    loads, store, startup, matrix, vector, instructions = (0, 0), works[-1].store, (0, 0), 0, 0, 0
+    acts = []
+    for i, (L, m, w) in enumerate(zip(Ls, ms, works, strict=True)):
+        on_array = (L.kind == MATRIX) * 1      # else a depthwise first member: taps on the vector unit,
+        halo = w.halo if i == 0 else (0, 0)     # every weight loaded before the first tile
+        weights = tuple(on_array * v for v in w.weights)
+        loads = tuple(a + h + wt + e for a, h, wt, e in zip(loads, halo, weights, w.extra, strict=True))
+        startup = tuple(a + b + (1 - on_array) * c for a, b, c in zip(startup, w.startup, w.weights, strict=True))
+        copy = copies(L) * (i < last)
+        vec = w.epilogue + copy * w.groups + (1 - on_array) * w.compute
+        tiles = xp.maximum(w.tiles, 1)
+        # the next member's first MATMUL waits for this member's last output tile's vector work
+        matrix = matrix + on_array * w.compute + (i < last) * L.n * w.dims.n_h * w.dims.n_w * vec / tiles
+        vector = vector + vec
+        instructions = instructions + w.instructions - (i > 0) * w.halo[0] - (i < last) * (w.store[0] - copy * w.tiles)
+        acts.append(_member_actions(L, m, w, hw, ops, i > 0, (i < last) * 1, copy))
+    units = {"load": dma_cycles(*loads, hw), "store": dma_cycles(*store, hw),
+             "channel": (loads[1] + store[1]) / hw.dma_bandwidth_bytes_per_cycle, "matrix": matrix, "vector": vector}
+    first, end = works[0], works[-1]
+    fill = (dma_cycles(*first.halo, hw) / xp.maximum(first.halo_tiles, 1)
+            + (Ls[0].kind == MATRIX) * dma_cycles(*first.weights, hw) / xp.maximum(first.steps, 1))
+    drain = (end.epilogue + dma_cycles(*end.store, hw)) / xp.maximum(end.tiles, 1)
+    busiest = ops.smax(*units.values())
+    spad, acc = local_bytes(cascade_buffers(Ls, ms, xp))
+    total = ActionCounts(**{k: sum(a[k] for a in acts) for k in acts[0]})
+    return CascadeCost(dma_cycles(*startup, hw) + fill + busiest + drain, instructions, total, units, spad, acc)
+
+
+def _member_actions(L: LayerShape, m: TileMapping, w, hw, ops, reads_intermediate, writes_intermediate,
+                    copy) -> dict:
+    """A member's actions as its own nest's, less the intermediate's DRAM LOAD (and the scratchpad write
+    it makes) and STORE; the intermediate written to the scratchpad, by a COPY out of the accumulator
+    (in the STORE's place: its vector ops) or by the epilogue's last step (which then writes no
+    accumulator, and no STORE reads it).  (An epilogue with temporaries moves some more bytes between
+    the two memories than this counts: a GELU's, about 3 intermediates' worth each way.)"""
+    a = actions(L, m, w, hw, ops, L.kind).to_dict()
+    out = L.n * L.oh * L.ow * L.o
+    stored = w.store[1]
+    a["dram_read_bytes"] = a["dram_read_bytes"] - reads_intermediate * w.halo[1]
+    a["scratchpad_write_bytes"] = (a["scratchpad_write_bytes"] - reads_intermediate * w.halo[1]
+                                   + writes_intermediate * stored)
+    a["dram_write_bytes"] = a["dram_write_bytes"] - writes_intermediate * stored
+    a["vector_ops"] = a["vector_ops"] + writes_intermediate * copy * out
+    direct = writes_intermediate * (1 - copy) * stored
+    a["accumulator_read_bytes"] = a["accumulator_read_bytes"] - direct
+    a["accumulator_write_bytes"] = a["accumulator_write_bytes"] - direct
+    return a

@@ -1,0 +1,159 @@
+"""Which layers run as cascades (lower.schedule.cascade), and their tiles: decided by the cost.
+
+A chain is a run of consecutive emitted pointwise layers (`member`), each one's result read by the
+next alone (not a graph output, no other reader).  Each segment of a chain of up to MAX_MEMBERS
+layers gets its best cascade tiling (`map_cascade`: a grid of spatial tiles crossed with each
+member's output-channel tile and weight residency, what fits the scratchpad and accumulator,
+ranked by compile's objective of the cascade's cost); a chain is then cut into the segments of
+least total objective, a segment of one layer being the layer as the default mapper tiled it.
+A cascade that does not fit, or costs more, is thus split, never emitted illegally.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from stagec.isa.instructions import MAX_COUNT
+from stagec.sim.energy import ActionCounts, energy_pj
+
+from ..graph.graph_ir import OpKind
+from .cascade import MAX_MEMBERS, Cascade, cascade_cost
+from .nest import MATRIX, Exact, LayerShape, TileMapping
+from .nest_cost import nest_cost
+from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
+from .tensors import DTYPE_OF
+
+FUSED_DTYPES = ("float32", "int8")   # intermediates the scratchpad holds as the next layer reads them
+
+
+def member(node, graph, nest) -> bool:
+    """Whether a node (its first nest `nest`, the mapper's) can be a cascade's member: a matrix-unit
+    matmul of constant weights and no batch, or a 1x1 convolution of stride 1, no padding, one group,
+    on float32 or int8 operands; or, to lead one, a float32 depthwise convolution."""
+    kind = getattr(nest, "kind", None)
+    if kind == "depthwise":
+        return node.inputs[0].dtype == "float32" and not nest.problem.widened
+    if kind != "matrix" or node.inputs[0].dtype not in FUSED_DTYPES:
+        return False
+    p = nest.problem
+    if node.op == OpKind.MATMUL:
+        return math.prod(node.output.shape[:-2]) == 1 and node.inputs[1].id in graph.constants
+    return (node.op == OpKind.CONV and (p.kh, p.kw, p.stride, p.dilation) == (1, 1, (1, 1), (1, 1))
+            and p.padding == ((0, 0), (0, 0)) and node.attr("groups") == 1)
+
+
+def chains(graph, layout, tilings: dict, excluded) -> list[list]:
+    """Maximal runs of consecutive emitted members, each one's output read by the next alone (through
+    reshapes that are views, lower.schedule.layout, read by nothing else)."""
+    uses, producer = graph.consumers(), graph.producer()
+    outputs = {v.id for v in graph.outputs}
+
+    def alone(v) -> bool:
+        return len(uses.get(v.id, ())) == 1 and v.id not in outputs
+
+    def source(v):
+        """The value `v` views, through single-use reshapes that emit nothing."""
+        p = producer.get(v.id)
+        while p is not None and p.op == OpKind.RESHAPE and not layout.emits(p) and alone(p.inputs[0]):
+            v = p.inputs[0]
+            p = producer.get(v.id)
+        return v
+
+    def spatial(node):
+        p = tilings[node.name].nests[0].problem
+        return p.n, p.oh, p.ow
+
+    runs, run = [], []
+    for node in (n for n in graph.nodes if layout.emits(n)):
+        ok = member(node, graph, tilings[node.name].nests[0]) and node.name not in excluded
+        last = run[-1].output if run else None
+        linked = (ok and run and tilings[node.name].nests[0].kind == "matrix" and alone(node.inputs[0])
+                  and source(node.inputs[0]).id == last.id and alone(last) and node.inputs[0].dtype == last.dtype
+                  and spatial(run[-1]) == spatial(node))
+        if linked:
+            run.append(node)
+            continue
+        if len(run) > 1:
+            runs.append(run)
+        run = [node] if ok else []
+    return runs + ([run] if len(run) > 1 else [])
+
+
+def _options(dim: int, cols: int) -> np.ndarray:
+    """Output-channel tiles a member may take: the whole dim, multiples of the array's columns."""
+    sizes = tile_sizes(dim)
+    return sizes[(sizes == dim) | (sizes % cols == 0)]
+
+
+def _charged(cycles, instructions, actions: ActionCounts, hw, objective: str):
+    charged = cycles + INSTRUCTION_CHARGE * instructions
+    energy = sum(energy_pj(actions, charged, hw).values())
+    return charged, energy, objective_of(charged, energy, objective)
+
+
+def map_cascade(nests, hw, objective: str):
+    """The cheapest cascade tiling of members `nests` (the mapper's ConvNests): (spatial tile, member
+    mappings, charged cycles, energy, objective), or None when no tiling fits."""
+    Ls = [LayerShape.of(nest.kind, nest.problem, nest.extras) for nest in nests]
+    if max(L.c for L in Ls) > MAX_COUNT:
+        return None
+    axes = [tile_sizes(Ls[0].oh), tile_sizes(Ls[0].ow)]
+    for L in Ls:   # output-channel tiles, weight residency (a depthwise member's are whole, held throughout)
+        axes += [_options(L.o, hw.array_cols), np.array([1, 0] if L.kind == MATRIX else [0])]
+    grid = [np.asarray(a).reshape([1] * i + [-1] + [1] * (len(axes) - 1 - i)) for i, a in enumerate(axes)]
+    th, tw = grid[0], grid[1]
+    # a member's channel tiles are the last one's output-channel tiles (lower.schedule.cascade); a
+    # depthwise member's, one (its nest's)
+    ms = [TileMapping(th, tw, grid[2 + 2 * i], grid[2 * i] if i else L.c if L.kind == MATRIX else 1, 1,
+                      grid[3 + 2 * i], 0, 0, 0) for i, L in enumerate(Ls)]
+    cost = cascade_cost(Ls, ms, hw, Exact)
+    charged, energy, value = _charged(cost.cycles, cost.instructions, cost.actions, hw, objective)
+    shape = np.broadcast_shapes(*(np.shape(g) for g in grid))
+    fit = np.broadcast_to((cost.spad_bytes <= hw.scratchpad_bytes) & (cost.acc_bytes <= hw.accumulator_bytes), shape)
+    if not fit.any():
+        return None
+    value = np.where(fit, np.broadcast_to(value, shape), np.inf)
+    at = np.unravel_index(int(np.argmin(value)), shape)
+    pick = [int(axes[i][at[i]]) for i in range(len(axes))]
+    mappings = tuple(TileMapping(pick[0], pick[1], pick[2 + 2 * i], pick[2 * i] if i else L.c if L.kind == MATRIX
+                                 else 1, True, bool(pick[3 + 2 * i])) for i, L in enumerate(Ls))
+    return ((pick[0], pick[1]), mappings, float(np.broadcast_to(charged, shape)[at]),
+            float(np.broadcast_to(energy, shape)[at]), float(value[at]))
+
+
+def layer_cost(nest, m: TileMapping, hw, objective: str):
+    """(charged cycles, energy, objective) of a layer run alone as the default mapper tiled it."""
+    L = LayerShape.of(nest.kind, nest.problem, nest.extras)
+    cost = nest_cost(L, m, hw, Exact)
+    return _charged(cost.cycles, cost.instructions, cost.actions, hw, objective)
+
+
+def saved_bytes(nodes) -> int:
+    """DRAM bytes the intermediates of a cascade of `nodes` would move layer by layer: a STORE and a LOAD."""
+    return sum(2 * math.prod(n.output.shape) * DTYPE_OF[n.output.dtype].itemsize for n in nodes[:-1])
+
+
+def choose_cascades(graph, layout, tilings: dict, hw, objective: str, excluded) -> list[Cascade]:
+    """The cascades of least objective over every chain (module doc); `tilings`: node name -> the
+    default mapper's Tiling, `excluded`: layers the caller mapped.  Each prefix of a chain keeps its
+    cheapest cut by the objective of its summed cycles and energy (EDP is not a sum over segments)."""
+    found = []
+    for run in chains(graph, layout, tilings, excluded):
+        nests = [tilings[node.name].nests[0] for node in run]
+        alone = [layer_cost(nest, tilings[node.name].mapping, hw, objective)[:2]
+                 for nest, node in zip(nests, run, strict=True)]
+        best = [(0.0, 0.0, [])]          # best[j]: (cycles, energy, cascades) of run[:j]
+        for j in range(1, len(run) + 1):
+            cycles, energy, cut = best[j - 1]
+            options = [(cycles + alone[j - 1][0], energy + alone[j - 1][1], cut)]
+            for i in range(max(0, j - MAX_MEMBERS), j - 1):
+                mapped = map_cascade(nests[i:j], hw, objective)
+                if mapped is not None:
+                    tile, mappings, c, e, _ = mapped
+                    cascade = Cascade(tuple(n.name for n in run[i:j]), tile, mappings, saved_bytes(run[i:j]))
+                    options.append((best[i][0] + c, best[i][1] + e, best[i][2] + [cascade]))
+            best.append(min(options, key=lambda o: objective_of(o[0], o[1], objective)))
+        found += best[-1][2]
+    return found

@@ -1,0 +1,32 @@
+"""What the mappers share (the layer mapper, lower.schedule.mapper; the cascade mapper,
+lower.schedule.cascade_map): the objectives, the charge per instruction, candidate tile sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stagec.errors import InputError
+from stagec.isa.instructions import MAX_COUNT
+
+OBJECTIVES = ("latency", "energy", "edp")   # what the default mapper may minimize (objective_of)
+INSTRUCTION_CHARGE = 32.0  # cycles the mappers charge an instruction: what the nest latency leaves out, and size
+
+
+def tile_sizes(dim: int, cap: int = MAX_COUNT) -> np.ndarray:
+    """Candidate tile sizes along one dim: powers of two, the whole dim, and balanced splits, none
+    above `cap` (an instruction's iteration counts are 16-bit)."""
+    cands = {dim} | {1 << k for k in range(dim.bit_length()) if 1 << k <= dim}
+    cands |= {-(-dim // k) for k in range(2, 9)}
+    cands = {c for c in cands if c <= cap} or {cap}
+    return np.array(sorted(cands), np.int64)
+
+
+def objective_of(cycles, energy_pj, objective: str):
+    """The scalar a mapper or tuner minimizes: cycles, energy (pJ) or their product (EDP)."""
+    if objective == "latency":
+        return cycles
+    if objective == "energy":
+        return energy_pj
+    if objective == "edp":
+        return cycles * energy_pj
+    raise InputError(f"unknown objective {objective!r}; expected one of {OBJECTIVES}")
