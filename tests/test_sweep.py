@@ -173,3 +173,19 @@ def test_spaces_grid_and_sample_and_reject_unknown_names():
         option_grid({"precision": ["int8"]})
     with pytest.raises(InputError, match="quantize"):
         option_grid({"quantize": ["int4"]})
+
+
+def test_the_sweep_command_writes_rows_a_front_and_a_plot(tmp_path, capsys):
+    from stagec.cli import main
+    factory = tmp_path / "net.py"
+    factory.write_text("import torch\n\ndef net():\n    torch.manual_seed(0)\n"
+                       "    return torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1)).eval(), "
+                       "(torch.randn(1, 4, 8, 8),)\n")
+    out, plot = tmp_path / "sweep.jsonl", tmp_path / "pareto.png"
+    assert main(["sweep", f"{factory}:net", "--hw", "array_rows=4,8", "--hw", "scratchpad_bytes=64:16448:16384",
+                 "--executor", "local", "--out", str(out), "--plot", str(plot)]) == 0
+    rows = load_results(out).rows
+    assert sorted((r["array_rows"], r["scratchpad_bytes"]) for r in rows) == [(4, 64), (4, 16448), (8, 64), (8, 16448)]
+    assert "4 points (4 computed now, 2 failed)" in capsys.readouterr().out and plot.stat().st_size > 0
+    assert main(["sweep", f"{factory}:net", "--hw", "array_rows", "--executor", "local"]) == 2
+    assert "expected FIELD=VALUES" in capsys.readouterr().err

@@ -97,7 +97,8 @@ class SweepResults:
                 ax.scatter([r[x] for r in mine], [r[y] for r in mine], s=12, alpha=0.35, color=f"C{color}")
                 ax.step([r[x] for r in front], [r[y] for r in front], where="post", color=f"C{color}",
                         marker="o", ms=4, label=str(key) if by else "front")
-            ax.set(xlabel=_LABELS.get(x, x), ylabel=_LABELS.get(y, y), xscale="log", yscale="log")
+            ax.set(xlabel=_LABELS.get(x, x), ylabel=_LABELS.get(y, y), xscale=_scale(self.ok(), x),
+                   yscale=_scale(self.ok(), y))
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=7)
         return fig
@@ -142,6 +143,12 @@ def _read(path: Path, repair: bool) -> list[dict]:
             seen.add(r["id"])
             rows.append(r)
     return rows
+
+
+def _scale(rows: list[dict], column: str) -> str:
+    """log when the values span more than a decade (a sweep's latencies often do), else linear."""
+    values = [r[column] for r in rows if r.get(column) is not None and r[column] > 0]
+    return "log" if values and max(values) > 10 * min(values) else "linear"
 
 
 def _fmt(v) -> str:
