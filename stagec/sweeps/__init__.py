@@ -19,6 +19,7 @@ stable point id: running the same sweep again computes only the points the file 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from stagec.errors import InputError
@@ -55,7 +56,7 @@ def sweep(models, hw: Mapping, *, options: Mapping | None = None, samples: int |
     """
     base = base or HardwareConfig()
     executor = choose(executor)
-    named = _named_models(models)
+    named = _named_models(models, reduced)
     points = make_points(list(named), hardware_grid(hw, samples, seed), option_grid(options), base, mode)
     for p in points:
         if isinstance(named[p.model], _graph_type()) and p.options["quantize"] is not None:
@@ -64,7 +65,7 @@ def sweep(models, hw: Mapping, *, options: Mapping | None = None, samples: int |
     done = results.done()
     pending = [p for p in points if p.id not in done]
     if pending:
-        graphs = {key: _graph(named[key[0]], key[1], reduced) for key in dict.fromkeys(_key(p) for p in pending)}
+        graphs = {key: _graph(named[key[0]], key[1]) for key in dict.fromkeys(_key(p) for p in pending)}
         settings = Settings(base, tune_settings, measure)
         tasks = _tasks(pending, COSTMODEL_CHUNK if mode == "costmodel" else 1)
         run = run_local(graphs, tasks, settings) if executor == "local" else \
@@ -77,15 +78,18 @@ def sweep(models, hw: Mapping, *, options: Mapping | None = None, samples: int |
     return SweepResults([r for r in results.rows if r["id"] in ids], results.path, len(pending))
 
 
-def _named_models(models) -> dict:
-    """name -> model spec (zoo name, example tuple or graph)."""
-    if isinstance(models, Mapping):
-        return dict(models)
+def _named_models(models, reduced: bool) -> dict:
+    """name -> model spec (an example tuple or graph; a zoo name's example, built when needed).  A
+    zoo model's reduced config is named NAME-reduced: its rows are not the full-size model's."""
     if isinstance(models, (str, tuple)) or isinstance(models, _graph_type()):
         models = [models]
+    items = models.items() if isinstance(models, Mapping) else \
+        ((spec if isinstance(spec, str) else type(spec[0]).__name__ if isinstance(spec, tuple) else f"graph{i}", spec)
+         for i, spec in enumerate(models))
     named: dict = {}
-    for i, spec in enumerate(models):
-        name = spec if isinstance(spec, str) else type(spec[0]).__name__ if isinstance(spec, tuple) else f"graph{i}"
+    for name, spec in items:
+        if isinstance(spec, str):
+            name, spec = (f"{name}-reduced" if reduced and name == spec else name), _Zoo(spec, reduced)
         if name in named:
             raise InputError(f"two models are called {name!r}: give a dict of name -> model")
         named[name] = spec
@@ -94,20 +98,28 @@ def _named_models(models) -> dict:
     return named
 
 
+@dataclass(frozen=True)
+class _Zoo:
+    """A zoo model by name, built only if one of its points is computed."""
+
+    name: str
+    reduced: bool
+
+
 def _graph_type():
     from stagec.lower.graph.graph_ir import Graph
     return Graph
 
 
-def _graph(spec, quantize: str | None, reduced: bool):
+def _graph(spec, quantize: str | None):
     """The graph a model's points share: traced and built once (per precision)."""
     from stagec.pipeline import build_graph
     from stagec.zoo import build
 
     if isinstance(spec, _graph_type()):
         return spec
-    if isinstance(spec, str):
-        spec = build(spec, reduced)
+    if isinstance(spec, _Zoo):
+        spec = build(spec.name, spec.reduced)
     if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
         raise InputError(f"a sweep's model is a zoo name, (model, args[, kwargs]) or a graph, not {spec!r:.80}")
     model, args, kwargs = (*spec, None) if len(spec) == 2 else spec
