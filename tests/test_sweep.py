@@ -155,7 +155,7 @@ def test_pareto_front_is_every_undominated_feasible_row(tmp_path):
     assert {(r["model"], r["area_mm2"], r["latency_s"]) for r in front} == points
     assert len(front) == len(points)                     # one row per undominated point
     assert len(results.pareto_table().splitlines()) == len(front) + 2
-    assert len(results.figure().axes) == 2
+    assert len(results.figure().axes) == 4   # a row of two fronts per model
 
 
 def test_spaces_grid_and_sample_and_reject_unknown_names():

@@ -86,21 +86,24 @@ class SweepResults:
         return "\n".join([text[0], "-" * len(text[0]), *text[1:]])
 
     def figure(self, fronts=FRONTS, by: str | None = "model") -> Figure:
-        """One panel per (x, y) pair: every feasible point, and each group's front as a step line."""
-        fig = Figure(figsize=(5.5 * len(fronts), 4.2), layout="constrained")
-        keys = sorted({r.get(by) if by else None for r in self.ok()}, key=str)
-        for panel, (x, y) in enumerate(fronts):
-            ax = fig.add_subplot(1, len(fronts), panel + 1)
-            for color, key in enumerate(keys):
-                mine = [r for r in self.ok() if (r.get(by) if by else None) == key and r.get(x) is not None]
-                front = [r for r in self.pareto(x, y, by) if (r.get(by) if by else None) == key]
-                ax.scatter([r[x] for r in mine], [r[y] for r in mine], s=12, alpha=0.35, color=f"C{color}")
-                ax.step([r[x] for r in front], [r[y] for r in front], where="post", color=f"C{color}",
-                        marker="o", ms=4, label=str(key) if by else "front")
-            ax.set(xlabel=_LABELS.get(x, x), ylabel=_LABELS.get(y, y), xscale=_scale(self.ok(), x),
-                   yscale=_scale(self.ok(), y))
-            ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=7)
+        """A row of panels per group (`by`'s value), one per (x, y) pair: the group's feasible
+        points, and its front as a step line."""
+        keys = sorted({r.get(by) if by else None for r in self.ok()}, key=str) or [None]
+        fig = Figure(figsize=(5.5 * len(fronts), 3.8 * len(keys)), layout="constrained")
+        for row, key in enumerate(keys):
+            mine = SweepResults([r for r in self.ok() if (r.get(by) if by else None) == key])
+            for col, (x, y) in enumerate(fronts):
+                ax = fig.add_subplot(len(keys), len(fronts), row * len(fronts) + col + 1)
+                shown = [r for r in mine.rows if r.get(x) is not None and r.get(y) is not None]
+                front = mine.pareto(x, y, None)
+                ax.scatter([r[x] for r in shown], [r[y] for r in shown], s=12, alpha=0.35, color="C0",
+                           label=f"{len(shown)} configs")
+                ax.step([r[x] for r in front], [r[y] for r in front], where="post", color="C1", marker="o", ms=4,
+                        label="Pareto front")
+                ax.set(xlabel=_LABELS.get(x, x), ylabel=_LABELS.get(y, y), xscale=_scale(shown, x),
+                       yscale=_scale(shown, y), title=str(key) if by else "")
+                ax.grid(alpha=0.3, which="both")
+                ax.legend(fontsize=7)
         return fig
 
     def to_pandas(self):
