@@ -82,7 +82,18 @@ def candidates(L: LayerShape) -> tuple[TileMapping, np.ndarray]:
 def _at(m: TileMapping, shape, idx) -> TileMapping:
     """The grid's points at flat indices `idx` of `shape`, as a TileMapping of arrays."""
     pos = np.unravel_index(idx, shape)
-    return TileMapping(*(np.broadcast_to(getattr(m, f.name), shape)[pos] for f in fields(m)))
+    # NOTE: a field varies along the grid's axes where its own shape is not 1: indexing those alone
+    # is what indexing it broadcast to the whole grid gives, without building that index per field
+    return TileMapping(*(_field_at(np.asarray(getattr(m, f.name)), shape, pos) for f in fields(m)))
+
+
+def _field_at(v: np.ndarray, shape, pos) -> np.ndarray:
+    lead = len(shape) - v.ndim
+    axes = [a for a in range(v.ndim) if v.shape[a] != 1]
+    if not axes:
+        return np.broadcast_to(v.reshape(()), np.shape(pos[0]))
+    flat = v.reshape([v.shape[a] for a in axes])
+    return flat[tuple(pos[lead + a] for a in axes)]
 
 
 def _candidate(m: TileMapping, shape, k: int) -> TileMapping:
