@@ -170,4 +170,3 @@ def test_a_callers_mapping_that_does_not_fit_names_the_layer():
     for name, mapping, error, message in cases:
         with pytest.raises(error, match=message):
             make_schedule(c.graph, c.layout, stagec.HardwareConfig(scratchpad_bytes=64 * 1024), {name: mapping})
-
