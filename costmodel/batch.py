@@ -1,9 +1,12 @@
 """Batched exact evaluation, sharded over every local device with jax.sharding.
 
 A batch of (layer, mapping) pairs is split along its one axis across a 1-D device mesh
-(padded to a multiple of the device count); the hardware and constants are replicated.  On
-one device it is a plain vmapped jit; on a host with many (GPUs, or CPU devices from
-XLA_FLAGS=--xla_force_host_platform_device_count=N) each evaluates its share.
+(padded to a multiple of the device count); the constants are replicated, and so is the
+hardware when it is one point.  A batch of hardware points (a HardwarePoint whose fields have
+the batch's shape, `stack`ed: configs x layers flattened into one axis, as a sweep evaluates
+them) is split with the pairs.  On one device it is a plain vmapped jit; on a host with many
+(GPUs, or CPU devices from XLA_FLAGS=--xla_force_host_platform_device_count=N) each evaluates
+its share.
 
     >>> import numpy as np
     >>> from stagec.costmodel.batch import evaluate
@@ -31,16 +34,20 @@ from .hardware import HardwarePoint
 from .model import DEFAULT_CONSTANTS, CostConstants, LayerCost, layer_cost
 
 
-@partial(jax.jit, static_argnames=("smooth",))
-def exact_cost(layers, mappings, hw, constants=DEFAULT_CONSTANTS, smooth: float = 0.0) -> LayerCost:
-    """The cost of each of a batch of pairs on the default device (smooth > 0: the relaxed model)."""
-    return jax.vmap(lambda L, m: layer_cost(L, m, hw, constants, smooth))(layers, mappings)
+@partial(jax.jit, static_argnames=("smooth", "hw_batched"))
+def exact_cost(layers, mappings, hw, constants=DEFAULT_CONSTANTS, smooth: float = 0.0, *,
+               hw_batched: bool = False) -> LayerCost:
+    """The cost of each of a batch of pairs on the default device (smooth > 0: the relaxed model),
+    on one hardware point or (hw_batched) on each pair's own."""
+    return jax.vmap(lambda L, m, h: layer_cost(L, m, h, constants, smooth),
+                    in_axes=(0, 0, 0 if hw_batched else None))(layers, mappings, hw)
 
 
 def evaluate(layers: LayerShape, mappings: TileMapping, hw: HardwarePoint,
              constants: CostConstants = DEFAULT_CONSTANTS, devices=None, smooth: float = 0.0) -> LayerCost:
     """The cost of each of a batch of pairs (fields of shape (n,)), as numpy arrays, evaluated on
-    `devices` (default: all local devices) in equal shares."""
+    `devices` (default: all local devices) in equal shares; `hw` one point, or one per pair
+    (fields of shape (n,))."""
     devices = jax.local_devices() if devices is None else list(devices)
     n = int(np.shape(mappings.tile_oh)[0])
     pad = -n % len(devices)
@@ -51,6 +58,7 @@ def evaluate(layers: LayerShape, mappings: TileMapping, hw: HardwarePoint,
         return jax.tree.map(lambda a: jax.device_put(np.pad(np.asarray(a, np.float32), (0, pad), mode="edge"), split),
                             tree)
 
-    replicated = jax.device_put((hw, constants), whole)
-    out = exact_cost(shard(layers), shard(mappings), *replicated, smooth)
+    hw_batched = np.ndim(hw.array_rows) == 1
+    out = exact_cost(shard(layers), shard(mappings), shard(hw) if hw_batched else jax.device_put(hw, whole),
+                     jax.device_put(constants, whole), smooth, hw_batched=hw_batched)
     return jax.tree.map(lambda a: np.asarray(a)[:n], out)

@@ -37,6 +37,7 @@ _HOMES = {
     "TuneSettings": "stagec.tuning", "Tuning": "stagec.tuning", "tune": "stagec.tuning",
     # NOTE: not in a module stagec.codesign: importing it would set the package's `codesign` to the module
     "Codesign": "stagec.codesigning", "codesign": "stagec.codesigning",
+    "sweep": "stagec.sweeps", "load_results": "stagec.sweeps",
 }
 __getattr__, __dir__ = lazy_attributes(__name__, _HOMES)
 
@@ -44,5 +45,5 @@ __all__ = ["AccuracyWarning", "AssemblyError", "Codesign", "ConfigError", "Expor
            "LoweringError", "PlanError", "Program", "ProgramFormatError", "QuantizationError",
            "ReferenceFallbackWarning", "Report", "SimulationError", "StagecError", "TilingError", "TimingError",
            "TuneSettings", "Tuning", "UnsupportedOpError", "VerificationError", "codesign", "compile", "load",
-           "simulate", "tune"]
+           "load_results", "simulate", "sweep", "tune"]
 __version__ = "0.1.0"

@@ -85,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     ops.add_argument("model", help="a zoo model (stagec.zoo.ZOO, e.g. resnet18) or path/to/file.py:factory, "
                                    "where factory() returns (model, args) or (model, args, kwargs)")
     ops.add_argument("--reduced", action="store_true", help="the zoo model's small configuration")
+    from .cli_sweep import add_sweep_command
+    add_sweep_command(sub, parents=[debug])
     return parser
 
 

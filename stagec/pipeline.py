@@ -407,7 +407,8 @@ def build_graph(model_or_fn, example_args, *, kwargs=None, **options) -> tuple[T
     return c.traced, c.graph
 
 
-def lower_graph(graph: Graph, hw: HardwareConfig, mappings: Mapping | None = None) -> Program:
-    """A graph's program: the stages from `pack` on (layers named in `mappings` mapped so, checked to fit)."""
-    request = Request(None, hw=hw, mappings=MappingProxyType(dict(mappings or {})))
+def lower_graph(graph: Graph, hw: HardwareConfig, mappings: Mapping | None = None, objective: str = "edp") -> Program:
+    """A graph's program: the stages from `pack` on (layers named in `mappings` mapped so, checked to
+    fit; the rest by the default mapper for `objective`)."""
+    request = Request(None, hw=hw, mappings=MappingProxyType(dict(mappings or {})), objective=objective)
     return run(PIPELINE[position("pack"):], Compilation(request, graph=graph)).program

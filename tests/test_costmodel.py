@@ -148,6 +148,20 @@ def test_sharded_evaluation_equals_unsharded():
         b = evaluate(layers, maps, hw, devices=jax.local_devices()[:1])
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
             assert np.array_equal(x, y), (x, y)
+        # configs x layers: each pair on its own hardware point, sharded with the pairs
+        configs = [HardwareConfig(array_rows=4 + 4 * (i % 3), scratchpad_bytes=(64 << (i % 4)) * 1024,
+                                  dma_bandwidth_bytes_per_cycle=8.0 + i) for i in range(13)]
+        hws = stack([hardware_point(c) for c in configs])
+        c = evaluate(layers, maps, hws)
+        d = evaluate(layers, maps, hws, devices=jax.local_devices()[:1])
+        for x, y in zip(jax.tree.leaves(c), jax.tree.leaves(d)):
+            assert np.array_equal(x, y), (x, y)
+        for i, config in enumerate(configs):
+            one = evaluate(jax.tree.map(lambda v: v[i:i + 1], layers), jax.tree.map(lambda v: v[i:i + 1], maps),
+                           hardware_point(config), devices=jax.local_devices()[:1])
+            # NOTE: a batch of one compiles apart from one of 13: float32 rounding may differ in the last bits
+            np.testing.assert_allclose([one.cycles[0], one.energy_pj[0]], [c.cycles[i], c.energy_pj[i]], rtol=1e-6)
+        assert not np.array_equal(c.cycles, a.cycles)   # each pair saw its own config
         print("sharded", len(a.cycles))
     """)
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}

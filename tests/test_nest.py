@@ -6,6 +6,7 @@ footprint."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -236,6 +237,43 @@ def test_the_mapper_minimizes_its_objective_over_every_candidate_that_fits():
     for o in OBJECTIVES:
         chosen = nest_cost(LayerShape.of("matrix", p), map_nest("matrix", p, HW, objective=o), HW, Exact)
         assert _objectives(chosen)[o] == pytest.approx(best[o], rel=1e-9), o
+
+
+@pytest.mark.parametrize("objective", ["latency", "energy", "edp"])
+def test_the_mappers_pruned_search_picks_what_composing_every_candidate_picks(objective):
+    """On grids of thousands of candidates (the test above has fewer than the mapper composes before it
+    prunes), the mapper composes only those whose bound may beat the best found: composing every
+    candidate that fits must pick the same mapping, ties included."""
+    from stagec.isa import HardwareConfig
+    from stagec.lower.schedule.mapper import (
+        INSTRUCTION_CHARGE,
+        _at,
+        _Candidates,
+        candidates,
+        map_nest,
+        objective_of,
+    )
+    from stagec.lower.schedule.nest import ConvProblem, Exact, LayerShape
+    from stagec.lower.schedule.nest_cost import nest_cost
+    from stagec.sim.energy import energy_pj
+
+    problems = [("matrix", ConvProblem(1, 64, 28, 28, 64, 3, 3, padding=((1, 1), (1, 1)))),
+                ("matrix", ConvProblem(1, 160, 14, 14, 320)), ("depthwise", ConvProblem(1, 1, 56, 56, 96, 3, 3))]
+    configs = [HardwareConfig(), HardwareConfig(array_rows=8, array_cols=32, scratchpad_bytes=32 * 1024,
+                                                dataflow="output_stationary", dma_bandwidth_bytes_per_cycle=4.0)]
+    for (kind, p), hw in ((pk, hw) for pk in problems for hw in configs):
+        L = LayerShape.of(kind, p)
+        grid_m, ok = candidates(L)
+        shape = np.broadcast_shapes(np.shape(ok), *(np.shape(v) for v in vars(grid_m).values()))
+        m = _at(grid_m, shape, np.arange(math.prod(shape)))      # every point of the grid, flat
+        cost = nest_cost(L, m, hw, Exact)
+        charged = cost.cycles + INSTRUCTION_CHARGE * cost.instructions
+        energy = sum(energy_pj(cost.actions, charged, hw).values())
+        grid = _Candidates(p, m, np.broadcast_to(ok, shape).reshape(-1), cost.spad_bytes, cost.acc_bytes,
+                           objective_of(charged, energy, objective))
+        values = np.where(grid.fit(hw), grid.values[0], np.inf)
+        assert np.isfinite(values).sum() > 1000   # more than the mapper composes before it prunes
+        assert map_nest(kind, p, hw, objective=objective) == grid.candidate(int(np.argmin(values)))
 
 
 def test_an_edp_mapping_reads_a_transformers_weights_once():

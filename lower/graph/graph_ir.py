@@ -111,6 +111,10 @@ class Graph:
     nodes: tuple[Node, ...]
     constants: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # Value.id -> ndarray
 
+    def __reduce__(self):
+        # NOTE: a mappingproxy does not pickle; a graph does (stagec.sweeps ships one to its workers)
+        return _graph_of, (self.inputs, self.outputs, self.nodes, dict(self.constants))
+
     def fresh_ids(self) -> itertools.count:
         """Value ids no value of this graph has, for a pass's new values."""
         return itertools.count(1 + max([v.id for n in self.nodes for v in (*n.inputs, n.output)]
@@ -137,6 +141,10 @@ class Graph:
 
     def producer(self) -> dict[int, Node]:
         return {n.output.id: n for n in self.nodes}
+
+
+def _graph_of(inputs, outputs, nodes, constants: dict) -> Graph:
+    return Graph(inputs, outputs, nodes, MappingProxyType(constants))
 
 
 def format_expr(expr: Expr, n_inputs: int) -> str:

@@ -75,7 +75,18 @@ def candidates(L: LayerShape) -> tuple[TileMapping, np.ndarray]:
 def _at(m: TileMapping, shape, idx) -> TileMapping:
     """The grid's points at flat indices `idx` of `shape`, as a TileMapping of arrays."""
     pos = np.unravel_index(idx, shape)
-    return TileMapping(*(np.broadcast_to(getattr(m, f.name), shape)[pos] for f in fields(m)))
+    # NOTE: a field varies along the grid's axes where its own shape is not 1: indexing those alone
+    # is what indexing it broadcast to the whole grid gives, without building that index per field
+    return TileMapping(*(_field_at(np.asarray(getattr(m, f.name)), shape, pos) for f in fields(m)))
+
+
+def _field_at(v: np.ndarray, shape, pos) -> np.ndarray:
+    lead = len(shape) - v.ndim
+    axes = [a for a in range(v.ndim) if v.shape[a] != 1]
+    if not axes:
+        return np.broadcast_to(v.reshape(()), np.shape(pos[0]))
+    flat = v.reshape([v.shape[a] for a in axes])
+    return flat[tuple(pos[lead + a] for a in axes)]
 
 
 def _candidate(m: TileMapping, shape, k: int) -> TileMapping:
@@ -165,25 +176,25 @@ def map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS, la
 @functools.lru_cache(maxsize=4096)
 def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras, objective: str):
     """map_nest's search, once per problem, config, epilogue and objective (networks repeat their layer
-    shapes): (mapping, cycles), or the TilingError, its message without the layer's name.  For latency
-    every candidate gets a cheap lower bound of its cost (lower.schedule.nest_cost.bound); the full
-    cost is composed for the most promising ones, then for every other whose bound is below the best
-    found: the same choice as composing it for all.  Energy has no such bound: it is composed for every
-    candidate that fits."""
+    shapes): (mapping, cycles), or the TilingError, its message without the layer's name.  Every
+    candidate gets a cheap lower bound of its objective (lower.schedule.nest_cost.bound: of the
+    cycles; energy is the exact action counts' over those cycles, whose leakage only grows with the
+    true ones); the full cost is composed for the most promising ones, then for every other whose
+    bound is below the best found: the same choice as composing it for all."""
     L = LayerShape.of(kind, p, extras)
     m, ok = candidates(L)
-    cycles, instructions, spad, acc = bound(L, m, hw)
-    grid = _Candidates(p, m, ok, spad, acc, cycles + INSTRUCTION_CHARGE * instructions)
+    counted = objective != "latency"
+    cycles, instructions, spad, acc, *counts = bound(L, m, hw, counted)
+    charged = cycles + INSTRUCTION_CHARGE * instructions
+    energy = sum(energy_pj(counts[0], charged, hw).values()) if counted else 0
+    grid = _Candidates(p, m, ok, spad, acc, objective_of(charged, energy, objective))
     fit = grid.fit(hw)
     if not fit.any():
         return grid.nothing_fits(hw, None)
     low = np.where(fit, grid.values[0], np.inf)
-    if objective == "latency":
-        first = np.argpartition(low, FIRST_COMPOSED)[:FIRST_COMPOSED] if low.size > FIRST_COMPOSED \
-            else np.arange(low.size)
-        first = first[np.isfinite(low[first])]
-    else:
-        first = np.flatnonzero(fit)
+    first = np.argpartition(low, FIRST_COMPOSED)[:FIRST_COMPOSED] if low.size > FIRST_COMPOSED \
+        else np.arange(low.size)
+    first = first[np.isfinite(low[first])]
 
     def composed(idx):
         cost = nest_cost(L, _at(m, grid.shape, idx), hw, Exact)
@@ -192,7 +203,7 @@ def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras, obj
         return cost.cycles, objective_of(charged, energy, objective)
 
     est, value = composed(first)
-    rest = np.setdiff1d(np.flatnonzero(low <= value.min()), first) if objective == "latency" else ()
+    rest = np.setdiff1d(np.flatnonzero(low <= value.min()), first)
     if len(rest):
         more = composed(rest)
         first, est, value = (np.concatenate(v) for v in ((first, rest), (est, more[0]), (value, more[1])))

@@ -284,17 +284,20 @@ def _work(L: LayerShape, m: TileMapping, hw, ops, kind):
     return w, held, local_bytes(matrix_buffers(L, m, ops.xp) if on_array else window_buffers(L, m, ops.xp))
 
 
-def bound(L: LayerShape, m: TileMapping, hw):
+def bound(L: LayerShape, m: TileMapping, hw, counted: bool = False):
     """A lower bound of nest_cost's exact cycles (what every unit is busy for, and in a single-buffered
     nest the MATMULs after their LOADs), with the instructions and the footprint: what the mapper
-    prunes its candidates with, before it composes the latency of the few that may win."""
+    prunes its candidates with, before it composes the latency of the few that may win.  `counted`:
+    also the nest's action counts, exact (they do not depend on the timing), for an energy bound."""
     w, held, (spad, acc) = _work(L, m, hw, Exact, L.kind)
+    counts = (ActionCounts(**{k: L.repeat * v for k, v in actions(L, m, w, hw, Exact, L.kind).to_dict().items()}),) \
+        if counted else ()
     on_array = L.kind == MATRIX
     busy = Exact.max(w.compute + held, dma_cycles(*w.loads, hw), dma_cycles(*w.store, hw),
                (w.loads[1] + w.store[1]) / hw.dma_bandwidth_bytes_per_cycle, w.epilogue + (1 - on_array) * w.compute)
     serial = w.compute + dma_cycles(*w.halo, hw) + dma_cycles(*w.weights, hw)
     cycles = dma_cycles(*w.startup, hw) + m.double_buffer * busy + (1 - m.double_buffer) * serial
-    return L.repeat * cycles, L.repeat * w.instructions, spad, acc
+    return L.repeat * cycles, L.repeat * w.instructions, spad, acc, *counts
 
 
 def _kind_cost(L: LayerShape, m: TileMapping, hw, ops, constants: CostConstants, kind) -> NestCost:

@@ -242,9 +242,17 @@ def matmul_cycles(rows, k, n, hw, ops):
     """sim.costs.matmul_cycles of a MATMUL streaming `rows` (weight stationary) or `k` (output
     stationary) through the array, with the nest's ceiling (relaxed in the cost model)."""
     r, c = hw.array_rows, hw.array_cols
-    ws = ops.cdiv(k, r) * ops.cdiv(n, c) * (matmul_fold_cycles(0, 0, 0, r, c, "weight_stationary") + rows)
-    os_ = ops.cdiv(rows, r) * ops.cdiv(n, c) * (matmul_fold_cycles(0, 0, 0, r, c, "output_stationary") + k)
-    return hw.weight_stationary * ws + (1 - hw.weight_stationary) * os_
+
+    def ws():
+        return ops.cdiv(k, r) * ops.cdiv(n, c) * (matmul_fold_cycles(0, 0, 0, r, c, "weight_stationary") + rows)
+
+    def os_():
+        return ops.cdiv(rows, r) * ops.cdiv(n, c) * (matmul_fold_cycles(0, 0, 0, r, c, "output_stationary") + k)
+
+    wst = hw.weight_stationary
+    if isinstance(wst, bool):   # a config's dataflow (the mapper's grids): only its own formula, half the work
+        return ws() if wst else os_()
+    return wst * ws() + (1 - wst) * os_()
 
 
 def step_compute(L: LayerShape, m: TileMapping, th, tw, to, tc, hw, ops):
