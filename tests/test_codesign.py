@@ -79,7 +79,7 @@ def test_exact_model_agrees_with_the_simulator_across_hardware():
 def test_codesign_lands_within_5_percent_of_exhaustive_search_over_its_grid():
     """Every grid config under the budget, compiled and timed, against codesign over the same grid."""
     graph = _graph(torch.nn.Conv2d(64, 128, 1), (1, 64, 12, 12))
-    settings = CodesignSettings(**{**vars(SMALL), "bandwidth_range": (16.0, 16.0), "memory_range": (32768.0, 98304.0)})
+    settings = CodesignSettings(**{**vars(SMALL), "bandwidth_range": (16.0, 16.0), "memory_range": (32768.0, 65536.0)})
     budget = area_of(HardwareConfig(array_rows=12, array_cols=12, scratchpad_bytes=64 * 1024,
                                     accumulator_bytes=32 * 1024))
     grid, layer = settings.grid(), model_layers(graph)[0]
@@ -100,7 +100,7 @@ def test_codesign_lands_within_5_percent_of_exhaustive_search_over_its_grid():
 
 def test_codesign_respects_area_power_and_latency_on_the_simulator(two_convs):
     area, watts, seconds = 2.2, 2.0, 30e-6
-    result = codesign_graphs([two_convs], area, "energy", power_budget_w=watts, latency_targets_s=[seconds],
+    result = codesign_graphs([two_convs], area, "latency", power_budget_w=watts, latency_targets_s=[seconds],
                              settings=SMALL, tune_settings=stagec.TuneSettings(starts=4, steps=20, chunk=10))
     report = result.reports[0]
     energy = sum(report.energy_pj.values())
@@ -108,7 +108,7 @@ def test_codesign_respects_area_power_and_latency_on_the_simulator(two_convs):
     assert energy * 1e-12 / report.latency_s <= watts                # the simulator's power, not the model's
     assert report.latency_s <= seconds
     assert result.ratios["latency[0]"] == pytest.approx(report.latency_s / seconds)
-    assert set(result.binding) <= {"area", "power", "latency[0]"} and str(result).startswith("codesign for energy")
+    assert set(result.binding) <= {"area", "power", "latency[0]"} and str(result).startswith("codesign for latency")
     smallest = codesign_graphs([two_convs], None, "area", latency_targets_s=seconds, settings=SMALL, progress=False)
     assert smallest.reports[0].latency_s <= seconds and smallest.area_mm2 <= result.area_mm2
     assert "latency[0]" in smallest.binding        # a smaller config is slower than the target
