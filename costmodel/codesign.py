@@ -1,21 +1,20 @@
 """Hardware by gradient: the array's sides, the scratchpad and accumulator sizes, the DMA bandwidth
-and the dataflow, tuned jointly with every layer's mapping under an area (and power) budget.
+and the dataflow, tuned jointly with every layer's mapping under an area (and power) budget and
+per-model latency targets.
 
 The hardware's relaxed parameters are logs (of rows, cols, bytes, bytes/cycle) and a logit (the
 weight-stationary probability); each layer has one relaxed mapping (costmodel.space).  Adam
 descends, per workload (a model's layers with their multiplicities), the log of its objective
-summed over workloads (so no model dominates by scale), plus penalties for capacity violations
-and for area or power over budget.  The result is rounded to buildable values (powers of two,
-`hardware.buildable`); among the corners of the rounding that fit the budget the cheapest by the
-exact model (each layer's relaxed mapping projected onto it) is kept.
+summed over workloads (so no model dominates by scale; objective 'area': the log of the area),
+plus penalties for capacity violations, for area or power over budget and for latency over a
+model's target.  The relaxed point is where costmodel.rounding's grid search starts.
 
-The area table prices PEs and SRAM but not DMA bandwidth, so bandwidth moves within
-`bandwidth_range` rather than being priced.
+The area and energy tables price the DRAM interface per byte/cycle of bandwidth (isa/config.py),
+so bandwidth has a cost and does not drift to the top of `bandwidth_range`.
 """
 
 from __future__ import annotations
 
-import itertools
 import sys
 from dataclasses import dataclass, fields
 from functools import partial
@@ -25,19 +24,22 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from stagec.errors import InputError
 from stagec.isa.config import HardwareConfig
 
-from .hardware import HardwarePoint, area, buildable, hardware_point
+from .grid import BuildableGrid
+from .hardware import HardwarePoint, area, hardware_point
 from .model import DEFAULT_CONSTANTS, CostConstants, layer_cost
 from .problem import LayerShape
 from .space import from_mapping, objective_of, to_mapping
 
-HW_FIELDS = ("array_rows", "array_cols", "scratchpad_bytes", "accumulator_bytes", "dma_bandwidth_bytes_per_cycle")
-
 
 @dataclass(frozen=True)
 class CodesignSettings:
+    """The descent (steps, learning rate, annealed temperature, penalty weight), the ranges it moves
+    in, the buildable grid's steps (costmodel.grid), how many of the best grid corners around the
+    relaxed point a climb starts from (`starts`), and how many of the exact model's best configs
+    the simulator confirms (`confirm`)."""
+
     steps: int = 200
     learning_rate: float = 0.05
     smooth: tuple[float, float] = (0.5, 0.05)
@@ -45,19 +47,29 @@ class CodesignSettings:
     bandwidth_range: tuple[float, float] = (4.0, 64.0)
     array_range: tuple[float, float] = (2.0, 256.0)
     memory_range: tuple[float, float] = (4096.0, 8.0 * 2**20)
+    array_step: int = 4
+    memory_step: int = 32 * 1024
+    starts: int = 4
+    confirm: int = 3
     report_every: int = 50
+
+    def grid(self) -> BuildableGrid:
+        return BuildableGrid(self.array_step, self.memory_step, tuple(int(v) for v in self.array_range),
+                             tuple(int(v) for v in self.memory_range), self.bandwidth_range)
 
 
 DEFAULT_CODESIGN = CodesignSettings()
 
 
-def point_from(hw_theta, base: HardwarePoint, settings: CodesignSettings) -> HardwarePoint:
-    """Relaxed hardware parameters -> a HardwarePoint (sizes clipped to their ranges)."""
-    lo = jnp.log(jnp.array([settings.array_range[0]] * 2 + [settings.memory_range[0]] * 2
-                           + [settings.bandwidth_range[0]]))
-    hi = jnp.log(jnp.array([settings.array_range[1]] * 2 + [settings.memory_range[1]] * 2
-                           + [settings.bandwidth_range[1]]))
-    v = jnp.exp(jnp.clip(hw_theta[:5], lo, hi))
+def log_ranges(settings: CodesignSettings):
+    """(2, 5) logs of the lower and upper ends of rows, cols, scratchpad, accumulator, bandwidth."""
+    return jnp.log(jnp.array([[r[i] for r in (settings.array_range, settings.array_range, settings.memory_range,
+                                              settings.memory_range, settings.bandwidth_range)] for i in (0, 1)]))
+
+
+def point_from(hw_theta, base: HardwarePoint, ranges) -> HardwarePoint:
+    """Relaxed hardware parameters -> a HardwarePoint (sizes clipped to `ranges`, log_ranges')."""
+    v = jnp.exp(jnp.clip(hw_theta[:5], ranges[0], ranges[1]))
     config = _with(base.config, dma_bandwidth_bytes_per_cycle=v[4])
     return HardwarePoint(v[0], v[1], v[2], v[3], base.vector_lanes, jax.nn.sigmoid(hw_theta[5]), config)
 
@@ -82,88 +94,72 @@ def workload_costs(layers: LayerShape, mappings, hw: HardwarePoint, counts, work
 
     def total(x):
         return jax.ops.segment_sum(x * counts, workload, n_workloads)
-    return total(cost.cycles), total(cost.energy_pj), jnp.sum(cost.violation)
+    return total(cost.cycles), total(cost.energy_pj), jnp.sum(cost.violation * (counts > 0))
 
 
-@partial(jax.jit, static_argnames=("objective", "n_workloads", "settings", "power"))
-def _step(params, opt_state, step, layers, counts, workload, base, budget, constants, objective: str,
-          n_workloads: int, settings: CodesignSettings, power: float | None):
-    first, last = settings.smooth
-    smooth = first * (last / first) ** (step / max(settings.steps - 1, 1))
+OBJECTIVES = ("latency", "energy", "edp", "area")
+
+
+@partial(jax.jit, static_argnames=("n_workloads",))
+def _step(params, opt_state, step, layers, counts, workload, base, limits, constants, knobs, n_workloads: int):
+    """One adam step.  Everything but the number of workloads is traced (one compilation serves every
+    objective, budget and setting): `limits` (area mm^2, power W, per-workload latency s; inf: none),
+    `knobs` (first and last temperature, steps, penalty, learning rate, objective index, log ranges)."""
+    area_budget, power, targets = limits
+    first, last, steps, penalty, learning_rate, which, ranges = knobs
+    smooth = first * (last / first) ** (step / jnp.maximum(steps - 1, 1))
 
     def loss(params):
-        hw = point_from(params["hw"], base, settings)
+        hw = point_from(params["hw"], base, ranges)
         maps = jax.vmap(to_mapping)(params["maps"], layers)
         cycles, energy, violation = workload_costs(layers, maps, hw, counts, workload, n_workloads, constants, smooth)
-        value = jnp.sum(jnp.log(objective_of(cycles, energy, objective)))
-        over = jnp.maximum(area(hw) / budget - 1.0, 0.0)
-        if power is not None:   # watts: pJ per cycle x clock
-            over += jnp.sum(jnp.maximum(energy * 1e-12 * hw.clock_hz / cycles / power - 1.0, 0.0))
-        return value + settings.penalty * (violation + 10.0 * over)
+        # 'area': the cycles a little too, so the mappings descend toward meeting the targets
+        value = jnp.stack([jnp.sum(jnp.log(objective_of(cycles, energy, o))) for o in OBJECTIVES[:3]]
+                          + [jnp.log(area(hw)) + 0.01 * jnp.sum(jnp.log(cycles))])[which]
+        over = jnp.maximum(area(hw) / area_budget - 1.0, 0.0)
+        over += jnp.sum(jnp.maximum(cycles / hw.clock_hz / targets - 1.0, 0.0))
+        over += jnp.sum(jnp.maximum(energy * 1e-12 * hw.clock_hz / cycles / power - 1.0, 0.0))   # W: pJ/cycle x clock
+        return value + penalty * (violation + 10.0 * over)
 
     value, grad = jax.value_and_grad(loss)(params)
-    updates, opt_state = optax.adam(settings.learning_rate).update(grad, opt_state)
+    updates, opt_state = optax.adam(learning_rate).update(grad, opt_state)
     return optax.apply_updates(params, updates), opt_state, value
 
 
+def _bucket(tree, n: int):
+    """Rows padded (repeating the first) to a power of two: codesign calls on models of similar sizes
+    share one compilation of the step."""
+    size = max(2, 1 << (n - 1).bit_length())
+    return jax.tree.map(lambda a: jnp.concatenate([jnp.asarray(a), jnp.repeat(jnp.asarray(a)[:1], size - n, 0)]), tree)
+
+
 def descend(layers: LayerShape, start_maps, counts, workload, n_workloads: int, base: HardwareConfig,
-            area_budget_mm2: float, objective: str = "latency", power_budget_w: float | None = None,
-            constants: CostConstants = DEFAULT_CONSTANTS, settings: CodesignSettings = DEFAULT_CODESIGN):
-    """Adam on (hardware, mappings) jointly; returns the relaxed HardwarePoint and mappings' parameters."""
-    point = hardware_point(base)
+            area_budget_mm2: float | None, objective: str = "latency", power_budget_w: float | None = None,
+            constants: CostConstants = DEFAULT_CONSTANTS, settings: CodesignSettings = DEFAULT_CODESIGN,
+            latency_targets_s=None):
+    """Adam on (hardware, mappings) jointly; returns the relaxed HardwarePoint and mappings' parameters.
+    `latency_targets_s`: per workload, seconds or None."""
+    point, n = hardware_point(base), len(counts)
+    layers, start_maps = _bucket(layers, n), _bucket(start_maps, n)
+    counts = jnp.concatenate([jnp.asarray(counts, jnp.float32), jnp.zeros(len(start_maps.tile_oh) - n)])
+    workload = jnp.concatenate([jnp.asarray(workload), jnp.zeros(len(start_maps.tile_oh) - n, jnp.int32)])
     params = {"hw": hw_theta_of(point), "maps": from_mapping(start_maps)}
     opt_state = optax.adam(settings.learning_rate).init(params)
+    targets = jnp.asarray([np.inf if t is None else t for t in (latency_targets_s or [None] * n_workloads)],
+                          jnp.float32)
+    limits = (jnp.float32(np.inf if area_budget_mm2 is None else area_budget_mm2),
+              jnp.float32(np.inf if power_budget_w is None else power_budget_w), targets)
+    ranges = log_ranges(settings)
+    knobs = (*(jnp.float32(v) for v in (*settings.smooth, settings.steps, settings.penalty, settings.learning_rate)),
+             jnp.int32(OBJECTIVES.index(objective)), ranges)
     for step in range(settings.steps):
-        params, opt_state, value = _step(params, opt_state, step, layers, jnp.asarray(counts, jnp.float32),
-                                         jnp.asarray(workload), point, area_budget_mm2, constants, objective,
-                                         n_workloads, settings, power_budget_w)
+        params, opt_state, value = _step(params, opt_state, step, layers, counts, workload, point, limits, constants,
+                                         knobs, n_workloads)
         if settings.report_every and (step + 1) % settings.report_every == 0:
-            hw = point_from(params["hw"], point, settings)
+            hw = point_from(params["hw"], point, ranges)
             print(f"  codesign: step {step + 1}/{settings.steps}  loss {float(value):.4f}  array "
                   f"{float(hw.array_rows):.1f}x{float(hw.array_cols):.1f}  spad "
                   f"{float(hw.scratchpad_bytes) / 1024:.0f} KiB  acc {float(hw.accumulator_bytes) / 1024:.0f} KiB  bw "
                   f"{float(hw.dma_bandwidth_bytes_per_cycle):.1f} B/cycle  area {float(area(hw)):.2f} mm^2",
                   file=sys.stderr, flush=True)
-    return point_from(params["hw"], point, settings), params["maps"]
-
-
-def buildable_candidates(point: HardwarePoint, base: HardwareConfig, area_budget_mm2: float,
-                         settings: CodesignSettings = DEFAULT_CODESIGN) -> list[HardwareConfig]:
-    """Power-of-two configs around a relaxed point (floor/ceil of each sized field, both dataflows
-    only if undecided) within the area budget; halving the biggest part of the area if none is."""
-    rounded = buildable(point, base)
-    ranges = [settings.array_range] * 2 + [settings.memory_range] * 2 + [settings.bandwidth_range]
-    options = []
-    for name, (lo_limit, hi_limit) in zip(HW_FIELDS, ranges, strict=True):
-        lo = 2.0 ** np.floor(np.log2(float(getattr(point, name))))
-        options.append(sorted({float(np.clip(v, lo_limit, hi_limit)) for v in (lo, 2 * lo)}))
-    out = []
-    for values in itertools.product(*options):
-        changes = dict(zip(HW_FIELDS, values, strict=True))
-        changes = {k: (int(v) if k != "dma_bandwidth_bytes_per_cycle" else float(v)) for k, v in changes.items()}
-        changes["scratchpad_bytes"] = max(changes["scratchpad_bytes"], 64 * base.scratchpad_banks)
-        changes["accumulator_bytes"] = max(changes["accumulator_bytes"], 64 * base.accumulator_banks)
-        hw = rounded.replace(**changes)
-        if area(hardware_point(hw)) <= area_budget_mm2:
-            out.append(hw)
-    hw = rounded
-    smallest = {"array_rows": 1, "array_cols": 1, "scratchpad_bytes": 64 * base.scratchpad_banks,
-                "accumulator_bytes": 64 * base.accumulator_banks}
-    while not out:
-        parts = {k: v for k, v in area_parts(hw).items() if getattr(hw, k) > smallest[k]}
-        if not parts:
-            raise InputError(f"no buildable config fits {area_budget_mm2} mm^2: the smallest one takes "
-                             f"{float(area(hardware_point(hw))):.3f} mm^2")
-        big = max(parts, key=parts.get)
-        hw = hw.replace(**{big: getattr(hw, big) // 2})
-        if area(hardware_point(hw)) <= area_budget_mm2:
-            out.append(hw)
-    return out
-
-
-def area_parts(hw: HardwareConfig) -> dict:
-    """The area (mm^2) each halvable field stands for (an array side: half the array)."""
-    pe = hw.array_rows * hw.array_cols * hw.area_mm2_per_pe
-    return {"array_rows": pe / 2, "array_cols": pe / 2,
-            "scratchpad_bytes": hw.scratchpad_bytes / 1024 * hw.area_mm2_per_sram_kib,
-            "accumulator_bytes": hw.accumulator_bytes / 1024 * hw.area_mm2_per_sram_kib}
+    return point_from(params["hw"], point, ranges), params["maps"][:n]

@@ -54,21 +54,5 @@ def area(hw: HardwarePoint):
     return sum(area_mm2(hw).values())
 
 
-def buildable(point: HardwarePoint, base: HardwareConfig) -> HardwareConfig:
-    """The nearest buildable config: array sides, memories and lanes rounded to powers of two
-    (in log space), memories to at least their bank counts, the dataflow to the likelier one."""
-    def pow2(v, lo):
-        return max(lo, 1 << int(round(float(np.log2(max(float(v), 1.0))))))
-
-    # float32 leaves back to the few digits a config is written with
-    continuous = {f.name: float(f"{float(getattr(point.config, f.name)):.6g}") for f in fields(HardwareConfig)
-                  if not f.metadata["static"]}
-    return base.replace(**continuous, array_rows=pow2(point.array_rows, 1), array_cols=pow2(point.array_cols, 1),
-                        scratchpad_bytes=pow2(point.scratchpad_bytes, 64 * base.scratchpad_banks),
-                        accumulator_bytes=pow2(point.accumulator_bytes, 64 * base.accumulator_banks),
-                        vector_lanes=pow2(point.vector_lanes, 1),
-                        dataflow="weight_stationary" if float(point.weight_stationary) >= 0.5 else "output_stationary")
-
-
 def as_jnp(point: HardwarePoint) -> HardwarePoint:
     return jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), point)

@@ -10,6 +10,16 @@ problem (and what we can do about it)", ISSCC 2014, Fig. 1.1.9: 8-bit multiply
 0.2 pJ + add 0.03 pJ; 16-bit float multiply 1.1 pJ + add 0.4 pJ; 32-bit float
 multiply 3.7 pJ + add 0.9 pJ; 32 KiB SRAM 64-bit read 20 pJ (2.5 pJ/byte);
 DRAM 1.3-2.6 nJ per 64-bit access (the low end, 162.5 pJ/byte, is used).
+The DRAM interface is priced per byte/cycle of bandwidth it provides: JEDEC's LPDDR4
+(JESD209-4) runs a x16 channel at 3200-4266 MT/s, 6.4-8.5 GB/s, and LPDDR5 (JESD209-5) at
+6400 MT/s, 12.8 GB/s, so at the 1 GHz default clock one x32 LPDDR4 interface gives about
+12.8-17 B/cycle.  Published LPDDR4/4X PHY IP in 28-16 nm takes about 1-2 mm^2 per x32 interface
+(controller included) and an LPDDR5 PHY in 7 nm about 0.5-1 mm^2 per x32 at twice the rate, so
+about 0.1 mm^2 per B/cycle in this table's 45 nm style (interface area scales poorly with the
+process: pads, ESD, analog).  Its static power (DLL/PLL, receivers, termination when active)
+is some 20-40 mW per x32 LPDDR4 interface, about 2 mW per B/cycle, added to the leakage; the
+bytes moved are charged energy_pj_per_dram_byte as before.  These are rounded, order-of-
+magnitude figures, meant so that bandwidth has a price; set the two fields for a real PHY.
 Area defaults are in the style of Accelergy's 45 nm tables (a 6T bitcell of
 0.35 um^2 plus periphery gives about 0.005 mm^2 per KiB; an fp32-capable MAC PE
 about 0.006 mm^2).
@@ -84,6 +94,12 @@ class HardwareConfig:
     area_mm2_per_sram_kib: float = _spec(float, 0.0, 1e3, static=False, default=0.005,
                                          doc="area per KiB of scratchpad or accumulator")
     area_mm2_per_vector_lane: float = _spec(float, 0.0, 1e3, static=False, doc="area of one vector lane", default=0.01)
+    area_mm2_per_dram_byte_per_cycle: float = _spec(float, 0.0, 1e3, static=False, default=0.1,
+                                                     doc="DRAM interface (PHY and controller) area per byte/cycle "
+                                                         "of bandwidth (LPDDR4/5 PHY figures, module doc)")
+    dram_phy_mw_per_byte_per_cycle: float = _spec(float, 0.0, 1e6, static=False, default=2.0,
+                                                  doc="static power of the DRAM interface per byte/cycle of "
+                                                      "bandwidth, on top of leakage_mw (module doc)")
     area_mm2_fixed: float = _spec(float, 0.0, 1e4, static=False, doc="DMA engine, controller and queues", default=0.2)
 
     def __post_init__(self):

@@ -10,7 +10,9 @@ fold.  A vector operand broadcast along a dimension (stride 0) is read once,
 not once per use.
 
 Energy (pJ) = sum of count x energy per action (config fields, Horowitz ISSCC
-2014 45 nm figures by default, see isa/config.py) + leakage_mw x time.  The
+2014 45 nm figures by default, see isa/config.py) + static power x time: the leakage and the
+DRAM interface's, which, like its area, is priced per byte/cycle of bandwidth (LPDDR PHY
+figures, isa/config.py).  The
 formulas take `xp`, so energy is a differentiable JAX function of the energy
 table, the leakage, the clock and (through the cycles) the bandwidth.
 """
@@ -145,8 +147,14 @@ def energy_pj(counts: ActionCounts, cycles, hw: HardwareConfig, xp=np) -> dict:
         "scratchpad": (counts.scratchpad_read_bytes + counts.scratchpad_write_bytes) * hw.energy_pj_per_spad_byte,
         "accumulator": (counts.accumulator_read_bytes + counts.accumulator_write_bytes) * hw.energy_pj_per_acc_byte,
         "dram": (counts.dram_read_bytes + counts.dram_write_bytes) * hw.energy_pj_per_dram_byte,
-        "leakage": hw.leakage_mw * 1e-3 * seconds * 1e12,
+        "leakage": static_mw(hw) * 1e-3 * seconds * 1e12,
     }
+
+
+def static_mw(hw: HardwareConfig):
+    """Static power (mW): the accelerator's leakage and its DRAM interface's, which grows with the
+    bandwidth the interface provides."""
+    return hw.leakage_mw + hw.dram_phy_mw_per_byte_per_cycle * hw.dma_bandwidth_bytes_per_cycle
 
 
 def area_mm2(hw: HardwareConfig) -> dict:
@@ -156,6 +164,7 @@ def area_mm2(hw: HardwareConfig) -> dict:
         "scratchpad": hw.scratchpad_bytes / 1024 * hw.area_mm2_per_sram_kib,
         "accumulator": hw.accumulator_bytes / 1024 * hw.area_mm2_per_sram_kib,
         "vector": hw.vector_lanes * hw.area_mm2_per_vector_lane,
+        "dram_interface": hw.dma_bandwidth_bytes_per_cycle * hw.area_mm2_per_dram_byte_per_cycle,
         "fixed": hw.area_mm2_fixed,
     }
 

@@ -38,12 +38,13 @@ _HOMES = {
     # NOTE: not in a module stagec.codesign: importing it would set the package's `codesign` to the module
     "Codesign": "stagec.codesigning", "codesign": "stagec.codesigning",
     "sweep": "stagec.sweeps", "load_results": "stagec.sweeps",
+    "Sensitivities": "stagec.sensitivity", "sensitivities": "stagec.sensitivity",
 }
 __getattr__, __dir__ = lazy_attributes(__name__, _HOMES)
 
 __all__ = ["AccuracyWarning", "AssemblyError", "Codesign", "ConfigError", "ExportError", "HardwareConfig", "InputError",
            "LoweringError", "PlanError", "Program", "ProgramFormatError", "QuantizationError",
-           "ReferenceFallbackWarning", "Report", "SimulationError", "StagecError", "TilingError", "TimingError",
-           "TuneSettings", "Tuning", "UnsupportedOpError", "VerificationError", "codesign", "compile", "load",
-           "load_results", "simulate", "sweep", "tune"]
+           "ReferenceFallbackWarning", "Report", "Sensitivities", "SimulationError", "StagecError", "TilingError",
+           "TimingError", "TuneSettings", "Tuning", "UnsupportedOpError", "VerificationError", "codesign", "compile",
+           "load", "load_results", "sensitivities", "simulate", "sweep", "tune"]
 __version__ = "0.1.0"

@@ -1,15 +1,19 @@
-"""stagec.codesign: a buildable accelerator for one or several models, by gradient on the cost model.
+"""stagec.codesign: a buildable accelerator for one or several models, by gradient on the cost model,
+rounded with the exact model and confirmed by the simulator.
 
     >>> import torch, stagec
     >>> model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU())
     >>> result = stagec.codesign([(model, (torch.randn(1, 8, 16, 16),))], area_budget_mm2=2.0)  # doctest: +SKIP
-    >>> result.area_mm2 <= 2.0, result.reports[0].cycles                                      # doctest: +SKIP
+    >>> result.area_mm2 <= 2.0, result.reports[0].cycles, result.binding                      # doctest: +SKIP
 
-Steps: every model's tunable layers (stagec.layers; shapes shared between models tuned once,
-counted per model) -> costmodel.codesign.descend (hardware and mappings together) -> the
-power-of-two corners within the area budget, each scored by the exact model with the relaxed
-mappings projected onto it -> the best -> mappings tuned for it (stagec.tune) -> each model
-lowered (the compiler's stages after tracing) and timed by the simulator: the confirmed report.
+Steps: every model's tunable layers (stagec.layers; shapes shared between models counted per
+model) -> costmodel.codesign.descend (hardware and mappings together, constraints as penalties)
+-> costmodel.rounding: the grid configs (costmodel.grid: array sides in steps of 4, memories in
+32 KiB steps) around the relaxed point, then a hill climb over grid neighbours, each config
+scored by the exact model with the compiler's own mapping of every layer -> the best few, each
+model lowered and timed by the simulator, the best whose simulated area, power and latencies
+meet the constraints kept -> optionally, mappings tuned for it (stagec.tune), kept if the
+simulator confirms them.
 """
 
 from __future__ import annotations
@@ -18,31 +22,31 @@ import sys
 from dataclasses import dataclass, replace
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from stagec.costmodel.batch import exact_cost
-from stagec.costmodel.codesign import DEFAULT_CODESIGN, CodesignSettings, buildable_candidates, descend
-from stagec.costmodel.hardware import area, hardware_point
+from stagec.costmodel.codesign import DEFAULT_CODESIGN, OBJECTIVES, CodesignSettings, descend
+from stagec.costmodel.hardware import hardware_point
 from stagec.costmodel.model import DEFAULT_CONSTANTS, CostConstants
-from stagec.costmodel.problem import mapping_arrays, stack, to_tile_mapping
-from stagec.costmodel.space import objective_of
-from stagec.costmodel.tuner import DEFAULT_SETTINGS, TuneSettings, project_all
+from stagec.costmodel.problem import mapping_arrays, stack
+from stagec.costmodel.rounding import Constraints, Scored, Search, area_of, objective_value, relaxed_fields
+from stagec.costmodel.tuner import TuneSettings
 from stagec.errors import InputError, TilingError
 from stagec.isa import HardwareConfig
 from stagec.lower.schedule.mapper import default_mapping
-from stagec.sim.energy import area_mm2
 
 from .layers import model_graph, model_layers
 from .pipeline import lower_graph
 from .report import Report, make_report
-from .tuning import tune_layer_list
+from .tuning import tune_graph
 
 
 @dataclass(frozen=True)
 class Codesign:
-    """The chosen buildable config, per model its tuned mappings and simulator report, and the cost
-    model's prediction (conv-shaped layers only) for each model."""
+    """The chosen buildable config; per model its mappings, simulator report and the exact model's
+    prediction (conv-shaped layers only); each constraint's simulated value over its limit
+    (`ratios`, <= 1), the constraints that stop a better config (`binding`), and the configs the
+    exact model scored (`evaluated`) and the simulator timed (`simulated`)."""
 
     hw: HardwareConfig
     mappings: tuple[dict, ...]
@@ -50,19 +54,27 @@ class Codesign:
     predicted_cycles: tuple[float, ...]
     predicted_energy_pj: tuple[float, ...]
     objective: str
+    ratios: dict
+    binding: tuple[str, ...]
+    evaluated: int
+    simulated: int
 
     @property
     def area_mm2(self) -> float:
-        return float(sum(area_mm2(self.hw).values()))
+        return area_of(self.hw)
 
     def __str__(self) -> str:
         hw = self.hw
         lines = [f"codesign for {self.objective}: array {hw.array_rows}x{hw.array_cols} {hw.dataflow}, scratchpad "
                  f"{hw.scratchpad_bytes // 1024} KiB, accumulator {hw.accumulator_bytes // 1024} KiB, DMA "
-                 f"{hw.dma_bandwidth_bytes_per_cycle:g} B/cycle; area {self.area_mm2:.3f} mm^2"]
+                 f"{hw.dma_bandwidth_bytes_per_cycle:g} B/cycle; area {self.area_mm2:.3f} mm^2 "
+                 f"({self.evaluated} configs scored, {self.simulated} simulated)"]
         for k, r in enumerate(self.reports):
             lines.append(f"  model {k}: simulated {r.cycles:.0f} cycles, {sum(r.energy_pj.values()) / 1e6:.2f} uJ "
-                         f"(cost model, conv-shaped layers: {self.predicted_cycles[k]:.0f} cycles)")
+                         f"(exact model, conv-shaped layers: {self.predicted_cycles[k]:.0f} cycles)")
+        if self.ratios:
+            lines.append("  constraints (simulated / limit): " + ", ".join(
+                f"{k} {v:.2f}{' binds' if k in self.binding else ''}" for k, v in self.ratios.items()))
         return "\n".join(lines)
 
 
@@ -71,94 +83,153 @@ def _example(item):
     return model, args, (rest[0] if rest else None)
 
 
-def codesign(models, area_budget_mm2: float, objective: str = "latency", power_budget_w: float | None = None,
-             hw: HardwareConfig | None = None, settings: CodesignSettings = DEFAULT_CODESIGN,
-             tune_settings: TuneSettings = DEFAULT_SETTINGS, constants: CostConstants = DEFAULT_CONSTANTS,
-             progress: bool = True) -> Codesign:
-    """Tune the array's rows and columns, scratchpad and accumulator sizes, DMA bandwidth and dataflow
-    of `hw` (default HardwareConfig()) jointly with every layer's mapping of `models` (a list of
-    (model, args) or (model, args, kwargs)), for `objective` ('latency', 'energy' or 'edp'; with
-    several models, the product of theirs) within `area_budget_mm2` (and `power_budget_w`, on the
-    cost model's prediction for the conv-shaped layers).  The result is buildable (powers of two),
-    within the area budget, and confirmed by the simulator."""
+def codesign(models, area_budget_mm2: float | None = None, objective: str = "latency",
+             power_budget_w: float | None = None, latency_targets_s=None, hw: HardwareConfig | None = None,
+             settings: CodesignSettings = DEFAULT_CODESIGN, tune_settings: TuneSettings | None = None,
+             constants: CostConstants = DEFAULT_CONSTANTS, progress: bool = True) -> Codesign:
+    """Choose the array's rows and columns, scratchpad and accumulator sizes, DMA bandwidth and
+    dataflow of `hw` (default HardwareConfig()) for `models` (a list of (model, args) or (model,
+    args, kwargs)), minimizing `objective` ('latency', 'energy', 'edp': with several models, the
+    product of theirs; or 'area') subject to `area_budget_mm2`, `power_budget_w` (each model's
+    energy over its latency) and `latency_targets_s` (one number for every model, or one per model,
+    None for none).  The result is on the buildable grid (settings.grid()) and its constraints are
+    confirmed by the simulator; InputError when no config meets them."""
     graphs = [model_graph(*_example(m)) for m in models]
-    return codesign_graphs(graphs, area_budget_mm2, objective, power_budget_w, hw, settings, tune_settings,
-                           constants, progress)
+    return codesign_graphs(graphs, area_budget_mm2, objective, power_budget_w, latency_targets_s, hw, settings,
+                           tune_settings, constants, progress)
 
 
-def codesign_graphs(graphs, area_budget_mm2: float, objective: str = "latency", power_budget_w: float | None = None,
-                    hw: HardwareConfig | None = None, settings: CodesignSettings = DEFAULT_CODESIGN,
-                    tune_settings: TuneSettings = DEFAULT_SETTINGS, constants: CostConstants = DEFAULT_CONSTANTS,
-                    progress: bool = True) -> Codesign:
+def codesign_graphs(graphs, area_budget_mm2: float | None = None, objective: str = "latency",
+                    power_budget_w: float | None = None, latency_targets_s=None, hw: HardwareConfig | None = None,
+                    settings: CodesignSettings = DEFAULT_CODESIGN, tune_settings: TuneSettings | None = None,
+                    constants: CostConstants = DEFAULT_CONSTANTS, progress: bool = True) -> Codesign:
     """codesign on models already traced to fused graphs (stagec.layers.model_graph): for sweeps
     (a Pareto front) that trace each model once."""
+    if objective not in OBJECTIVES:
+        raise InputError(f"unknown codesign objective {objective!r}; expected one of {OBJECTIVES}")
     base = hw or HardwareConfig()
-    per_model = [model_layers(g) for g in graphs]
-    unique, index = {}, []          # shape key -> (first layer), and (workload, unique id) per layer
-    for w, layers in enumerate(per_model):
-        for layer in layers:
-            key = tuple(float(v) for v in jax.tree.leaves(layer.shape()))
-            unique.setdefault(key, layer)
-            index.append((w, list(unique).index(key)))
-    firsts = list(unique.values())
-    pairs = sorted(set(index))
-    counts = np.array([index.count(p) for p in pairs], np.float32)
-    shapes = stack([firsts[u].shape() for _, u in pairs])
-    workload = np.array([w for w, _ in pairs], np.int32)
-    start = stack([mapping_arrays(default_mapping(firsts[u].kind, firsts[u].problem, base, firsts[u].extras,
-                                                  firsts[u].name, objective)) for _, u in pairs])
-    point, theta = descend(shapes, start, counts, workload, len(graphs), base, area_budget_mm2, objective,
-                           power_budget_w, constants, settings if progress else _quiet(settings))
-    best, best_value, best_maps = None, np.inf, None
-    for cand in buildable_candidates(point, base, area_budget_mm2, settings):
-        try:
-            fallback = stack([mapping_arrays(default_mapping(firsts[u].kind, firsts[u].problem, cand,
-                                                             firsts[u].extras, firsts[u].name, objective))
-                              for _, u in pairs])
-        except TilingError:
-            continue
-        hp = hardware_point(cand)
-        maps, _ = project_all(theta[:, None], shapes, fallback, hp, constants, objective)
-        cost = exact_cost(shapes, jax.tree.map(lambda a: a[:, 0], maps), hp, constants)
-        cycles = jax.ops.segment_sum(cost.cycles * counts, workload, len(graphs))
-        energy = jax.ops.segment_sum(cost.energy_pj * counts, workload, len(graphs))
-        watts = energy * 1e-12 * cand.clock_hz / cycles
-        if power_budget_w is not None and bool(jnp.any(watts > power_budget_w)):
-            continue
-        value = float(jnp.sum(jnp.log(objective_of(cycles, energy, objective))))
-        if value < best_value:
-            best, best_value, best_maps = cand, value, jax.tree.map(lambda a: np.asarray(a[:, 0]), maps)
-    if best is None:
-        raise InputError(f"no buildable config within {area_budget_mm2} mm^2"
-                         + (f" and {power_budget_w} W" if power_budget_w else "") + " can map every layer")
+    constraints = Constraints(area_budget_mm2, power_budget_w, _targets(latency_targets_s, len(graphs)))
+    workloads = Workloads(graphs, objective, constants)
+    start = stack([mapping_arrays(workloads.mapping(u, base)) for u in workloads.rows])
+    point, _ = descend(workloads.shapes, start, workloads.counts, workloads.workload, len(graphs), base,
+                       area_budget_mm2, objective, power_budget_w, constants,
+                       settings if progress else replace(settings, report_every=0), constraints.latency_s)
+    grid = settings.grid()
+    search = Search(workloads.evaluate, constraints, objective)
+    starts = search.best_few(grid.corners(base, relaxed_fields(point)), settings.starts)
+    if not starts:
+        raise InputError("no buildable config around the relaxed optimum can map every layer")
+    chosen = min((search.climb(s, grid) for s in starts), key=lambda s: s.key)
+    if chosen.overshoot > 0:
+        raise InputError(f"no buildable config meets the constraints: the nearest, {_describe(chosen.hw)}, is at "
+                         + ", ".join(f"{k} {v:.2f}x its limit" for k, v in chosen.ratios.items()))
     if progress:
-        print(f"  codesign: chose {best.array_rows}x{best.array_cols}, {best.scratchpad_bytes // 1024} KiB + "
-              f"{best.accumulator_bytes // 1024} KiB, {best.dma_bandwidth_bytes_per_cycle:g} B/cycle "
-              f"({float(area(hardware_point(best))):.3f} mm^2); tuning and simulating", file=sys.stderr, flush=True)
-    mappings, reports, cycles, energy = [], [], [], []
-    for w, (graph, layers) in enumerate(zip(graphs, per_model, strict=True)):
-        mine = [p for p in index if p[0] == w]
-        chosen = tune_layer_list(layers, best, objective, tune_settings, constants, None).mappings
-        c, e = _predicted(layers, chosen, best, constants)
-        if power_budget_w is not None and e * 1e-12 * best.clock_hz / c > power_budget_w:
-            # the tuner does not see the power budget; the selection's projected mappings met it
-            rows = [pairs.index(p) for p in mine]
-            chosen = {layer.name: to_tile_mapping(jax.tree.map(lambda a, k=k: a[k], best_maps))
-                      for layer, k in zip(layers, rows, strict=True)}
-            c, e = _predicted(layers, chosen, best, constants)
-        mappings.append(chosen)
-        reports.append(make_report(lower_graph(graph, best, chosen)))
-        cycles.append(c)
-        energy.append(e)
-    return Codesign(best, tuple(mappings), tuple(reports), tuple(cycles), tuple(energy), objective)
+        print(f"  codesign: exact model scored {len(search.scored)} configs; best {_describe(chosen.hw)}; "
+              f"simulating the best {settings.confirm}", file=sys.stderr, flush=True)
+    return _confirm(search, grid, workloads, constraints, objective, settings, tune_settings)
 
 
-def _predicted(layers, mappings: dict, hw: HardwareConfig, constants: CostConstants) -> tuple[float, float]:
-    """The cost model's (cycles, energy pJ) of a model's conv-shaped layers under `mappings`."""
-    cost = exact_cost(stack([layer.shape() for layer in layers]),
-                      stack([mapping_arrays(mappings[layer.name]) for layer in layers]), hardware_point(hw), constants)
-    return float(np.sum(cost.cycles)), float(np.sum(cost.energy_pj))
+class Workloads:
+    """The models' conv-shaped layers, each distinct (model, shape) once with its multiplicity:
+    what the descent relaxes and what the exact model scores a config by."""
+
+    def __init__(self, graphs, objective: str, constants: CostConstants):
+        self.graphs, self.constants = graphs, constants
+        self.mapper_objective = "latency" if objective == "area" else objective
+        self.per_model = [model_layers(g) for g in graphs]
+        unique, index = {}, []
+        for w, layers in enumerate(self.per_model):
+            for layer in layers:
+                key = tuple(float(v) for v in jax.tree.leaves(layer.shape()))
+                unique.setdefault(key, layer)
+                index.append((w, list(unique).index(key)))
+        firsts, pairs = list(unique.values()), sorted(set(index))
+        self.rows = [firsts[u] for _, u in pairs]
+        self.counts = np.array([index.count(p) for p in pairs], np.float32)
+        self.workload = np.array([w for w, _ in pairs], np.int32)
+        self.shapes = stack([layer.shape() for layer in self.rows])
+
+    def mapping(self, layer, hw: HardwareConfig):
+        """The compiler's mapping of `layer` on `hw` (lower.schedule.mapper, for codesign's objective)."""
+        return default_mapping(layer.kind, layer.problem, hw, layer.extras, layer.name, self.mapper_objective)
+
+    def evaluate(self, hw: HardwareConfig):
+        """(cycles, energy pJ) per model by the exact model, each layer on the compiler's mapping; None
+        when a layer does not fit."""
+        try:
+            maps = [self.mapping(u, hw) for u in self.rows]
+        except TilingError:
+            return None
+        cost = exact_cost(self.shapes, stack([mapping_arrays(m) for m in maps]), hardware_point(hw), self.constants)
+        n = len(self.graphs)
+        return tuple(np.bincount(self.workload, np.asarray(v, np.float64) * self.counts, minlength=n)
+                     for v in (cost.cycles, cost.energy_pj))
+
+    def model_mappings(self, hw: HardwareConfig) -> list[dict]:
+        """Per model, the compiler's mapping of each conv-shaped layer by name."""
+        return [{layer.name: self.mapping(layer, hw) for layer in layers} for layers in self.per_model]
 
 
-def _quiet(settings: CodesignSettings) -> CodesignSettings:
-    return replace(settings, report_every=0)
+def _simulate(workloads: Workloads, hw: HardwareConfig, mappings: list[dict]) -> list[Report]:
+    return [make_report(lower_graph(g, hw, m)) for g, m in zip(workloads.graphs, mappings, strict=True)]
+
+
+def _simulated(hw: HardwareConfig, reports, constraints: Constraints, objective: str):
+    """(objective value, constraint ratios) of simulator reports."""
+    cycles = np.array([r.cycles for r in reports])
+    energy = np.array([sum(r.energy_pj.values()) for r in reports])
+    return objective_value(hw, cycles, energy, objective), constraints.ratios(hw, cycles, energy)
+
+
+def _confirm(search: Search, grid, workloads: Workloads, constraints: Constraints, objective: str,
+             settings: CodesignSettings, tune_settings: TuneSettings | None) -> Codesign:
+    """The exact model's best configs in turn, `settings.confirm` at a time, timed by the simulator;
+    the best whose simulated constraints hold."""
+    ranked, found, simulated = search.ranked(), [], 0
+    for k in range(0, len(ranked), max(settings.confirm, 1)):
+        for s in ranked[k:k + max(settings.confirm, 1)]:
+            maps = workloads.model_mappings(s.hw)
+            reports = _simulate(workloads, s.hw, maps)
+            simulated += 1
+            value, ratios = _simulated(s.hw, reports, constraints, objective)
+            if max(ratios.values(), default=0.0) <= 1.0:
+                found.append((value, s, maps, reports, ratios))
+        if found:
+            break
+    if not found:
+        raise InputError(f"none of the {simulated} configs the exact model found feasible meets the constraints "
+                         "in the simulator (the exact model sees the conv-shaped layers only)")
+    value, best, maps, reports, ratios = min(found, key=lambda f: f[0])
+    if tune_settings is not None:
+        maps, reports, ratios = _tuned(workloads, best, maps, reports, value, constraints, objective, tune_settings)
+    return Codesign(best.hw, tuple(maps), tuple(reports), tuple(map(float, best.cycles)),
+                    tuple(map(float, best.energy_pj)), objective, ratios, search.binding(best, grid),
+                    len(search.scored), simulated)
+
+
+def _tuned(workloads: Workloads, best: Scored, maps, reports, value, constraints, objective, tune_settings):
+    """The gradient tuner's mappings on the chosen config, where the simulator finds them better and
+    within the constraints; else the compiler's."""
+    tuned = [tune_graph(g, best.hw, workloads.mapper_objective, tune_settings, workloads.constants, None).mappings
+             for g in workloads.graphs]
+    tuned_reports = _simulate(workloads, best.hw, tuned)
+    tuned_value, tuned_ratios = _simulated(best.hw, tuned_reports, constraints, objective)
+    if tuned_value < value and max(tuned_ratios.values(), default=0.0) <= 1.0:
+        return tuned, tuned_reports, tuned_ratios
+    return maps, reports, _simulated(best.hw, reports, constraints, objective)[1]
+
+
+def _targets(latency_targets_s, n: int) -> tuple:
+    if latency_targets_s is None:
+        return ()
+    targets = [latency_targets_s] * n if np.isscalar(latency_targets_s) else list(latency_targets_s)
+    if len(targets) != n or any(t is not None and not (np.isscalar(t) and float(t) > 0) for t in targets):
+        raise InputError(f"latency_targets_s={latency_targets_s!r}: expected a positive number of seconds, or "
+                         f"one per model ({n}), None where a model has none")
+    return tuple(None if t is None else float(t) for t in targets)
+
+
+def _describe(hw: HardwareConfig) -> str:
+    return (f"{hw.array_rows}x{hw.array_cols} {hw.dataflow}, {hw.scratchpad_bytes // 1024} KiB + "
+            f"{hw.accumulator_bytes // 1024} KiB, {hw.dma_bandwidth_bytes_per_cycle:g} B/cycle "
+            f"({area_of(hw):.3f} mm^2)")

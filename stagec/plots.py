@@ -123,6 +123,28 @@ def layers_figure(report: Report, name: str = "") -> Figure:
     return fig
 
 
+def sensitivity_figure(sens, name: str = "") -> Figure:
+    """Bars per hardware field (stagec.sensitivity.Sensitivities): the relative change of latency,
+    energy and EDP per relative change of the field, and the latency each mm^2 it adds buys (% of
+    the latency per mm^2; fields that add no area left out); fields that change nothing left out."""
+    moving = [f for f in sens.fields if any(getattr(f, m) != 0 for m in ("latency_s", "energy_pj", "edp"))]
+    fig = Figure(figsize=(14, max(3.0, 0.3 * len(moving) + 1.5)), layout="constrained")
+    axes = fig.subplots(1, 4, sharey=True)
+    idx = np.arange(len(moving))
+    for ax, metric, label in zip(axes, ("latency_s", "energy_pj", "edp"), ("latency", "energy", "EDP"), strict=False):
+        values = [f.elasticity(sens, metric) for f in moving]
+        ax.barh(idx, values, color=np.where(np.array(values) < 0, "tab:green", "tab:red"))
+        ax.set_title(f"d ln {label} / d ln field", fontsize=9)
+        ax.axvline(0, color="k", lw=0.5)
+    per_mm2 = [100 * f.latency_per_mm2 / sens.latency_s if np.isfinite(f.latency_per_mm2) else 0.0 for f in moving]
+    axes[3].barh(idx, per_mm2, color="tab:blue")
+    axes[3].set_title("latency saved per mm^2 (%)", fontsize=9)
+    axes[3].axvline(0, color="k", lw=0.5)
+    axes[0].set_yticks(idx, [f"{f.name}{' (step)' if f.kind == 'step' else ''}" for f in moving], fontsize=8)
+    fig.suptitle(f"{_prefix(name)}sensitivities")
+    return fig
+
+
 def _prefix(name: str) -> str:
     return f"{name}: " if name else ""
 

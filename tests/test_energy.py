@@ -50,7 +50,9 @@ def test_energy_is_counts_times_the_table_plus_leakage():
     assert parts["scratchpad"] == pytest.approx((208 + 208) * hw.energy_pj_per_spad_byte)
     assert parts["accumulator"] == pytest.approx((320 + 320) * hw.energy_pj_per_acc_byte)
     assert parts["dram"] == pytest.approx((208 + 160) * hw.energy_pj_per_dram_byte)
-    assert parts["leakage"] == pytest.approx(hw.leakage_mw * 1e-3 * 1000 / hw.clock_hz * 1e12)   # P x t, in pJ
+    # P x t, in pJ: the accelerator's leakage and its DRAM interface's static power, per byte/cycle
+    static_mw = hw.leakage_mw + hw.dram_phy_mw_per_byte_per_cycle * hw.dma_bandwidth_bytes_per_cycle
+    assert parts["leakage"] == pytest.approx(static_mw * 1e-3 * 1000 / hw.clock_hz * 1e12)
 
 
 def test_energy_gradient_matches_counts_and_finite_differences():
@@ -74,3 +76,5 @@ def test_area_from_the_table():
     area = area_mm2(hw)
     assert area["array"] == pytest.approx(256 * hw.area_mm2_per_pe)
     assert area["scratchpad"] == pytest.approx(4096 * hw.area_mm2_per_sram_kib)
+    interface = hw.dma_bandwidth_bytes_per_cycle * hw.area_mm2_per_dram_byte_per_cycle
+    assert area["dram_interface"] == pytest.approx(interface)
