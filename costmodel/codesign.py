@@ -16,7 +16,6 @@ The area table prices PEs and SRAM but not DMA bandwidth, so bandwidth moves wit
 from __future__ import annotations
 
 import itertools
-import sys
 from dataclasses import dataclass, fields
 from functools import partial
 
@@ -27,6 +26,7 @@ import optax
 
 from stagec.errors import InputError
 from stagec.isa.config import HardwareConfig
+from stagec.progress import bar, shown
 
 from .hardware import HardwarePoint, area, buildable, hardware_point
 from .model import DEFAULT_CONSTANTS, CostConstants, layer_cost
@@ -45,7 +45,7 @@ class CodesignSettings:
     bandwidth_range: tuple[float, float] = (4.0, 64.0)
     array_range: tuple[float, float] = (2.0, 256.0)
     memory_range: tuple[float, float] = (4096.0, 8.0 * 2**20)
-    report_every: int = 50
+    report_every: int = 50   # steps between the progress bar's hardware readouts (0: no bar)
 
 
 DEFAULT_CODESIGN = CodesignSettings()
@@ -113,17 +113,18 @@ def descend(layers: LayerShape, start_maps, counts, workload, n_workloads: int, 
     point = hardware_point(base)
     params = {"hw": hw_theta_of(point), "maps": from_mapping(start_maps)}
     opt_state = optax.adam(settings.learning_rate).init(params)
-    for step in range(settings.steps):
+    steps = bar(range(settings.steps), desc="codesign", enabled=bool(settings.report_every))
+    for step in steps:
         params, opt_state, value = _step(params, opt_state, step, layers, jnp.asarray(counts, jnp.float32),
                                          jnp.asarray(workload), point, area_budget_mm2, constants, objective,
                                          n_workloads, settings, power_budget_w)
-        if settings.report_every and (step + 1) % settings.report_every == 0:
+        if settings.report_every and (step + 1) % settings.report_every == 0 and shown():
             hw = point_from(params["hw"], point, settings)
-            print(f"  codesign: step {step + 1}/{settings.steps}  loss {float(value):.4f}  array "
-                  f"{float(hw.array_rows):.1f}x{float(hw.array_cols):.1f}  spad "
-                  f"{float(hw.scratchpad_bytes) / 1024:.0f} KiB  acc {float(hw.accumulator_bytes) / 1024:.0f} KiB  bw "
-                  f"{float(hw.dma_bandwidth_bytes_per_cycle):.1f} B/cycle  area {float(area(hw)):.2f} mm^2",
-                  file=sys.stderr, flush=True)
+            steps.set_postfix_str(f"loss {float(value):.4f}  array {float(hw.array_rows):.1f}x"
+                                  f"{float(hw.array_cols):.1f}  spad {float(hw.scratchpad_bytes) / 1024:.0f} KiB  acc "
+                                  f"{float(hw.accumulator_bytes) / 1024:.0f} KiB  bw "
+                                  f"{float(hw.dma_bandwidth_bytes_per_cycle):.1f} B/cycle  area {float(area(hw)):.2f} "
+                                  "mm^2")
     return point_from(params["hw"], point, settings), params["maps"]
 
 

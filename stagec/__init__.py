@@ -23,6 +23,7 @@ from stagec.errors import (
     ReferenceFallbackWarning,
     SimulationError,
     StagecError,
+    TargetWarning,
     TilingError,
     TimingError,
     UnsupportedOpError,
@@ -42,7 +43,8 @@ __getattr__, __dir__ = lazy_attributes(__name__, _HOMES)
 
 __all__ = ["AccuracyWarning", "AssemblyError", "Codesign", "ConfigError", "ExportError", "HardwareConfig", "InputError",
            "LoweringError", "PlanError", "Program", "ProgramFormatError", "QuantizationError",
-           "ReferenceFallbackWarning", "Report", "SimulationError", "StagecError", "TilingError", "TimingError",
+           "ReferenceFallbackWarning", "Report", "SimulationError", "StagecError", "TargetWarning",
+           "TilingError", "TimingError",
            "TuneSettings", "Tuning", "UnsupportedOpError", "VerificationError", "codesign", "compile", "load",
            "simulate", "tune"]
 __version__ = "0.1.0"

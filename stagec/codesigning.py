@@ -14,7 +14,6 @@ lowered (the compiler's stages after tracing) and timed by the simulator: the co
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, replace
 
 import jax
@@ -35,6 +34,7 @@ from stagec.sim.energy import area_mm2
 
 from .layers import model_graph, model_layers
 from .pipeline import lower_graph
+from .progress import note
 from .report import Report, make_report
 from .tuning import tune_layer_list
 
@@ -131,10 +131,9 @@ def codesign_graphs(graphs, area_budget_mm2: float, objective: str = "latency", 
     if best is None:
         raise InputError(f"no buildable config within {area_budget_mm2} mm^2"
                          + (f" and {power_budget_w} W" if power_budget_w else "") + " can map every layer")
-    if progress:
-        print(f"  codesign: chose {best.array_rows}x{best.array_cols}, {best.scratchpad_bytes // 1024} KiB + "
-              f"{best.accumulator_bytes // 1024} KiB, {best.dma_bandwidth_bytes_per_cycle:g} B/cycle "
-              f"({float(area(hardware_point(best))):.3f} mm^2); tuning and simulating", file=sys.stderr, flush=True)
+    note(f"codesign: chose {best.array_rows}x{best.array_cols}, {best.scratchpad_bytes // 1024} KiB + "
+         f"{best.accumulator_bytes // 1024} KiB, {best.dma_bandwidth_bytes_per_cycle:g} B/cycle "
+         f"({float(area(hardware_point(best))):.3f} mm^2); tuning and simulating", progress)
     mappings, reports, cycles, energy = [], [], [], []
     for w, (graph, layers) in enumerate(zip(graphs, per_model, strict=True)):
         mine = [p for p in index if p[0] == w]

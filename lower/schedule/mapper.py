@@ -46,7 +46,8 @@ from .nest_work import footprint as nest_footprint
 from .nest_work import matmul_k
 from .tensors import DTYPE_OF
 
-OBJECTIVES = ("latency", "energy", "edp")   # what the default mapper may minimize (objective_of)
+OBJECTIVES = ("latency", "energy", "edp", "size")   # what the default mapper may minimize (objective_of)
+TUNABLE = OBJECTIVES[:3]   # the tuner's and co-design's: "size" is a footprint, not a cost the model descends
 INSTRUCTION_CHARGE = 32.0  # cycles the mappers charge an instruction: what the nest latency leaves out, and size
 FIRST_COMPOSED = 256       # candidates map_nest composes the latency of before it prunes by the bound
 
@@ -170,14 +171,15 @@ def map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras=NO_EXTRAS, la
 
 
 def objective_of(cycles, energy_pj, objective: str):
-    """The scalar a mapper or tuner minimizes: cycles, energy (pJ) or their product (EDP)."""
+    """The scalar a mapper or tuner minimizes: cycles, energy (pJ) or their product (EDP).  ("size"
+    is a choice among the smallest footprints, _map_nest's, not a scalar of cycles and energy.)"""
     if objective == "latency":
         return cycles
     if objective == "energy":
         return energy_pj
     if objective == "edp":
         return cycles * energy_pj
-    raise InputError(f"unknown objective {objective!r}; expected one of {OBJECTIVES}")
+    raise InputError(f"unknown objective {objective!r}; expected one of {TUNABLE}")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -187,7 +189,11 @@ def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras, obj
     every candidate gets a cheap lower bound of its cost (lower.schedule.nest_cost.bound); the full
     cost is composed for the most promising ones, then for every other whose bound is below the best
     found: the same choice as composing it for all.  Energy has no such bound: it is composed for every
-    candidate that fits."""
+    candidate that fits.  "size" minimizes cycles x local footprint (scratchpad plus accumulator
+    bytes), which the same bound prunes: the smallest footprint alone picks byte-sized tiles
+    thousands of times slower, the product the tiling that gives up the least time per byte saved.
+    The bound is loose at small tiles, so "size" composes only the FIRST_COMPOSED best by the bound
+    (pruning the rest by it took minutes on MobileNetV2)."""
     L = LayerShape.of(kind, p, extras)
     m, ok = candidates(L)
     cycles, instructions, spad, acc = bound(L, m, hw)
@@ -195,8 +201,9 @@ def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras, obj
     fit = grid.fit(hw)
     if not fit.any():
         return grid.nothing_fits(hw, None)
-    low = np.where(fit, grid.values[0], np.inf)
-    if objective == "latency":
+    foot = (grid.spad + grid.acc).astype(np.float64) if objective == "size" else np.ones(fit.shape)
+    low = np.where(fit, grid.values[0] * foot, np.inf)
+    if objective in ("latency", "size"):
         first = np.argpartition(low, FIRST_COMPOSED)[:FIRST_COMPOSED] if low.size > FIRST_COMPOSED \
             else np.arange(low.size)
         first = first[np.isfinite(low[first])]
@@ -206,7 +213,9 @@ def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras, obj
     def composed(idx):
         cost = nest_cost(L, _at(m, grid.shape, idx), hw, Exact)
         charged = cost.cycles + INSTRUCTION_CHARGE * cost.instructions
-        energy = sum(energy_pj(cost.actions, charged, hw).values()) if objective != "latency" else 0
+        energy = sum(energy_pj(cost.actions, charged, hw).values()) if objective in ("energy", "edp") else 0
+        if objective == "size":
+            return cost.cycles, charged * foot[idx]
         return cost.cycles, objective_of(charged, energy, objective)
 
     est, value = composed(first)
