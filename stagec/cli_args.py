@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
 import os
 import re
 from collections import defaultdict
@@ -55,13 +56,18 @@ def _exported(path: str) -> tuple:
     import torch
     if not Path(path).is_file():
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+    log = logging.getLogger("torch.export")   # it logs a damaged file's traceback before raising
+    level = log.level
+    log.setLevel(logging.CRITICAL)
     try:
         exported = torch.export.load(path)
     except Exception as e:  # noqa: BLE001 - whatever a damaged file makes torch raise is the file's fault
         raise InputError(f"{path}: not a torch.export program ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
                          ) from None
+    finally:
+        log.setLevel(level)
     args, kwargs = exported.example_inputs or ((), {})
-    return exported.module(), tuple(args), dict(kwargs or {})
+    return exported, tuple(args), dict(kwargs or {})
 
 
 def calibration(folder: str) -> list:

@@ -94,6 +94,9 @@ def codesign_graphs(graphs, area_budget_mm2: float, objective: str = "latency", 
     (a Pareto front) that trace each model once."""
     base = hw or HardwareConfig()
     per_model = [model_layers(g) for g in graphs]
+    if not all(per_model):
+        raise InputError(f"model {[bool(m) for m in per_model].index(False)} has no conv, matmul or pooling layer: "
+                         "nothing for co-design to size the array for")
     unique, index = {}, []          # shape key -> (first layer), and (workload, unique id) per layer
     for w, layers in enumerate(per_model):
         for layer in layers:

@@ -33,7 +33,8 @@ from types import MappingProxyType
 import torch
 
 from stagec.errors import AccuracyWarning, InputError
-from stagec.frontend import TracedModel, flatten_inputs, trace_jax, trace_torch
+from stagec.frontend import TracedModel, flatten_inputs, trace_exported, trace_jax, trace_torch
+from stagec.frontend.torch_export import exported
 from stagec.isa import HardwareConfig, Program, disassemble, verify
 from stagec.lower.codegen.lowering import lower_to_program
 from stagec.lower.graph.activations import split_activations
@@ -150,9 +151,12 @@ class GraphPass:
 
 
 def _trace(c: Compilation) -> Compilation:
-    """The frontend: a torch.nn.Module through torch.export, a JAX function through make_jaxpr."""
+    """The frontend: a torch.nn.Module through torch.export, a JAX function through make_jaxpr, an
+    ExportedProgram as it is (core ATen decompositions applied)."""
     model, args, kwargs = c.request.model, c.request.args, c.request.kwargs
-    if isinstance(model, torch.nn.Module):
+    if isinstance(model, torch.export.ExportedProgram):   # a saved program (torch.export.load)
+        traced = trace_exported(exported(model), args, kwargs)
+    elif isinstance(model, torch.nn.Module):
         traced = trace_torch(model, args, kwargs)
     elif callable(model):
         if kwargs:

@@ -80,8 +80,9 @@ class Tuning:
             raise InputError(f"{path}: {e}") from None
 
     def __str__(self) -> str:
+        gain = f", {self.default_predicted / self.predicted:.2f}x" if self.predicted else ""
         lines = [f"tuned {len(self.mappings)} layers for {self.objective}: {self.predicted:.4g} "
-                 f"(default mapper {self.default_predicted:.4g}, {self.default_predicted / self.predicted:.2f}x)"]
+                 f"(default mapper {self.default_predicted:.4g}{gain})"]
         lines += [f"  kept the default mapper's for {len(self.kept_default)} (the simulator measured it better)"] \
             if self.kept_default else []
         return "\n".join(lines + [f"  {name}: {m}" for name, m in self.mappings.items()])
