@@ -15,7 +15,6 @@ so bandwidth has a cost and does not drift to the top of `bandwidth_range`.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, fields
 from functools import partial
 
@@ -25,6 +24,7 @@ import numpy as np
 import optax
 
 from stagec.isa.config import HardwareConfig
+from stagec.progress import bar, shown
 
 from .grid import BuildableGrid
 from .hardware import HardwarePoint, area, hardware_point
@@ -51,7 +51,7 @@ class CodesignSettings:
     memory_step: int = 32 * 1024
     starts: int = 4
     confirm: int = 3
-    report_every: int = 50
+    report_every: int = 50   # steps between the progress bar's hardware readouts (0: no bar)
 
     def grid(self) -> BuildableGrid:
         return BuildableGrid(self.array_step, self.memory_step, tuple(int(v) for v in self.array_range),
@@ -152,14 +152,15 @@ def descend(layers: LayerShape, start_maps, counts, workload, n_workloads: int, 
     ranges = log_ranges(settings)
     knobs = (*(jnp.float32(v) for v in (*settings.smooth, settings.steps, settings.penalty, settings.learning_rate)),
              jnp.int32(OBJECTIVES.index(objective)), ranges)
-    for step in range(settings.steps):
+    steps = bar(range(settings.steps), desc="codesign", enabled=bool(settings.report_every))
+    for step in steps:
         params, opt_state, value = _step(params, opt_state, step, layers, counts, workload, point, limits, constants,
                                          knobs, n_workloads)
-        if settings.report_every and (step + 1) % settings.report_every == 0:
+        if settings.report_every and (step + 1) % settings.report_every == 0 and shown():
             hw = point_from(params["hw"], point, ranges)
-            print(f"  codesign: step {step + 1}/{settings.steps}  loss {float(value):.4f}  array "
-                  f"{float(hw.array_rows):.1f}x{float(hw.array_cols):.1f}  spad "
-                  f"{float(hw.scratchpad_bytes) / 1024:.0f} KiB  acc {float(hw.accumulator_bytes) / 1024:.0f} KiB  bw "
-                  f"{float(hw.dma_bandwidth_bytes_per_cycle):.1f} B/cycle  area {float(area(hw)):.2f} mm^2",
-                  file=sys.stderr, flush=True)
+            steps.set_postfix_str(f"loss {float(value):.4f}  array {float(hw.array_rows):.1f}x"
+                                  f"{float(hw.array_cols):.1f}  spad {float(hw.scratchpad_bytes) / 1024:.0f} KiB  acc "
+                                  f"{float(hw.accumulator_bytes) / 1024:.0f} KiB  bw "
+                                  f"{float(hw.dma_bandwidth_bytes_per_cycle):.1f} B/cycle  area {float(area(hw)):.2f} "
+                                  "mm^2")
     return point_from(params["hw"], point, ranges), params["maps"][:n]

@@ -10,7 +10,6 @@ One jitted step serves every layer and start (vmap over both).
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import numpy as np
 import optax
 
 from stagec.lower.schedule.nest import LayerShape, TileMapping
+from stagec.progress import Reporter
 
 from .batch import exact_cost
 from .hardware import HardwarePoint
@@ -66,9 +66,8 @@ def relaxed_loss(theta, L: LayerShape, hw: HardwarePoint, constants: CostConstan
     return jnp.log(jnp.maximum(objective_of(cost.cycles, cost.energy_pj, objective), 1.0)) + penalty * cost.violation
 
 
-def print_progress(step: int, total: int, best: float, elapsed: float) -> None:
-    """The default progress report: one line to stderr per projection round."""
-    print(f"  tune: step {step}/{total}  best objective {best:.4g}  {elapsed:.1f}s", file=sys.stderr, flush=True)
+# The default progress report: a bar over the projection rounds (stagec.progress: a terminal only)
+print_progress = Reporter("tune", "best objective")
 
 
 _LOSSES = jax.vmap(jax.vmap(relaxed_loss, (0, None, None, None, None, None, None)),

@@ -82,6 +82,16 @@ def inference_mode(model: torch.nn.Module):
             m.train(training)
 
 
+def exported(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """A program someone exported (torch.export.load: `stagec compile model.pt2`) as `export` gives one:
+    core ATen, static shapes.  It keeps the mode it was exported in."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        ep = to_core_aten(ep)
+    _check_static_shapes(ep)
+    return ep
+
+
 def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> torch.export.ExportedProgram:
     """torch.export + core-ATen decompositions, in inference mode, with a one-line reason on failure."""
     with inference_mode(model), torch.no_grad(), warnings.catch_warnings():

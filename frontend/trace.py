@@ -19,7 +19,7 @@ from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 from stagec.errors import InputError, ProgramFormatError, shown
 
 from .registry import to_numpy
-from .torch_export import check_rules, export, in_training_mode, interpret
+from .torch_export import check_rules, export, exported, in_training_mode, interpret
 
 TRACERS = ("export", "torch2jax")
 
@@ -299,7 +299,10 @@ def trace_torch(model: torch.nn.Module, args, kwargs=None, *, tracer: str = "exp
 
 
 def trace_model(model, args, kwargs=None) -> TracedModel:
-    """A torch.nn.Module through torch.export, a JAX function through make_jaxpr."""
+    """A torch.nn.Module through torch.export, a JAX function through make_jaxpr, an ExportedProgram
+    (torch.export.load of a saved .pt2) as it is, core ATen decompositions applied."""
+    if isinstance(model, torch.export.ExportedProgram):
+        return trace_exported(exported(model), args, kwargs)
     if isinstance(model, torch.nn.Module):
         return trace_torch(model, args, kwargs)
     if callable(model):

@@ -23,6 +23,7 @@ from stagec.errors import (
     ReferenceFallbackWarning,
     SimulationError,
     StagecError,
+    TargetWarning,
     TilingError,
     TimingError,
     UnsupportedOpError,
@@ -44,7 +45,7 @@ __getattr__, __dir__ = lazy_attributes(__name__, _HOMES)
 
 __all__ = ["AccuracyWarning", "AssemblyError", "Codesign", "ConfigError", "ExportError", "HardwareConfig", "InputError",
            "LoweringError", "PlanError", "Program", "ProgramFormatError", "QuantizationError",
-           "ReferenceFallbackWarning", "Report", "Sensitivities", "SimulationError", "StagecError", "TilingError",
-           "TimingError", "TuneSettings", "Tuning", "UnsupportedOpError", "VerificationError", "codesign", "compile",
-           "load", "load_results", "sensitivities", "simulate", "sweep", "tune"]
+           "ReferenceFallbackWarning", "Report", "Sensitivities", "SimulationError", "StagecError", "TargetWarning",
+           "TilingError", "TimingError", "TuneSettings", "Tuning", "UnsupportedOpError", "VerificationError",
+           "codesign", "compile", "load", "load_results", "sensitivities", "simulate", "sweep", "tune"]
 __version__ = "0.1.0"

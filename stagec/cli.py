@@ -13,9 +13,12 @@ import sys
 
 from stagec.errors import InputError, StagecError
 
+from . import cli_compile, cli_hw
+
 EPILOG = """\
 exit status: 0 on success; 1 when a file, config or model cannot be used (one line on stderr;
-`ops` also exits 1 when the model has an unsupported op); 2 for a usage or argument error.
+`ops` also exits 1 when the model has an unsupported op); 2 for a usage or argument error;
+3 when a program misses its latency or power target (compile, run, codesign: the slack is printed).
 --debug (before or after the command) shows the traceback of an error instead of one line."""
 
 # The errors that are the user's to fix: one line each, not a traceback.
@@ -23,10 +26,9 @@ USER_ERRORS = (StagecError, OSError)
 
 
 def _demo(args) -> int:
-    from stagec.isa import HardwareConfig
-
+    from .cli_args import hardware
     from .demo import run_demo
-    return 0 if run_demo(HardwareConfig.load(args.hw) if args.hw else None, args.precision) else 1
+    return 0 if run_demo(hardware(args.hw), args.precision) else 1
 
 
 def _disasm(args) -> int:
@@ -61,14 +63,15 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def command(name: str, run, help: str) -> argparse.ArgumentParser:  # noqa: A002
-        p = sub.add_parser(name, help=help, parents=[debug], epilog=EPILOG,
+    def command(name: str, run, help: str, example: str | None = None) -> argparse.ArgumentParser:  # noqa: A002
+        p = sub.add_parser(name, help=help, description=help, parents=[debug],
+                           epilog=(f"example:\n  {example}\n\n" if example else "") + EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.set_defaults(run=run)
         return p
 
     demo = command("demo", _demo, "compile and simulate the bundled hand-keypoint network")
-    demo.add_argument("--hw", help="hardware config (YAML or JSON); default: the built-in edge accelerator")
+    demo.add_argument("--hw", help="a preset (stagec hw list) or a config file (YAML or JSON); default: default")
     demo.add_argument("--precision", choices=("int8", "bf16", "fp32"), default="int8",
                       help="int8 (default: calibrated, shown beside bf16 and fp32), bf16 (beside fp32) or fp32 "
                            "alone (fastest)")
@@ -85,6 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     ops.add_argument("model", help="a zoo model (stagec.zoo.ZOO, e.g. resnet18) or path/to/file.py:factory, "
                                    "where factory() returns (model, args) or (model, args, kwargs)")
     ops.add_argument("--reduced", action="store_true", help="the zoo model's small configuration")
+    cli_compile.add_commands(command)
+    cli_hw.add_commands(command)
     from .cli_sweep import add_sweep_command
     add_sweep_command(sub, parents=[debug])
     return parser

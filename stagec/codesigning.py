@@ -18,7 +18,6 @@ simulator confirms them.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, replace
 
 import jax
@@ -37,6 +36,7 @@ from stagec.lower.schedule.mapper import default_mapping
 
 from .layers import model_graph, model_layers
 from .pipeline import lower_graph
+from .progress import note
 from .report import Report, make_report
 from .tuning import tune_graph
 
@@ -123,9 +123,8 @@ def codesign_graphs(graphs, area_budget_mm2: float | None = None, objective: str
     if chosen.overshoot > 0:
         raise InputError(f"no buildable config meets the constraints: the nearest, {_describe(chosen.hw)}, is at "
                          + ", ".join(f"{k} {v:.2f}x its limit" for k, v in chosen.ratios.items()))
-    if progress:
-        print(f"  codesign: exact model scored {len(search.scored)} configs; best {_describe(chosen.hw)}; "
-              f"simulating the best {settings.confirm}", file=sys.stderr, flush=True)
+    note(f"codesign: exact model scored {len(search.scored)} configs; best {_describe(chosen.hw)}; "
+         f"simulating the best {settings.confirm}", progress)
     return _confirm(search, grid, workloads, constraints, objective, settings, tune_settings)
 
 

@@ -102,6 +102,11 @@ class AccuracyWarning(UserWarning):
     bf16: the program is the most accurate mix found."""
 
 
+class TargetWarning(UserWarning):
+    """compile(..., latency_target_s=..., power_budget_w=...) could not meet a target with what it
+    tries (stagec.targets): the program is the closest found, and its report says by how much."""
+
+
 def shown(value, limit: int = 60) -> str:
     """A value as an error message shows it: its repr, cut to `limit` characters."""
     text = repr(value)
@@ -110,4 +115,4 @@ def shown(value, limit: int = 60) -> str:
 
 __all__ = ["AccuracyWarning", "AssemblyError", "ConfigError", "ExportError", "InputError", "LoweringError", "PlanError",
            "ProgramFormatError", "QuantizationError", "ReferenceFallbackWarning", "SimulationError", "StagecError",
-           "TilingError", "TimingError", "UnsupportedOpError", "VerificationError"]
+           "TargetWarning", "TilingError", "TimingError", "UnsupportedOpError", "VerificationError"]

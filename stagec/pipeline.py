@@ -65,6 +65,7 @@ from stagec.lower.graph.quantize import quantize as quantize_graph
 from stagec.lower.schedule.layout import Layout, assign_layout
 from stagec.lower.schedule.mapper import Schedule, make_schedule
 from stagec.lower.schedule.pack import pack_depthwise
+from stagec.progress import bar
 
 QUANTIZE_MODES = (None, "int8", "bf16")
 ACTIVATION_RANGES = (None, "tensor", "channel")
@@ -387,15 +388,18 @@ def garbage_collection(enabled: bool):
         (gc.enable if was else gc.disable)()
 
 
-def run(stages: Sequence[Stage], c: Compilation, dump=None) -> Compilation:
-    """`c` through each of `stages` that applies to its request, each dumped as `dump` asks."""
+def run(stages: Sequence[Stage], c: Compilation, dump=None, progress: bool = False) -> Compilation:
+    """`c` through each of `stages` that applies to its request, each dumped as `dump` asks; with
+    `progress`, a bar over the stages (stagec.progress: on a terminal only)."""
     out = Dump(dump, stages)
-    with garbage_collection(False):
+    with garbage_collection(False), bar(total=len(stages), desc="compile", enabled=progress) as shown:
         for stage in stages:
+            shown.set_postfix_str(stage.name)
             if stage.when is None or stage.when(c.request):
                 with garbage_collection(stage.collects):
                     c = stage.run(c)
                 out(stage, c)
+            shown.update()
     return c
 
 

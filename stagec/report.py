@@ -24,6 +24,12 @@ is span / bound (1.0 = on the roofline).
     area_mm2            component -> mm^2 (array, scratchpad, accumulator, vector, fixed), "total"
     macs_by_precision   precision (int8, bf16, fp32) -> MACs run in it, those with any
     mixed_precision     int8 programs: {fallback, pinned, chosen, target, cosine} (lower.graph.mixed_precision)
+    memory              peak bytes in use: {scratchpad, accumulator (the largest layer's buffers), dram (the
+                        program's whole DRAM: weights, inputs and outputs, intermediates at their peak),
+                        weights, activations (intermediates at their peak)}; local peaks None for a program
+                        that does not record them
+    targets             with compile(latency_target_s=, power_budget_w=): {met, latency and/or power: {target,
+                        value, unit, met, slack}, tried, top_time, top_energy} (stagec.targets), else None
     roofline_cycles     sum of the layers' roofline bounds
     cycles_over_roofline  cycles / roofline_cycles
     model_limit         the model's physical limit, every intermediate on chip: {macs, compute_cycles,
@@ -47,7 +53,7 @@ is span / bound (1.0 = on the roofline).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -56,6 +62,8 @@ from stagec.isa.instructions import ITEMSIZE, Opcode, Queue
 from stagec.isa.program import Layer, Program
 from stagec.sim.energy import ActionCounts, area_mm2, counts_of, energy_pj
 from stagec.sim.timing import Timeline, timeline
+
+from .targets import Targets, Verdict, verdict
 
 UNITS = tuple(q.name.lower() for q in Queue)
 LEVELS = ("dram", "scratchpad", "accumulator")
@@ -115,6 +123,8 @@ class Report:
     mixed_precision: dict | None = None         # an int8 program's float layers (module doc)
     model_limit: dict | None = None             # the model's physical limit (module doc)
     cascades: tuple = ()                        # the program's cascades (module doc)
+    memory: dict = field(default_factory=dict)  # peak bytes in use (module doc)
+    verdict: Verdict | None = None              # the targets compile was given, met or missed
 
     @property
     def clock_hz(self) -> float:
@@ -152,6 +162,7 @@ class Report:
             "model_limit": self.model_limit, "cycles_over_model_limit": self.cycles_over_model_limit,
             "cascades": list(self.cascades),
             "layers": [layer.to_dict(self.hw) for layer in self.layers], "mixed_precision": self.mixed_precision,
+            "memory": self.memory, "targets": self.verdict.to_dict() if self.verdict is not None else None,
         }
 
     def summary(self) -> str:
@@ -185,8 +196,10 @@ class Report:
                 f"{k} {100 * v / total_pj if total_pj else 0:.0f}%" for k, v in self.energy_pj.items()),
             f"area:   {sum(self.area_mm2.values()):.2f} mm^2 = " + ", ".join(
                 f"{k} {v:.2f}" for k, v in self.area_mm2.items()),
+            _memory_line(self.memory),
         ]
-        return "\n".join(lines + _cascade_lines(self.cascades) + _mixed_precision_lines(self.mixed_precision))
+        lines += _cascade_lines(self.cascades) + _mixed_precision_lines(self.mixed_precision)
+        return "\n".join(lines + (self.verdict.lines() if self.verdict is not None else []))
 
 
 def _model_limit_lines(limit: dict | None, cycles: float) -> list[str]:
@@ -200,6 +213,24 @@ def _model_limit_lines(limit: dict | None, cycles: float) -> list[str]:
 def _cascade_lines(cascades) -> list[str]:
     return [f"cascade {' -> '.join(c['layers'])}: tile {c['tile'][0]}x{c['tile'][1]}, saves "
             f"{c['saved_bytes'] / 1024:.1f} KiB of DRAM" for c in cascades]
+
+
+def _memory_line(memory: dict) -> str:
+    local = ", ".join(f"{m} {memory[m] / 1024:.1f} KiB" for m in ("scratchpad", "accumulator")
+                      if memory.get(m) is not None)
+    return (f"memory: peak {local or 'local use not recorded'}; DRAM {memory['dram'] / 2**20:.2f} MiB "
+            f"(weights {memory['weights'] / 2**20:.2f} MiB, activations at peak "
+            f"{memory['activations'] / 2**20:.2f} MiB)")
+
+
+def memory_use(program: Program) -> dict:
+    """Peak bytes in use (the report's `memory`): the compiler's record of each layer's local
+    buffers, the program's DRAM layout."""
+    local = program.metadata.get("local_peak_bytes")
+    peaks = [max((p[i] for p in local.values()), default=0) if local is not None else None for i in (0, 1)]
+    activations = sum(r.nbytes for r in program.regions if r.name == "activations")
+    return {"scratchpad": peaks[0], "accumulator": peaks[1], "dram": program.dram_bytes,
+            "weights": len(program.constants), "activations": activations}
 
 
 def _mixed_precision_lines(mixed: dict | None) -> list[str]:
@@ -265,11 +296,13 @@ def make_report(program: Program) -> Report:
                     _layer_precision(program, layer, layer_counts[i]))
         for i, layer in enumerate(program.layers))
     total = counts.total()
-    return Report(layers, hw, dict(zip(UNITS, map(int, count.sum(0)), strict=True)),
+    report = Report(layers, hw, dict(zip(UNITS, map(int, count.sum(0)), strict=True)),
                   dict(zip(UNITS, map(float, busy.sum(0)), strict=True)), tl.cycles, total,
                   {k: float(v) for k, v in energy_pj(total, tl.cycles, hw).items()},
                   {k: float(v) for k, v in area_mm2(hw).items()}, tl, ids, program.metadata.get("mixed_precision"),
-                  model_limit(program), tuple(program.metadata.get("cascades") or ()))
+                  model_limit(program), tuple(program.metadata.get("cascades") or ()), memory_use(program))
+    targets = Targets.from_dict(program.metadata["targets"]) if "targets" in program.metadata else None
+    return replace(report, verdict=verdict(report, targets)) if targets else report
 
 
 def model_limit(program: Program) -> dict:

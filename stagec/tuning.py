@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -25,6 +27,7 @@ from stagec.costmodel.space import objective_of
 from stagec.costmodel.tuner import DEFAULT_SETTINGS, TuneSettings, print_progress, tune_layers
 
 __all__ = ["TuneSettings", "Tuning", "tune", "tune_graph", "tune_layer_list"]
+from stagec.errors import InputError
 from stagec.isa import HardwareConfig
 from stagec.lower.graph.graph_ir import Graph
 from stagec.lower.schedule.mapper import default_mapping
@@ -45,9 +48,41 @@ class Tuning:
     evaluations: int
     kept_default: tuple[str, ...] = ()   # layers whose tuned mapping the simulator measured worse
 
+    def to_dict(self) -> dict:
+        """As JSON-ready data (`from_dict` reads it back; `stagec tune -o` writes it)."""
+        return {"objective": self.objective, "predicted": self.predicted, "default_predicted": self.default_predicted,
+                "evaluations": self.evaluations, "kept_default": list(self.kept_default),
+                "mappings": {name: {k: v.item() if hasattr(v, "item") else v for k, v in asdict(m).items()}
+                             for name, m in self.mappings.items()}}
+
+    @classmethod
+    def from_dict(cls, data) -> Tuning:
+        """A Tuning from `to_dict`'s data; anything else is an InputError naming what is wrong."""
+        try:
+            maps = {str(name): TileMapping(**fields_) for name, fields_ in data["mappings"].items()}
+            return cls(maps, float(data["predicted"]), float(data["default_predicted"]), str(data["objective"]),
+                       int(data["evaluations"]), tuple(data.get("kept_default", ())))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise InputError(f"not a stagec tuning (stagec tune -o): {type(e).__name__}: {e}") from None
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path) -> Tuning:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise InputError(f"{path}: not JSON ({e})") from None
+        try:
+            return cls.from_dict(data)
+        except InputError as e:
+            raise InputError(f"{path}: {e}") from None
+
     def __str__(self) -> str:
+        gain = f", {self.default_predicted / self.predicted:.2f}x" if self.predicted else ""
         lines = [f"tuned {len(self.mappings)} layers for {self.objective}: {self.predicted:.4g} "
-                 f"(default mapper {self.default_predicted:.4g}, {self.default_predicted / self.predicted:.2f}x)"]
+                 f"(default mapper {self.default_predicted:.4g}{gain})"]
         lines += [f"  kept the default mapper's for {len(self.kept_default)} (the simulator measured it better)"] \
             if self.kept_default else []
         return "\n".join(lines + [f"  {name}: {m}" for name, m in self.mappings.items()])

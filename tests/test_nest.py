@@ -213,28 +213,29 @@ def test_a_select_never_takes_its_predicates_slot():
 def _objectives(cost) -> dict:
     """Each objective of a nest's cost as the mapper defines it: cycles with the instruction charge,
     energy over those cycles, their product."""
-    from stagec.lower.schedule.mapper import INSTRUCTION_CHARGE, OBJECTIVES, objective_of
+    from stagec.lower.schedule.search import INSTRUCTION_CHARGE, TUNABLE, objective_of
     from stagec.sim.energy import energy_pj
     cycles = float(cost.cycles + INSTRUCTION_CHARGE * cost.instructions)
     energy = float(sum(energy_pj(cost.actions, cycles, HW).values()))
-    return {o: float(objective_of(cycles, energy, o)) for o in OBJECTIVES}
+    return {o: float(objective_of(cycles, energy, o)) for o in TUNABLE}
 
 
 def test_the_mapper_minimizes_its_objective_over_every_candidate_that_fits():
     """Exhaustive search, one candidate at a time: for each objective, none of the grid's points
     that fit beats the mapper's choice."""
-    from stagec.lower.schedule.mapper import OBJECTIVES, candidates
+    from stagec.lower.schedule.mapper import candidates
+    from stagec.lower.schedule.search import TUNABLE
     p = ConvProblem(1, 24, 4, 4, 20, 3, 3, padding=((1, 1), (1, 1)), itemsize=1, out_itemsize=1)
     grid, ok = candidates(LayerShape.of("matrix", p))
     shape = np.broadcast_shapes(ok.shape, *(np.shape(getattr(grid, f.name)) for f in dataclasses.fields(grid)))
-    best = dict.fromkeys(OBJECTIVES, np.inf)
+    best = dict.fromkeys(TUNABLE, np.inf)
     for idx in zip(*np.nonzero(np.broadcast_to(ok, shape)), strict=True):
         m = TileMapping(*(np.broadcast_to(getattr(grid, f.name), shape)[idx].item()
                           for f in dataclasses.fields(grid)))
         cost = nest_cost(LayerShape.of("matrix", p), m, HW, Exact)
         if fits(p, cost.spad_bytes, cost.acc_bytes, m.tile_oh, m.tile_ow, HW):
             best = {o: min(v, _objectives(cost)[o]) for o, v in best.items()}
-    for o in OBJECTIVES:
+    for o in TUNABLE:
         chosen = nest_cost(LayerShape.of("matrix", p), map_nest("matrix", p, HW, objective=o), HW, Exact)
         assert _objectives(chosen)[o] == pytest.approx(best[o], rel=1e-9), o
 

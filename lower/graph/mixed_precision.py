@@ -22,7 +22,6 @@ report name a fused layer `a+b`: each part is a layer here); a module's name sta
 from __future__ import annotations
 
 import difflib
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,6 +30,7 @@ from types import MappingProxyType
 import numpy as np
 
 from stagec.errors import InputError
+from stagec.progress import Reporter
 
 from .evaluate import evaluate
 from .graph_ir import MATRIX_OPS, Graph, Node, OpKind
@@ -133,10 +133,8 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-300))
 
 
-def print_progress(step: int, total: int, best: float, elapsed: float) -> None:
-    """The default progress report (as the tuner's): one line to stderr per graph evaluated."""
-    print(f"  accuracy_target: graph {step}/{total}  best cosine {best:.6f}  {elapsed:.1f}s",
-          file=sys.stderr, flush=True)
+# The default progress report (as the tuner's): a bar over the graphs evaluated (stagec.progress)
+print_progress = Reporter("accuracy_target", "best cosine", ".6f")
 
 
 def choose(graph: Graph, batches: Sequence, build: Callable[[LayerPrecision], Graph], base: LayerPrecision,

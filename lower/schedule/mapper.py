@@ -180,14 +180,18 @@ def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras, obj
     candidate gets a cheap lower bound of its objective (lower.schedule.nest_cost.bound: of the
     cycles; energy is the exact action counts' over those cycles, whose leakage only grows with the
     true ones); the full cost is composed for the most promising ones, then for every other whose
-    bound is below the best found: the same choice as composing it for all."""
+    bound is below the best found: the same choice as composing it for all.  "size" minimizes
+    cycles x local footprint (scratchpad plus accumulator bytes): the smallest footprint alone picks
+    byte-sized tiles thousands of times slower, the product the tiling that gives up the least time
+    per byte saved.  Its bound is loose at small tiles, so "size" composes only the FIRST_COMPOSED
+    best by the bound (pruning the rest by it took minutes on MobileNetV2)."""
     L = LayerShape.of(kind, p, extras)
     m, ok = candidates(L)
-    counted = objective != "latency"
+    counted = objective in ("energy", "edp")
     cycles, instructions, spad, acc, *counts = bound(L, m, hw, counted)
     charged = cycles + INSTRUCTION_CHARGE * instructions
     energy = sum(energy_pj(counts[0], charged, hw).values()) if counted else 0
-    grid = _Candidates(p, m, ok, spad, acc, objective_of(charged, energy, objective))
+    grid = _Candidates(p, m, ok, spad, acc, _value(charged, energy, spad + acc, objective))
     fit = grid.fit(hw)
     if not fit.any():
         return grid.nothing_fits(hw, None)
@@ -199,16 +203,22 @@ def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras, obj
     def composed(idx):
         cost = nest_cost(L, _at(m, grid.shape, idx), hw, Exact)
         charged = cost.cycles + INSTRUCTION_CHARGE * cost.instructions
-        energy = sum(energy_pj(cost.actions, charged, hw).values()) if objective != "latency" else 0
-        return cost.cycles, objective_of(charged, energy, objective)
+        energy = sum(energy_pj(cost.actions, charged, hw).values()) if counted else 0
+        return cost.cycles, _value(charged, energy, grid.spad[idx] + grid.acc[idx], objective)
 
     est, value = composed(first)
-    rest = np.setdiff1d(np.flatnonzero(low <= value.min()), first)
+    rest = np.setdiff1d(np.flatnonzero(low <= value.min()), first) if objective != "size" else ()
     if len(rest):
         more = composed(rest)
         first, est, value = (np.concatenate(v) for v in ((first, rest), (est, more[0]), (value, more[1])))
     best = np.lexsort((first, value))[0]        # the cheapest; of equals, the first in grid order
     return grid.candidate(int(first[best])), float(est[best])
+
+
+def _value(charged, energy, footprint, objective: str):
+    """What _map_nest ranks by: compile's objective of the charged cycles and energy, or for "size"
+    the charged cycles times the local footprint (bytes)."""
+    return charged * footprint if objective == "size" else objective_of(charged, energy, objective)
 
 
 VECTOR_SWITCHES = ("double_buffer",)   # the switches a vector-unit nest has (lower.codegen.vector): tiles, c=1
@@ -441,7 +451,7 @@ def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | No
     if mappings:
         raise InputError(f"mappings for layers the schedule does not have: {sorted(mappings)} (the schedule dump "
                          f"names every layer it tiles)")
-    if not fuse_layers:
+    if not fuse_layers or objective == "size":   # a cascade's live tiles are what "size" is short of
         return Schedule(tuple(out))
     tilings = dict(out)
     cascades = choose_cascades(graph, layout, tilings, hw, objective, given)

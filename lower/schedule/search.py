@@ -8,7 +8,8 @@ import numpy as np
 from stagec.errors import InputError
 from stagec.isa.instructions import MAX_COUNT
 
-OBJECTIVES = ("latency", "energy", "edp")   # what the default mapper may minimize (objective_of)
+OBJECTIVES = ("latency", "energy", "edp", "size")   # what the default mapper may minimize
+TUNABLE = OBJECTIVES[:3]   # scalars of cycles and energy (objective_of): what the tuner and co-design descend
 INSTRUCTION_CHARGE = 32.0  # cycles the mappers charge an instruction: what the nest latency leaves out, and size
 
 
@@ -22,11 +23,12 @@ def tile_sizes(dim: int, cap: int = MAX_COUNT) -> np.ndarray:
 
 
 def objective_of(cycles, energy_pj, objective: str):
-    """The scalar a mapper or tuner minimizes: cycles, energy (pJ) or their product (EDP)."""
+    """The scalar a mapper or tuner minimizes: cycles, energy (pJ) or their product (EDP).  ("size"
+    is cycles x local footprint, lower.schedule.mapper's, not a scalar of cycles and energy.)"""
     if objective == "latency":
         return cycles
     if objective == "energy":
         return energy_pj
     if objective == "edp":
         return cycles * energy_pj
-    raise InputError(f"unknown objective {objective!r}; expected one of {OBJECTIVES}")
+    raise InputError(f"unknown objective {objective!r}; expected one of {TUNABLE}")
