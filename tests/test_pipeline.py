@@ -42,8 +42,9 @@ def test_a_new_pass_is_one_function_and_one_list_entry(tmp_path):
     program = stagec.compile(model, (x,), stages=stages, dump=tmp_path)
     assert seen == [["conv"]]                  # after fold_affine: batch norm, bias and ReLU in the conv
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files[files.index("08-fold_affine.txt") + 1] == "09-count_nodes.txt"
-    assert (tmp_path / "09-count_nodes.txt").read_text() == (tmp_path / "08-fold_affine.txt").read_text()
+    before, after = f"{position('fold_affine'):02d}-fold_affine.txt", f"{position('fold_affine') + 1:02d}-count_nodes.txt"
+    assert files[files.index(before) + 1] == after
+    assert (tmp_path / after).read_text() == (tmp_path / before).read_text()
     assert program == stagec.compile(model, (x,))
 
 
