@@ -42,7 +42,8 @@ def test_a_new_pass_is_one_function_and_one_list_entry(tmp_path):
     program = stagec.compile(model, (x,), stages=stages, dump=tmp_path)
     assert seen == [["conv"]]                  # after fold_affine: batch norm, bias and ReLU in the conv
     files = sorted(p.name for p in tmp_path.iterdir())
-    before, after = f"{position('fold_affine'):02d}-fold_affine.txt", f"{position('fold_affine') + 1:02d}-count_nodes.txt"
+    n = position("fold_affine")
+    before, after = f"{n:02d}-fold_affine.txt", f"{n + 1:02d}-count_nodes.txt"
     assert files[files.index(before) + 1] == after
     assert (tmp_path / after).read_text() == (tmp_path / before).read_text()
     assert program == stagec.compile(model, (x,))
