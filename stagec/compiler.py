@@ -33,10 +33,9 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     `fuse=False` skips the fusion passes (every elementwise op then round-trips through DRAM),
     to measure what fusion saves.  `fuse_layers=False` runs every layer alone, its result through DRAM;
     by default the mapper runs chains of pointwise layers (a feed-forward block's matmuls, 1x1 convs)
-    as cascades (lower.schedule.cascade) where that lowers `objective`.
-    `mappings` ({layer name: lower.schedule.nest.TileMapping}) replaces
-    the default mapper's choice for those layers (the names are the schedule dump's; a vector
-    layer of several nests, a pad or a concat, takes one mapping for all or a tuple of one each).
+    as cascades (lower.schedule.cascade) where that lowers `objective`.  `mappings` ({layer name:
+    lower.schedule.nest.TileMapping}; names as the schedule dump's; a vector layer of several nests
+    takes one for all or a tuple of one each) replaces the default mapper's choice for those layers.
     The default mapper and the tuner minimize `objective`: "latency" (cycles), "energy" (pJ per
     inference: DRAM traffic dominates it) or "edp" (their product, the default: on a power-bound
     device energy counts as much as time), layer by layer; "size" (the default mapper only, not the
@@ -62,9 +61,8 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     sensitive layers bf16 until the whole graph meets it (greedy, deterministic; progress on
     stderr); if even all of them bf16 miss, a stagec.AccuracyWarning and the best mix found.  The
     report shows each layer's precision and the chosen layers (lower.graph.mixed_precision).
-    `int8_scores=False` keeps attention's scores (a product of two activations that softmax, not a
-    matmul, takes) float in DRAM, dequantized from the accumulator; by default they are requantized
-    to int8 (half the bytes of bf16; no accuracy cost measured on the zoo: lower.graph.quantize).
+    `int8_scores=False` keeps attention's scores (Q K^T, which softmax takes) float in DRAM; by default
+    they are requantized to int8 (half bf16's bytes; no accuracy cost measured on the zoo).
     `integer_ops` ("all", or names from ("softmax", "layernorm", "gelu")) runs those ops integer-only instead
     of as float islands: I-BERT's integer softmax (polynomial exp, integer division) and layer norm
     (integer Newton square root), and GELU (I-BERT's i-GELU polynomial in place of the 256-entry
@@ -85,7 +83,6 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     stagec.TargetWarning; the program's report (stagec.simulate, make_report) says met or missed,
     by how much, the slack, what was tried and the layers that take the most time and energy.
     `progress` draws a bar over the stages (and the tuner's rounds) when stderr is a terminal.
-
     `stages` is the pipeline to walk: stagec.pipeline.PIPELINE, or a copy with a pass of one's own.
 
     >>> import torch, stagec
