@@ -34,7 +34,8 @@ def member(node, graph, nest) -> bool:
     on float32 or int8 operands; or, to lead one, a float32 depthwise convolution."""
     kind = getattr(nest, "kind", None)
     if kind == "depthwise":
-        return node.inputs[0].dtype == "float32" and not nest.problem.widened
+        # float32 in and out (an int8 graph's float depthwise conv may requantize its result)
+        return node.inputs[0].dtype == node.output.dtype == "float32" and not nest.problem.widened
     if kind != "matrix" or node.inputs[0].dtype not in FUSED_DTYPES:
         return False
     p = nest.problem
