@@ -245,8 +245,11 @@ def slot_offsets(widths, elements: int) -> list[int]:
 
 
 def epilogue_vectors(extras: Extras, channels) -> Buffer:
-    """EPILOGUE_VECTORS of an epilogue whose channel inputs span `channels` (all copies)."""
-    return Buffer(EPILOGUE_VECTORS, Space.SPAD, extras.channel_words * WORD * channels + extras.fixed_bytes,
+    """EPILOGUE_VECTORS of an epilogue whose channel inputs span `channels` (all copies).  With records it
+    is a whole number of records long: a cascade holds several, and one that ended between records would
+    leave a gap before the next (Emitter.allocate places buffers back to back, largest alignment first)."""
+    nbytes = extras.channel_words * WORD * channels + extras.fixed_bytes
+    return Buffer(EPILOGUE_VECTORS, Space.SPAD, nbytes + extras.records * (-nbytes % REQUANT_RECORD_BYTES),
                   align=extras.records * REQUANT_RECORD_BYTES + (1 - extras.records) * WORD)
 
 
