@@ -39,6 +39,9 @@ def _compile(args) -> int:
             calibration=cli_args.calibration(args.calibration) if args.calibration else None,
             latency_target_s=args.latency_target, power_budget_w=args.power_budget, progress=not args.quiet)
     program.save(args.output)
+    if args.stablehlo:
+        from .exports import stablehlo_text
+        Path(args.stablehlo).write_text(stablehlo_text(model, example, kwargs))
     report = program.cache.get("report") or make_report(program)
     print(report.summary())
     print(verdict_line(report, f"wrote {args.output} ({len(program)} instructions)"))
@@ -76,11 +79,14 @@ def _run(args) -> int:
 
 
 def write_report(report, out: Path) -> list[Path]:
-    """The report files `run --report DIR` writes (summary.txt, report.json)."""
+    """The report files `run --report DIR` and `codesign` write: summary.txt, report.json, the per-layer
+    table (layers.csv) and the timeline as a Chrome/Perfetto trace (trace.json)."""
+    from .exports import write_csv, write_trace
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.txt").write_text(report.summary() + "\n")
     (out / "report.json").write_text(json.dumps(report.to_dict(), indent=1, allow_nan=False) + "\n")
-    return [out / "summary.txt", out / "report.json"]
+    return [out / "summary.txt", out / "report.json", write_csv(report, out / "layers.csv"),
+            write_trace(report, out / "trace.json")]
 
 
 def _tune(args) -> int:
@@ -105,8 +111,8 @@ def _codesign(args) -> int:
     tune_settings = stagec.TuneSettings(steps=args.steps, chunk=min(args.steps, 30)) if args.steps else \
         stagec.TuneSettings()
     models = [cli_args.model(spec, args.reduced) for spec in args.models]
-    result = stagec.codesign(models, args.area_budget, args.objective, args.power_budget, settings=settings,
-                             tune_settings=tune_settings, progress=not args.quiet)
+    result = stagec.codesign(models, args.area_budget, args.objective, args.power_budget, args.latency_target,
+                             settings=settings, tune_settings=tune_settings, progress=not args.quiet)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result.hw.save(out / "hw.yaml")
@@ -134,6 +140,7 @@ def add_commands(command) -> None:
                 "stagec compile resnet18 --reduced --hw wearable --quantize int8 --latency-target 5ms -o model.stgc")
     _model_arguments(c)
     c.add_argument("-o", "--output", required=True, help="the program file to write (.stgc)")
+    c.add_argument("--stablehlo", metavar="FILE", help="also write the traced graph as StableHLO text (jax.export)")
     c.add_argument("--tune", action="store_true", help="map the layers with the gradient tuner (stagec.tune)")
     c.add_argument("--mappings", help="mappings.json from `stagec tune` (layers it names are mapped so)")
     c.add_argument("--dump", metavar="STAGES", help="print these stages' products: comma-separated names "
@@ -150,7 +157,8 @@ def add_commands(command) -> None:
                    help="a positional input, as .npy (repeat for several, in order)")
     r.add_argument("--output", required=True, metavar="Y.npy",
                    help="where to write the output (several outputs: Y.0.npy, Y.1.npy, ...)")
-    r.add_argument("--report", metavar="DIR", help="also write summary.txt and report.json there")
+    r.add_argument("--report", metavar="DIR", help="also write summary.txt, report.json, layers.csv and trace.json "
+                                                   "(open it in ui.perfetto.dev) there")
     _quiet(r)
     t = command("tune", _tune, "tune a model's mappings by gradient on the cost model; write them as JSON",
                 "stagec tune resnet18 --reduced --hw gemmini --quantize int8 -o mappings.json\n"
@@ -164,8 +172,9 @@ def add_commands(command) -> None:
     d.add_argument("models", nargs="+", metavar="MODEL", help=MODEL_HELP)
     d.add_argument("--reduced", action="store_true", help="zoo models' small configurations")
     d.add_argument("--area-budget", type=float, required=True, metavar="MM2", help="mm^2")
-    d.add_argument("--power-budget", type=cli_args.watts, metavar="W", help="average watts (cost model's estimate)")
-    d.add_argument("--latency-target", type=cli_args.seconds, metavar="TIME", help="checked on each model's report")
+    d.add_argument("--power-budget", type=cli_args.watts, metavar="W", help="average watts, confirmed by the simulator")
+    d.add_argument("--latency-target", type=cli_args.seconds, metavar="TIME",
+                   help="every model's, a constraint of the search, confirmed by the simulator")
     d.add_argument("--objective", choices=("latency", "energy", "edp"), default="latency")
     d.add_argument("--out", required=True, metavar="DIR", help="hw.yaml and one report folder per model")
     d.add_argument("--steps", type=_positive, help="descent and tuning steps (default: the settings')")

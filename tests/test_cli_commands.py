@@ -54,7 +54,7 @@ def test_compile_then_run_matches_pytorch(work):
     model, (x,) = _factory(work, "conv")
     np.save(work / "x.npy", x.numpy())
     out = stagec("compile", "models.py:conv", "-o", "m.stgc", "--hw", "edge32", "--dump", "schedule", "--quiet",
-                 cwd=work)
+                 "--stablehlo", "m.mlir", cwd=work)
     assert out.returncode == 0, out.stderr
     assert "==== schedule ====" in out.stdout and "memory: peak scratchpad" in out.stdout
     assert "verdict: " in out.stdout and "no latency or power target given" in out.stdout
@@ -63,6 +63,11 @@ def test_compile_then_run_matches_pytorch(work):
     np.testing.assert_allclose(np.load(work / "y.npy"), model(x).detach().numpy(), rtol=1e-4, atol=1e-5)
     report = json.loads((work / "rep" / "report.json").read_text())
     assert report["hw"]["array_rows"] == 32 and report["memory"]["dram"] > 0
+    trace = json.loads((work / "rep" / "trace.json").read_text())["traceEvents"]
+    busy = sum(e["args"]["cycles"] for e in trace if e["ph"] == "X" and e["cat"] != "dram")
+    assert busy == pytest.approx(sum(report["busy_cycles"].values()))
+    assert (work / "rep" / "layers.csv").read_text().count("\n") == len(report["layers"]) + 1
+    assert "func.func public @main" in (work / "m.mlir").read_text()
 
 
 def _factory(work, name):
