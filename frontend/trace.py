@@ -6,7 +6,10 @@ save them) and the helpers that flatten a call's inputs and rebuild the model's 
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import json
+import re
 from dataclasses import dataclass, replace
 
 import jax
@@ -238,9 +241,11 @@ def read_out_tree(out_tree: str) -> pytree.TreeSpec:
 
 def _treespec(key: str, text: str) -> pytree.TreeSpec:
     """The treespec, rebuilt and checked: a tree built on it flattens back to it (treespec_loads
-    leaves a context that does not fit its container type to fail later)."""
+    leaves a context that does not fit its container type to fail later).  A container type that no
+    module imported so far registered (transformers' ModelOutputs, for `stagec run` of a zoo model) has
+    its defining module imported, if installed, and the rebuild tried once more."""
     try:
-        spec = pytree.treespec_loads(text)
+        spec = _loads_importing(text)
         if pytree.tree_structure(pytree.tree_unflatten([0] * spec.num_leaves, spec)) != spec:
             raise ValueError("a tree built on it flattens to another structure")
         return spec
@@ -248,6 +253,17 @@ def _treespec(key: str, text: str) -> pytree.TreeSpec:
         hint = (" (a container type this process has not registered with torch.utils._pytree: import the module "
                 "that defines it, e.g. transformers, first)") if "not registered" in str(e) else ""
         raise ProgramFormatError(f"header.metadata.{key}: {type(e).__name__}: {e}{hint}") from None
+
+
+def _loads_importing(text: str) -> pytree.TreeSpec:
+    try:
+        return pytree.treespec_loads(text)
+    except NotImplementedError as e:
+        found = re.search(r"Deserializing ([\w.]+)\.\w+ in pytree is not registered", str(e))
+        if found is None or importlib.util.find_spec(found.group(1).split(".")[0]) is None:
+            raise
+        importlib.import_module(found.group(1))   # registering its container types is what importing it does
+        return pytree.treespec_loads(text)
 
 
 def _traced(closed: ClosedJaxpr, out_spec: pytree.TreeSpec, args: tuple, kwargs: dict, notes=()) -> TracedModel:

@@ -129,3 +129,19 @@ def test_from_torch_is_trace_torch_closed():
     model, args, kwargs = example()
     closed = from_torch(model, args, kwargs)
     assert str(closed) == str(trace_torch(model, args, kwargs).closed)
+
+
+def test_an_output_container_of_a_module_not_yet_imported_is_rebuilt_by_importing_it():
+    """`stagec run` of a zoo model: the program's out_tree names transformers' ModelOutput, which a fresh
+    process has not registered; reading it imports transformers.modeling_outputs instead of failing."""
+    import subprocess
+    import sys
+
+    import torch.utils._pytree as pytree
+    from transformers.modeling_outputs import BaseModelOutput
+    text = pytree.treespec_dumps(pytree.tree_structure(BaseModelOutput(last_hidden_state=torch.zeros(1))))
+    code = ("import sys; from stagec.frontend.trace import read_out_tree; "
+            "assert 'transformers' not in sys.modules; print(read_out_tree(sys.stdin.read()).type.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "BaseModelOutput"
