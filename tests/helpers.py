@@ -1,4 +1,5 @@
 import numpy as np
+import torch
 
 
 def rel_err(out, ref) -> float:
@@ -48,3 +49,15 @@ def linear_across_a_rounding_tie():
     x_below, x_above = x.numpy().copy(), x.numpy().copy()
     x_below[0, 1], x_above[0, 1] = below, np.nextafter(below, np.float32(np.inf))
     return model, calibration, graph, x_below, x_above
+
+
+class TwoConvs(torch.nn.Module):
+    """A 3x3 conv, ReLU, a 1x1 conv: the tuner's and co-design's small model."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 32, 3, padding=1)
+        self.b = torch.nn.Conv2d(32, 24, 1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))

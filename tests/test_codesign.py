@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from helpers import TwoConvs
 from scipy.stats import spearmanr
 
 import stagec
@@ -26,16 +27,6 @@ from stagec.sim.timing import timeline
 # a small grid and a short descent: the search is what is tested, not the descent's polish
 SMALL = CodesignSettings(steps=30, array_range=(4.0, 16.0), memory_range=(32768.0, 131072.0), starts=2, confirm=2,
                          report_every=0)
-
-
-class TwoConvs(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Conv2d(8, 32, 3, padding=1)
-        self.b = torch.nn.Conv2d(32, 24, 1)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
 
 
 def _graph(module, shape):

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import TwoConvs
 
 import stagec
 from stagec.report import make_report
 
 QUICK = stagec.TuneSettings(starts=8, steps=60, chunk=20, seed=0)
-
-
-class TwoConvs(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Conv2d(8, 32, 3, padding=1)
-        self.b = torch.nn.Conv2d(32, 24, 1)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
 
 
 @pytest.fixture(scope="module")
