@@ -126,7 +126,13 @@ def _codesign(args) -> int:
             status = status or (0 if report.verdict.met else MISSED)
         write_report(report, out / name)
         print(verdict_line(report, name))
-    print(f"wrote {out / 'hw.yaml'} and each model's report under {out}")
+    from .sweeps import SweepResults
+    front = SweepResults(list(result.scored))
+    for suffix in ("png", "svg"):
+        front.figure().savefig(out / f"pareto.{suffix}")
+    (out / "pareto.txt").write_text(front.pareto_table() + "\n")
+    print(f"wrote {out / 'hw.yaml'}, each model's report and the exact model's Pareto fronts (pareto.png, .svg, "
+          f".txt) of the configs it scored under {out}")
     return status
 
 
@@ -176,7 +182,8 @@ def add_commands(command) -> None:
     d.add_argument("--latency-target", type=cli_args.seconds, metavar="TIME",
                    help="every model's, a constraint of the search, confirmed by the simulator")
     d.add_argument("--objective", choices=("latency", "energy", "edp"), default="latency")
-    d.add_argument("--out", required=True, metavar="DIR", help="hw.yaml and one report folder per model")
+    d.add_argument("--out", required=True, metavar="DIR",
+                   help="hw.yaml, one report folder per model, pareto.png/.svg/.txt of the configs scored")
     d.add_argument("--steps", type=_positive, help="descent and tuning steps (default: the settings')")
     _quiet(d)
 

@@ -46,7 +46,9 @@ class Codesign:
     """The chosen buildable config; per model its mappings, simulator report and the exact model's
     prediction (conv-shaped layers only); each constraint's simulated value over its limit
     (`ratios`, <= 1), the constraints that stop a better config (`binding`), and the configs the
-    exact model scored (`evaluated`) and the simulator timed (`simulated`)."""
+    exact model scored (`evaluated`) and the simulator timed (`simulated`).  `scored` has a row per
+    scored config and model (stagec.sweeps' row keys: model, area_mm2, latency_s, energy_pj and the
+    config's fields): `stagec.sweeps.SweepResults(list(result.scored))` draws their Pareto fronts."""
 
     hw: HardwareConfig
     mappings: tuple[dict, ...]
@@ -58,6 +60,7 @@ class Codesign:
     binding: tuple[str, ...]
     evaluated: int
     simulated: int
+    scored: tuple = ()
 
     @property
     def area_mm2(self) -> float:
@@ -203,7 +206,19 @@ def _confirm(search: Search, grid, workloads: Workloads, constraints: Constraint
         maps, reports, ratios = _tuned(workloads, best, maps, reports, value, constraints, objective, tune_settings)
     return Codesign(best.hw, tuple(maps), tuple(reports), tuple(map(float, best.cycles)),
                     tuple(map(float, best.energy_pj)), objective, ratios, search.binding(best, grid),
-                    len(search.scored), simulated)
+                    len(search.scored), simulated, _scored_rows(search))
+
+
+def _scored_rows(search: Search) -> tuple[dict, ...]:
+    """A row per config the exact model scored and per model: its predicted latency and energy."""
+    return tuple({"model": f"model {k}", "area_mm2": area_of(s.hw), "latency_s": float(c) / s.hw.clock_hz,
+                  "energy_pj": float(e), **{f: getattr(s.hw, f) for f in SCORED_FIELDS}}
+                 for s in search.scored.values() if s is not None
+                 for k, (c, e) in enumerate(zip(s.cycles, s.energy_pj, strict=True)))
+
+
+SCORED_FIELDS = ("array_rows", "array_cols", "dataflow", "scratchpad_bytes", "accumulator_bytes",
+                 "dma_bandwidth_bytes_per_cycle")
 
 
 def _tuned(workloads: Workloads, best: Scored, maps, reports, value, constraints, objective, tune_settings):

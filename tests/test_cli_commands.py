@@ -193,3 +193,5 @@ def test_codesign_writes_the_config_and_each_report(work):
     hw = presets.HardwareConfig.load(work / "cd" / "hw.yaml")
     assert sum(area_mm2(hw).values()) <= 2.0
     assert json.loads((work / "cd" / "models" / "report.json").read_text())["targets"]["met"]
+    assert (work / "cd" / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+    assert "area_mm2" in (work / "cd" / "pareto.txt").read_text().splitlines()[0]
