@@ -28,10 +28,46 @@ def load(path_or_data: str | Path | bytes | bytearray | memoryview) -> Program:
 
 
 def check_metadata(program: Program) -> None:
-    """The recorded input and output structure against the program's tensors (once per program)."""
+    """The recorded input and output structure against the program's tensors, and the records the
+    report reads (once per program)."""
     if "io_checked" not in program.cache:
         check_io_metadata(program.metadata, len(program.inputs), len(program.outputs))
+        check_report_metadata(program.metadata)
         program.cache["io_checked"] = True
+
+
+def _count(x) -> bool:
+    return type(x) is int and x >= 0
+
+
+def _number(x) -> bool:
+    return type(x) in (int, float) and x >= 0
+
+
+# what the report reads of a program's metadata: key -> (what a well-formed value is, how to check one)
+_REPORT_METADATA = {
+    "local_peak_bytes": ("an object of layer name -> [scratchpad bytes, accumulator bytes]",
+                         lambda v: type(v) is dict and all(type(p) is list and len(p) == 2 and all(map(_count, p))
+                                                           for p in v.values())),
+    "cascades": ("a list of {layers: [names], tile: [rows, cols], saved_bytes: number}",
+                 lambda v: type(v) is list and all(
+                     type(c) is dict and set(c) == {"layers", "tile", "saved_bytes"}
+                     and type(c["layers"]) is list and all(type(n) is str for n in c["layers"])
+                     and type(c["tile"]) is list and len(c["tile"]) == 2 and all(map(_count, c["tile"]))
+                     and _number(c["saved_bytes"]) for c in v)),
+    "targets": ("{latency_s: seconds or null, power_w: watts or null, tried: [what compile tried]}",
+                lambda v: type(v) is dict and set(v) == {"latency_s", "power_w", "tried"}
+                and all(v[k] is None or _number(v[k]) for k in ("latency_s", "power_w"))
+                and type(v["tried"]) is list and all(type(t) is str for t in v["tried"])),
+}
+
+
+def check_report_metadata(metadata) -> None:
+    """The metadata the report reads (stagec.report: peak local bytes, cascades, targets), well formed;
+    ProgramFormatError naming the key and what it should be."""
+    for key, (expected, ok) in _REPORT_METADATA.items():
+        if key in metadata and not ok(metadata[key]):
+            raise ProgramFormatError(f"header.metadata.{key}: expected {expected}")
 
 
 def check_io_metadata(metadata, n_inputs: int, n_outputs: int) -> None:
