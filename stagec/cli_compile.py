@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import warnings
 from pathlib import Path
 
@@ -71,22 +70,12 @@ def _run(args) -> int:
                                             for k in range(len(arrays))]
     for path, a in zip(paths, arrays, strict=True):
         np.save(path, a)
-    written = [*paths, *(write_report(report, Path(args.report)) if args.report else [])]
+    from .exports import write_report
+    written = [*paths, *(write_report(report, args.report) if args.report else [])]
     if not args.quiet:
         print(report.summary())
     print(verdict_line(report, "simulated") + "\nwrote " + ", ".join(map(str, written)))
     return 0 if report.verdict is None or report.verdict.met else MISSED
-
-
-def write_report(report, out: Path) -> list[Path]:
-    """The report files `run --report DIR` and `codesign` write: summary.txt, report.json, the per-layer
-    table (layers.csv) and the timeline as a Chrome/Perfetto trace (trace.json)."""
-    from .exports import write_csv, write_trace
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.txt").write_text(report.summary() + "\n")
-    (out / "report.json").write_text(json.dumps(report.to_dict(), indent=1, allow_nan=False) + "\n")
-    return [out / "summary.txt", out / "report.json", write_csv(report, out / "layers.csv"),
-            write_trace(report, out / "trace.json")]
 
 
 def _tune(args) -> int:
@@ -116,6 +105,7 @@ def _codesign(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result.hw.save(out / "hw.yaml")
+    from .exports import write_report
     targets, status = Targets(args.latency_target, args.power_budget, ("co-design",)), 0
     print(result)
     for spec, report in zip(args.models, result.reports, strict=True):

@@ -105,6 +105,17 @@ def write_csv(report: Report, path: str | Path) -> Path:
     return path
 
 
+def write_report(report: Report, out: str | Path) -> list[Path]:
+    """The report as files in folder `out`: summary.txt, report.json, layers.csv and trace.json (what
+    `stagec report`, `stagec run --report` and `stagec codesign` write)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.txt").write_text(report.summary() + "\n")
+    (out / "report.json").write_text(json.dumps(report.to_dict(), indent=1, allow_nan=False) + "\n")
+    return [out / "summary.txt", out / "report.json", write_csv(report, out / "layers.csv"),
+            write_trace(report, out / "trace.json")]
+
+
 def stablehlo_text(model, args, kwargs=None) -> str:
     """The frontend's graph of `model` (a torch.nn.Module or a JAX function) as StableHLO text, through
     jax.export: what stagec compiles, for other compilers to take (`TracedModel.export()` gives the

@@ -9,7 +9,7 @@ from pathlib import Path
 from stagec.errors import InputError
 from stagec.isa import HardwareConfig
 
-from .exports import write_csv, write_trace
+from .exports import write_report
 from .plots import write_plots
 from .report import make_report
 
@@ -47,11 +47,6 @@ def run_report(program_path: str | None, hw_path: str | None, out_dir: str, prec
     t = time.perf_counter()
     report = make_report(program)
     print(f"timed in {time.perf_counter() - t:.2f} s; drawing plots ...\n", flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    summary = report.summary()
-    (out / "summary.txt").write_text(summary + "\n")
-    (out / "report.json").write_text(json.dumps(report.to_dict(), indent=1, allow_nan=False) + "\n")
-    paths = [out / "summary.txt", out / "report.json", write_csv(report, out / "layers.csv"),
-             write_trace(report, out / "trace.json"), *written, *write_plots(report, out, name)]
-    print(summary + "\n\nwrote " + ", ".join(str(p) for p in paths))
+    paths = [*write_report(report, out), *written, *write_plots(report, out, name)]
+    print(report.summary() + "\n\nwrote " + ", ".join(str(p) for p in paths))
     return paths
