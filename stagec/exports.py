@@ -30,15 +30,16 @@ TRACKS = UNITS + ("dram",)   # thread ids 0..4: the four queues, then the DRAM c
 NO_LAYER = "(no layer)"
 
 
-def _runs(start: np.ndarray, end: np.ndarray, layer: np.ndarray):
-    """Runs of back-to-back intervals of one layer, in time order: (starts, ends, layers, counts)."""
+def runs(start: np.ndarray, end: np.ndarray, layer: np.ndarray, resolution: float = 0.0):
+    """One unit's intervals merged into runs of one layer whose gaps are at most `resolution` (0: only
+    intervals that touch end to start), in time order: (starts, ends, layers, interval counts)."""
     order = np.argsort(start, kind="stable")
     start, end, layer = start[order], end[order], layer[order]
     new = np.ones(len(start), bool)
-    new[1:] = (layer[1:] != layer[:-1]) | (start[1:] != end[:-1])
+    new[1:] = (layer[1:] != layer[:-1]) | (start[1:] - end[:-1] > resolution)
     first = np.flatnonzero(new)
-    return start[first], np.maximum.reduceat(end, first) if len(first) else end[:0], layer[first], \
-        np.diff(np.append(first, len(start)))
+    ends = np.maximum.reduceat(end, first) if len(first) else end[:0]
+    return start[first], ends, layer[first], np.diff(np.append(first, len(start)))
 
 
 def trace_events(report: Report) -> list[dict]:
@@ -52,7 +53,7 @@ def trace_events(report: Report) -> list[dict]:
                    {"ph": "M", "pid": 0, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}}]
         mine = tl.dram_transfers() if track == "dram" else np.flatnonzero(tl.queue == tid)
         begin = tl.grant if track == "dram" else tl.start
-        for s, e, layer, n in zip(*_runs(begin[mine], tl.end[mine], report.layer_ids[mine]), strict=True):
+        for s, e, layer, n in zip(*runs(begin[mine], tl.end[mine], report.layer_ids[mine]), strict=True):
             events.append({"ph": "X", "pid": 0, "tid": tid, "name": names[layer], "cat": track,
                            "ts": float(s) * us_per_cycle, "dur": float(e - s) * us_per_cycle,
                            "args": {"start_cycle": float(s), "cycles": float(e - s), "instructions": int(n)}})

@@ -19,21 +19,11 @@ from matplotlib.figure import Figure
 
 from stagec.sim.energy import COMPONENTS
 
+from .exports import runs
 from .report import UNITS, Report
 
 UNIT_ROWS = UNITS + ("dram",)     # the four queues, and the DRAM channel they share
 MAX_SEGMENTS_PER_ROW = 4000       # merge instructions closer than a pixel or so into one bar
-
-
-def _segments(start, end, layer, resolution):
-    """Merge consecutive intervals of one layer with gaps below `resolution`: (starts, widths, layers)."""
-    if len(start) == 0:
-        return start, start, layer
-    new = np.ones(len(start), bool)
-    new[1:] = (layer[1:] != layer[:-1]) | (start[1:] - end[:-1] > resolution)
-    first = np.flatnonzero(new)
-    ends = np.maximum.reduceat(end, first)
-    return start[first], ends - start[first], layer[first]
 
 
 def timeline_figure(report: Report, name: str = "") -> Figure:
@@ -50,7 +40,8 @@ def timeline_figure(report: Report, name: str = "") -> Figure:
         else:
             mine = np.flatnonzero(tl.queue == UNITS.index(unit))
             start, end = tl.start[mine], tl.end[mine]
-        starts, widths, layers = _segments(start, end, report.layer_ids[mine], resolution)
+        starts, ends, layers, _ = runs(start, end, report.layer_ids[mine], resolution)
+        widths = ends - starts
         # NOTE: layer id -1 (no layer) indexes the last color, the gray.
         ax.broken_barh(np.stack([starts, widths], 1), (row - 0.4, 0.8), facecolors=colors[layers], linewidth=0)
     ax.set_yticks(range(len(UNIT_ROWS)), UNIT_ROWS)

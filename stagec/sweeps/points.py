@@ -75,10 +75,10 @@ def _simulate(graph, point: Point, settings: Settings) -> dict:
     hw = HardwareConfig(**point.config(settings.base))
     program = lower_graph(graph, hw, _tuned(graph, hw, point, settings), point.options["objective"])
     report = make_report(program)
-    peaks = np.array(list(program.metadata["local_peak_bytes"].values()) or [[0, 0]])
     metrics = {"cycles": float(report.cycles), "latency_s": float(report.latency_s),
                "energy_pj": float(sum(report.energy_pj.values())),
-               "peak_scratchpad_bytes": int(peaks[:, 0].max()), "peak_accumulator_bytes": int(peaks[:, 1].max()),
+               "peak_scratchpad_bytes": report.memory["scratchpad"],
+               "peak_accumulator_bytes": report.memory["accumulator"],
                "dram_bytes": int(report.actions.dram_read_bytes + report.actions.dram_write_bytes)}
     return {**metrics, **(settings.measure(report) if settings.measure is not None else {})}
 
