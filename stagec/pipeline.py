@@ -175,7 +175,7 @@ class GraphPass:
 
 
 def _trace(c: Compilation) -> Compilation:
-    """The frontend: a torch.nn.Module through torch.export, a JAX function through make_jaxpr."""
+    """The frontend (frontend.trace_model): a torch.nn.Module, a saved torch.export program or a JAX function."""
     traced = trace_model(c.request.model, c.request.args, c.request.kwargs)
     if traced.note:
         warnings.warn(traced.note, stacklevel=_outside_stagec())
