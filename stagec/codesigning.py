@@ -38,6 +38,7 @@ from .layers import model_graph, model_layers
 from .pipeline import lower_graph
 from .progress import note
 from .report import Report, make_report
+from .sweeps.results import CONFIG_COLUMNS
 from .tuning import tune_graph
 
 
@@ -212,13 +213,10 @@ def _confirm(search: Search, grid, workloads: Workloads, constraints: Constraint
 def _scored_rows(search: Search) -> tuple[dict, ...]:
     """A row per config the exact model scored and per model: its predicted latency and energy."""
     return tuple({"model": f"model {k}", "area_mm2": area_of(s.hw), "latency_s": float(c) / s.hw.clock_hz,
-                  "energy_pj": float(e), **{f: getattr(s.hw, f) for f in SCORED_FIELDS}}
+                  "energy_pj": float(e), **{f: getattr(s.hw, f) for f in CONFIG_COLUMNS}}
                  for s in search.scored.values() if s is not None
                  for k, (c, e) in enumerate(zip(s.cycles, s.energy_pj, strict=True)))
 
-
-SCORED_FIELDS = ("array_rows", "array_cols", "dataflow", "scratchpad_bytes", "accumulator_bytes",
-                 "dma_bandwidth_bytes_per_cycle")
 
 
 def _tuned(workloads: Workloads, best: Scored, maps, reports, value, constraints, objective, tune_settings):

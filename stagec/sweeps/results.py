@@ -19,6 +19,9 @@ from matplotlib.figure import Figure
 
 from stagec.errors import InputError
 
+# the config fields a front's table shows (those that vary)
+CONFIG_COLUMNS = ("array_rows", "array_cols", "dataflow", "scratchpad_bytes", "accumulator_bytes",
+                  "dma_bandwidth_bytes_per_cycle")
 FRONTS = (("area_mm2", "latency_s"), ("energy_pj", "latency_s"))   # what figure() draws by default
 _LABELS = {"area_mm2": "area (mm$^2$)", "latency_s": "latency (s)", "energy_pj": "energy (pJ)", "cycles": "cycles"}
 
@@ -74,8 +77,7 @@ class SweepResults:
         return front
 
     def pareto_table(self, x: str = "area_mm2", y: str = "latency_s", by: str | None = "model",
-                     columns: tuple[str, ...] = ("array_rows", "array_cols", "dataflow", "scratchpad_bytes",
-                                                 "accumulator_bytes", "dma_bandwidth_bytes_per_cycle")) -> str:
+                     columns: tuple[str, ...] = CONFIG_COLUMNS) -> str:
         """The front as a text table: group, x, y and the config `columns` that vary in the sweep."""
         varying = [c for c in columns if len({str(r.get(c)) for r in self.rows}) > 1] or list(columns[:2])
         head = [by or "", x, y, *varying]
