@@ -166,13 +166,18 @@ def _member(ctx: LowerContext, node: Node, layer: int) -> Member:
 
 # --- the driver -------------------------------------------------------------------------------
 
-def plan_dram(graph: Graph, layout: Layout):
-    """Data-region offsets: inputs, then outputs, then intermediates reusing space by liveness."""
-    index = {n.output.id: i for i, n in enumerate(graph.nodes)}
+def plan_dram(graph: Graph, layout: Layout, schedule: Schedule):
+    """Data-region offsets: inputs, then outputs, then intermediates reusing space by liveness.
+    A cascade's members interleave tile by tile, so each member runs, for liveness, over the whole
+    span of its cascade: a member's output must not take the space of an input a later tile of an
+    earlier member still reads."""
+    span = _cascade_spans(graph, schedule)
+    index = {n.output.id: span.get(n.name, (i, i))[0] for i, n in enumerate(graph.nodes)}
     last = {}
     for i, n in enumerate(graph.nodes):
         for v in n.inputs:
-            last[layout.placements[v.id].owner] = i
+            last[layout.placements[v.id].owner] = max(last.get(layout.placements[v.id].owner, i),
+                                                      span.get(n.name, (i, i))[1])
     offsets, at = {}, 0
     fixed = [v.id for v in graph.inputs] + [v.id for v in graph.outputs]
     nbytes = {vid: pl.view.size * pl.view.dtype.itemsize for vid, pl in layout.placements.items() if pl.owner == vid}
@@ -189,10 +194,20 @@ def plan_dram(graph: Graph, layout: Layout):
     return offsets, arena, peak, total
 
 
+def _cascade_spans(graph: Graph, schedule: Schedule) -> dict[str, tuple[int, int]]:
+    """Layer name -> (first, last) node index of the cascade it runs in."""
+    position = {n.name: i for i, n in enumerate(graph.nodes)}
+    spans = {}
+    for cascade in schedule.cascades:
+        steps = [position[name] for name in cascade.layers]
+        spans.update({name: (min(steps), max(steps)) for name in cascade.layers})
+    return spans
+
+
 def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: HardwareConfig,
                      metadata: dict | None = None) -> Program:
     em = Emitter(hw)
-    offsets, arena, peak, total = plan_dram(graph, layout)
+    offsets, arena, peak, total = plan_dram(graph, layout, schedule)
     ctx = LowerContext(em, graph, layout, schedule, offsets)
     layers = []
     emitted = [node for node in graph.nodes if layout.emits(node)]
