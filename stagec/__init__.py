@@ -18,6 +18,7 @@ from stagec.errors import (
     InputError,
     LoweringError,
     PlanError,
+    PrecisionWarning,
     ProgramFormatError,
     QuantizationError,
     ReferenceFallbackWarning,
@@ -44,7 +45,7 @@ _HOMES = {
 __getattr__, __dir__ = lazy_attributes(__name__, _HOMES)
 
 __all__ = ["AccuracyWarning", "AssemblyError", "Codesign", "ConfigError", "ExportError", "HardwareConfig", "InputError",
-           "LoweringError", "PlanError", "Program", "ProgramFormatError", "QuantizationError",
+           "LoweringError", "PlanError", "PrecisionWarning", "Program", "ProgramFormatError", "QuantizationError",
            "ReferenceFallbackWarning", "Report", "Sensitivities", "SimulationError", "StagecError", "TargetWarning",
            "TilingError", "TimingError", "TuneSettings", "Tuning", "UnsupportedOpError", "VerificationError",
            "codesign", "compile", "load", "load_results", "sensitivities", "simulate", "sweep", "tune"]

@@ -102,6 +102,11 @@ class AccuracyWarning(UserWarning):
     bf16: the program is the most accurate mix found."""
 
 
+class PrecisionWarning(UserWarning):
+    """compile(..., layer_precision=...) pinned a layer int8 that has no int8 kernel: it runs in the
+    float fallback instead, and the warning names it."""
+
+
 class TargetWarning(UserWarning):
     """compile(..., latency_target_s=..., power_budget_w=...) could not meet a target with what it
     tries (stagec.targets): the program is the closest found, and its report says by how much."""
@@ -113,6 +118,7 @@ def shown(value, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
-__all__ = ["AccuracyWarning", "AssemblyError", "ConfigError", "ExportError", "InputError", "LoweringError", "PlanError",
-           "ProgramFormatError", "QuantizationError", "ReferenceFallbackWarning", "SimulationError", "StagecError",
-           "TargetWarning", "TilingError", "TimingError", "UnsupportedOpError", "VerificationError"]
+__all__ = ["AccuracyWarning", "AssemblyError", "ConfigError", "ExportError", "InputError", "LoweringError",
+           "PlanError", "PrecisionWarning", "ProgramFormatError", "QuantizationError", "ReferenceFallbackWarning",
+           "SimulationError", "StagecError", "TargetWarning", "TilingError", "TimingError", "UnsupportedOpError",
+           "VerificationError"]

@@ -32,7 +32,7 @@ from types import MappingProxyType
 
 import torch
 
-from stagec.errors import AccuracyWarning, InputError
+from stagec.errors import AccuracyWarning, InputError, PrecisionWarning
 from stagec.frontend import TracedModel, flatten_inputs, trace_model
 from stagec.isa import HardwareConfig, Program, disassemble, verify
 from stagec.lower.codegen.lowering import lower_to_program
@@ -50,6 +50,7 @@ from stagec.lower.graph.mixed_precision import (
     choose,
     layer_precisions,
     pin_layers,
+    unquantized_pins,
 )
 from stagec.lower.graph.passes import (
     dce,
@@ -234,6 +235,11 @@ def _quantize(c: Compilation) -> Compilation:
     graph, params = quantize_graph(c.graph, dict(c.amax), c.precision.float_layers(c.graph),
                                    c.request.int8_scores is not False, integer_op_set(c.request.integer_ops),
                                    dict(c.channel_amax or {}))
+    missed = unquantized_pins(c.precision, c.graph, graph)
+    if missed:
+        warnings.warn(f"layer_precision pins {', '.join(missed)} int8, but stagec has no int8 kernel for "
+                      f"{'it' if len(missed) == 1 else 'them'}: {c.precision.fallback} instead",
+                      PrecisionWarning, stacklevel=_outside_stagec())
     return replace(c, graph=graph, quantization=params)
 
 

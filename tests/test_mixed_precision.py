@@ -12,7 +12,7 @@ from torch import nn
 
 import stagec
 from stagec import int8_reference
-from stagec.errors import AccuracyWarning, InputError, ReferenceFallbackWarning
+from stagec.errors import AccuracyWarning, InputError, PrecisionWarning, ReferenceFallbackWarning
 from stagec.lower.graph.evaluate import evaluate
 from stagec.lower.graph.graph_ir import MATRIX_OPS, OpKind
 from stagec.pipeline import build_graph
@@ -139,6 +139,16 @@ def test_layer_precision_pins_a_layer_and_rejects_unknown_names():
         stagec.compile(model, args, quantize="int8", layer_precision={"linear3/matmul": "bf16"})
     with pytest.raises(InputError, match=r"layer_precision\['linear1'\] = 'fp16': expected one of"):
         stagec.compile(model, args, quantize="int8", layer_precision={"linear1": "fp16"})
+
+
+def test_a_layer_pinned_int8_without_an_int8_kernel_is_named_in_a_warning():
+    model, args, calibration = transformer_layer()
+    with pytest.warns(PrecisionWarning, match=r"pins norm1/.* int8, .*no int8 kernel for (it|them): bf16") as caught:
+        program = stagec.compile(model, args, quantize="int8", calibration=calibration,
+                                 layer_precision={"norm1": "int8", "linear1": "int8"})
+    assert "linear1" not in str(caught[0].message)      # it has one: no warning for it
+    layers = {layer.name: layer for layer in simulated(program, args)[1].layers}
+    assert _starting(layers, "linear1/matmul").precision == "int8"
 
 
 @pytest.mark.parametrize("options, message", [

@@ -128,6 +128,14 @@ def quantized_layers(graph: Graph, quantized: Graph) -> list[str]:
                               and node_precision(n, quantized.constants) in ("int8", "int32")))
 
 
+def unquantized_pins(precision: LayerPrecision, graph: Graph, quantized: Graph) -> list[str]:
+    """The layers pinned int8 (views and padding aside) that `quantized`, `graph`'s int8 graph, still
+    runs in float: ops without an int8 kernel."""
+    computing = {part for n in graph.nodes if n.op not in _MOVES for part in n.name.split("+")}
+    int8 = {part for name in quantized_layers(graph, quantized) for part in name.split("+")}
+    return [name for name, p in precision.pinned.items() if p == "int8" and name in computing - int8]
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     return float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-300))
