@@ -32,6 +32,7 @@ from ..graph.graph_ir import OpKind
 from .buffers import NO_EXTRAS, Extras, epilogue_extras
 from .cascade import Cascade
 from .cascade_map import choose_cascades
+from .flash import choose_flash
 from .layout import Layout
 from .nest import (
     MATRIX,
@@ -458,4 +459,5 @@ def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | No
     for c in cascades:
         for name, m in zip(c.layers, c.mappings, strict=True):
             tilings[name] = Tiling(tilings[name].nests, (m,))
-    return Schedule(tuple((name, tilings[name]) for name, _ in out), tuple(cascades))
+    flash = choose_flash(graph, layout, tilings, hw, objective, given)   # its members keep their tilings
+    return Schedule(tuple((name, tilings[name]) for name, _ in out), tuple(cascades) + tuple(flash))
