@@ -33,39 +33,55 @@ def emit_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
     _, m, n, d = cascade.dims
     tq, tk = cascade.tile
     bases = em.allocate(flash_buffers(tq, tk, d))
-    rows = dict(zip(ROWS, bases["rows"], strict=True))
     scores, pv = nodes[S_LAYER], nodes[PV_LAYER]
     views = [ctx.tensor(v) for v in (scores.inputs[0], scores.inputs[1], pv.inputs[1], pv.output)]
     step = block = 0
     for idx in np.ndindex(*views[-1].shape[:-2]):
-        q_t, kt_t, v_t, out_t = (_select(t, idx) for t in views)
+        head = [_select(t, idx) for t in views]
         for q0 in range(0, m, tq):
-            qr = min(tq, m - q0)
-            qb, ob = bases["q"][block % 2], bases["out"][block % 2]
-            em.load_box(q_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, qb)
-            cur, nxt = rows["m"], rows["m_next"]
-            for k0 in range(0, n, tk):
-                kb, first = min(tk, n - k0), k0 == 0
-                kt, v, p, s = (bases[name][step % 2] for name in ("kt", "v", "p", "s"))
-                at(S_LAYER)
-                em.load_box(kt_t, (0, k0), (0, 1), (d, kb), Space.SPAD, kt)
-                em.matmul(Operand(Space.SPAD, qb, (0, d, 1)), Operand(Space.SPAD, kt, (kb, 1, 0)),
-                          Operand(Space.ACC, s, (0, kb, 1)), 1, qr, d, kb, accumulate=False)
-                at(PV_LAYER)
-                em.load_box(v_t, (k0, 0), (0, 1), (kb, d), Space.SPAD, v)
-                cur, nxt = _softmax_block(em, at, rows, cur, nxt, s, p, bases["o"][0], qr, kb, d, first)
-                at(PV_LAYER)
-                em.matmul(Operand(Space.SPAD, p, (0, kb, 1)), Operand(Space.SPAD, v, (d, 1, 0)),
-                          Operand(Space.ACC, bases["o"][0], (0, d, 1)), 1, qr, kb, d, accumulate=not first)
-                step += 1
-            at(RECIP_LAYER)
-            line = (1, 1, qr)
-            em.vector(VectorFunc.RECIP, _row(rows["rowwise"]), _row(rows["l"]), None, line)
-            at(PV_LAYER)
-            em.vector(VectorFunc.MUL, Operand(Space.SPAD, ob, (0, d, 1)), Operand(Space.ACC, bases["o"][0], (0, d, 1)),
-                      _col(rows["rowwise"]), (1, qr, d))
-            em.store_box(out_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, ob)
-            block += 1
+            _query_block(em, at, bases, head, q0, min(tq, m - q0), tk, n, d, step, block)
+            step, block = step + -(-n // tk), block + 1
+
+
+def _query_block(em, at, bases: dict, head: list, q0: int, qr: int, tk: int, n: int, d: int, step: int,
+                 block: int) -> None:
+    """Rows q0..q0+qr of one head (`head`: its Q, K^T, V and output views): `step` key blocks and
+    `block` query blocks came before (the double buffers' parities)."""
+    q_t, kt_t, v_t, out_t = head
+    rows = dict(zip(ROWS, bases["rows"], strict=True))
+    qb, ob, o = bases["q"][block % 2], bases["out"][block % 2], bases["o"][0]
+    at(S_LAYER)
+    em.load_box(q_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, qb)
+    keys = range(0, n, tk)
+
+    def scores(j: int) -> None:
+        """K^T's block j and S_j = Q K^T_j, into the buffers of block j's parity."""
+        k0, slot = keys[j], (step + j) % 2
+        kb, kt = min(tk, n - k0), bases["kt"][slot]
+        at(S_LAYER)
+        em.load_box(kt_t, (0, k0), (0, 1), (d, kb), Space.SPAD, kt)
+        em.matmul(Operand(Space.SPAD, qb, (0, d, 1)), Operand(Space.SPAD, kt, (kb, 1, 0)),
+                  Operand(Space.ACC, bases["s"][slot], (0, kb, 1)), 1, qr, d, kb, accumulate=False)
+
+    scores(0)
+    cur, nxt = rows["m"], rows["m_next"]
+    for j, k0 in enumerate(keys):
+        if j + 1 < len(keys):   # the array computes the next block's scores while the vector unit works
+            scores(j + 1)
+        kb, first, slot = min(tk, n - k0), j == 0, (step + j) % 2
+        v, p = bases["v"][slot], bases["p"][slot]
+        at(PV_LAYER)
+        em.load_box(v_t, (k0, 0), (0, 1), (kb, d), Space.SPAD, v)
+        cur, nxt = _softmax_block(em, at, rows, cur, nxt, bases["s"][slot], p, o, qr, kb, d, first)
+        at(PV_LAYER)
+        em.matmul(Operand(Space.SPAD, p, (0, kb, 1)), Operand(Space.SPAD, v, (d, 1, 0)),
+                  Operand(Space.ACC, o, (0, d, 1)), 1, qr, kb, d, accumulate=not first)
+    at(RECIP_LAYER)
+    em.vector(VectorFunc.RECIP, _row(rows["rowwise"]), _row(rows["l"]), None, (1, 1, qr))
+    at(PV_LAYER)
+    em.vector(VectorFunc.MUL, Operand(Space.SPAD, ob, (0, d, 1)), Operand(Space.ACC, o, (0, d, 1)),
+              _col(rows["rowwise"]), (1, qr, d))
+    em.store_box(out_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, ob)
 
 
 def _softmax_block(em, at, rows: dict, cur: int, nxt: int, s: int, p: int, o: int, qr: int, kb: int, d: int,

@@ -168,13 +168,19 @@ def _member(ctx: LowerContext, node: Node, layer: int) -> Member:
 
 # --- the driver -------------------------------------------------------------------------------
 
-def plan_dram(graph: Graph, layout: Layout):
-    """Data-region offsets: inputs, then outputs, then intermediates reusing space by liveness."""
-    index = {n.output.id: i for i, n in enumerate(graph.nodes)}
+def plan_dram(graph: Graph, layout: Layout, groups=()):
+    """Data-region offsets: inputs, then outputs, then intermediates reusing space by liveness.
+    `groups`: the layers of each cascade, which run as one: what a member reads lives until the
+    last member, what it writes from the first (a cascade's output is written while its inputs
+    are still read, so they may not share DRAM)."""
+    span = {name: (min(at), max(at)) for names in groups
+            for at in [[i for i, n in enumerate(graph.nodes) if n.name in names]] for name in names}
+    index = {n.output.id: span.get(n.name, (i,))[0] for i, n in enumerate(graph.nodes)}
     last = {}
     for i, n in enumerate(graph.nodes):
         for v in n.inputs:
-            last[layout.placements[v.id].owner] = i
+            owner = layout.placements[v.id].owner
+            last[owner] = max(last.get(owner, 0), span.get(n.name, (i, i))[1])
     offsets, at = {}, 0
     fixed = [v.id for v in graph.inputs] + [v.id for v in graph.outputs]
     nbytes = {vid: pl.view.size * pl.view.dtype.itemsize for vid, pl in layout.placements.items() if pl.owner == vid}
@@ -194,7 +200,7 @@ def plan_dram(graph: Graph, layout: Layout):
 def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: HardwareConfig,
                      metadata: dict | None = None) -> Program:
     em = Emitter(hw)
-    offsets, arena, peak, total = plan_dram(graph, layout)
+    offsets, arena, peak, total = plan_dram(graph, layout, [c.layers for c in schedule.cascades])
     ctx = LowerContext(em, graph, layout, schedule, offsets)
     layers = []
     emitted = [node for node in graph.nodes if layout.emits(node)]

@@ -28,14 +28,13 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
-
 from stagec.isa.instructions import MAX_COUNT, Space
 from stagec.sim.costs import matmul_cycles, vector_cycles
 from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..graph.graph_ir import OpKind, Step
 from .buffers import Buffer, local_bytes
+from .cascade_map import layer_cost
 from .nest_cost import dma_cycles
 from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
 from .tensors import DTYPE_OF
@@ -247,7 +246,8 @@ def match(graph, layout, excluded=frozenset()) -> list[Attention]:
         total, mx, s = node_of(r.inputs[0], OpKind.REDUCE), node_of(e.inputs[1], OpKind.REDUCE), \
             node_of(e.inputs[0], OpKind.MATMUL)
         if (total is None or mx is None or s is None or not row_reduce(total, "sum") or not row_reduce(mx, "max")
-                or node_of(total.inputs[0], OpKind.ELEMENTWISE) is not e or node_of(mx.inputs[0], OpKind.MATMUL) is not s
+                or node_of(total.inputs[0], OpKind.ELEMENTWISE) is not e
+                or node_of(mx.inputs[0], OpKind.MATMUL) is not s
                 or len(s.inputs) != 2 or s.attr("epilogue")):
             continue
         a = Attention(s, mx, e, total, r, pv)
@@ -270,8 +270,6 @@ def _layers_alone(a: Attention, tilings: dict, hw, objective: str) -> tuple[floa
     """A lower bound of (charged cycles, energy) of the attention's layers run one by one: the two
     matmuls as the default mapper tiled them (once per batch), the vector layers their DRAM traffic
     alone (bytes over the channel, their DRAM energy)."""
-    from .cascade_map import layer_cost   # cascade_map's mapper-facing helpers; it imports nothing of this
-
     cycles = energy = 0.0
     batch = dims_of(a)[0]
     for node in (a.scores, a.pv):

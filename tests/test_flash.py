@@ -1,0 +1,116 @@
+"""Flash attention (lower.schedule.flash, lower.codegen.flash): Q·K^T -> softmax -> P·V per query block,
+the score matrix never in DRAM; checked against PyTorch, against the same model compiled layer by
+layer, its cost against the simulator, refused where it does not fit."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import rel_err
+
+import stagec
+from stagec import zoo
+from stagec.isa import HardwareConfig
+from stagec.lower.schedule.flash import FlashAttention, flash_cost
+from stagec.pipeline import PIPELINE, Compilation, Request, run
+from stagec.report import make_report
+from stagec.sim.energy import energy_pj
+
+# 8 KiB of accumulator: S's and the output's blocks force several key blocks, so the running max rescales
+TIGHT = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=64 * 1024, accumulator_bytes=8 * 1024,
+                       dma_bandwidth_bytes_per_cycle=4.0)
+WEARABLE = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=128 * 1024, accumulator_bytes=32 * 1024,
+                          dma_bandwidth_bytes_per_cycle=4.0)
+
+
+class Attention(torch.nn.Module):
+    """softmax(Q K^T) V over heads (the scale folded into Q, as Whisper's projection does)."""
+
+    def forward(self, q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
+def inputs(heads=2, queries=100, keys=72, dim=16, seed=0, lead=(1,)):
+    """Q, K, V of `heads` heads (a batch of `lead` before them)."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*lead, heads, n, dim, generator=g) * 2 for n in (queries, keys, keys))
+
+
+def simulated(model, args, **options):
+    program = stagec.compile(model, args, **options)
+    y, report = stagec.simulate(program, *args)
+    return program, np.asarray(y), report
+
+
+def flash_of(program) -> list[dict]:
+    return [c for c in program.metadata.get("cascades", ()) if len(c["layers"]) == 6]
+
+
+@pytest.mark.parametrize(("hw", "shape"), [(HardwareConfig(), (2, 100, 72, 16)), (TIGHT, (2, 100, 72, 16)),
+                                           (TIGHT, (3, 37, 130, 8)), (WEARABLE, (2, 64, 256, 32))],
+                         ids=["default", "tight", "tight-ragged", "wearable"])
+def test_flash_attention_matches_pytorch_and_the_unfused_program(hw, shape):
+    args = inputs(*shape)
+    program, y, report = simulated(Attention(), args, hw=hw)
+    _, y_alone, alone = simulated(Attention(), args, hw=hw, fuse_layers=False)
+    (cascade,) = flash_of(program)
+    q, k = cascade["tile"]
+    if hw is TIGHT:
+        assert k < shape[2]                     # several key blocks: the online rescaling runs
+    assert rel_err(y, Attention()(*args).numpy()) < 1e-5
+    assert rel_err(y, y_alone) < 1e-5
+    moved = report.actions.dram_read_bytes + report.actions.dram_write_bytes
+    scores = shape[0] * shape[1] * shape[2] * 4
+    # layer by layer writes the scores and reads them back (and the exponentials, twice): flash does not
+    assert moved + 2 * scores <= alone.actions.dram_read_bytes + alone.actions.dram_write_bytes
+
+
+@pytest.mark.parametrize("hw", [HardwareConfig(), TIGHT], ids=["default", "tight"])
+def test_the_flash_cost_predicts_the_simulator(hw):
+    """The cost the mapper ranks a flash cascade by: its DRAM bytes, instructions, MACs and vector ops
+    are the program's, its cycles within 15% of the timed simulation and its energy (over the
+    simulated cycles) within 2%; the footprint it checked is the one the emitter allocated."""
+    args = inputs(2, 96, 80, 16, lead=())      # [heads, tokens, dim]: the output needs no copy
+    c = run(PIPELINE, Compilation(Request(Attention(), args, hw=hw)))
+    (cascade,) = [x for x in c.schedule.cascades if isinstance(x, FlashAttention)]
+    assert f"  {cascade}\n" in str(c.schedule)
+    report = make_report(c.program)
+    layers = [r for r in report.layers if r.name in cascade.layers]
+    cost = flash_cost(cascade.dims, *cascade.tile, hw)
+    for action in ("dram_read_bytes", "dram_write_bytes", "macs_fp32", "vector_ops"):
+        assert getattr(cost.actions, action) == sum(getattr(r.actions, action) for r in layers), action
+    assert cost.instructions == sum(sum(r.instructions.values()) for r in layers)
+    assert len(layers) == len(report.layers)     # the program is the attention alone
+    assert cost.cycles == pytest.approx(report.cycles, rel=0.15)
+    energy = sum(energy_pj(cost.actions, report.cycles, hw).values())
+    assert energy == pytest.approx(sum(report.energy_pj.values()), rel=0.02)
+    assert tuple(c.program.metadata["local_peak_bytes"][cascade.layers[0]]) == (cost.spad_bytes, cost.acc_bytes)
+
+
+def test_attention_that_does_not_fit_runs_layer_by_layer():
+    """A head dim whose blocks cannot fit the accumulator (a 64-wide output block needs 256 bytes a
+    query row) keeps the layers apart, and they run as before."""
+    hw = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=64 * 1024, accumulator_bytes=256)
+    args = inputs(1, 16, 16, 64)
+    program, y, _ = simulated(Attention(), args, hw=hw)
+    assert not flash_of(program)
+    assert rel_err(y, Attention()(*args).numpy()) < 1e-5
+
+
+def test_int8_attention_stays_unfused():
+    """int8 requantizes the scores before softmax and runs exp through a table: no online softmax."""
+    args = inputs(2, 32, 32, 16)
+    program = stagec.compile(Attention(), args, quantize="int8", calibration=[args])
+    assert not flash_of(program)
+
+
+def test_whisper_attention_runs_flash_style():
+    """The reduced zoo Whisper encoder's self-attention blocks each run as one flash cascade, and the
+    model's outputs are the unfused program's."""
+    model, args, kwargs = zoo.build("whisper_tiny_encoder", reduced=True)
+    program = stagec.compile(model, args, kwargs=kwargs)
+    unfused = stagec.compile(model, args, kwargs=kwargs, fuse_layers=False)
+    assert len(flash_of(program)) == 2
+    y, _ = stagec.simulate(program, *args, **kwargs)
+    y_alone, _ = stagec.simulate(unfused, *args, **kwargs)
+    assert rel_err(np.asarray(y.last_hidden_state), np.asarray(y_alone.last_hidden_state)) < 1e-5
+    assert "flash attention" in make_report(program).summary() or flash_of(program)
