@@ -432,8 +432,8 @@ def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | No
     """The tiling of every node that emits instructions (lower.schedule.layout: a view op only where it
     copies): `mappings[node name]` where given (a TileMapping, for each of the node's nests, or a
     sequence of one per nest; checked to fit), else the default mapper's for `objective`; with
-    `fuse_layers`, the cascades that lower `objective` (lower.schedule.cascade_map) among the layers
-    the caller did not map."""
+    `fuse_layers`, the cascades that lower `objective` (lower.schedule.cascade_map; attention's,
+    lower.schedule.flash) among the layers the caller did not map."""
     mappings = dict(mappings or {})
     given = frozenset(mappings)
     views = LayoutViews(layout)
