@@ -114,3 +114,36 @@ def test_whisper_attention_runs_flash_style():
     y_alone, _ = stagec.simulate(unfused, *args, **kwargs)
     assert rel_err(np.asarray(y.last_hidden_state), np.asarray(y_alone.last_hidden_state)) < 1e-5
     assert "flash attention" in make_report(program).summary() or flash_of(program)
+
+
+class MaskedAttention(torch.nn.Module):
+    """BERT's attention: scaled scores, a padding mask (each query may see the keys before its
+    sequence's end), softmax, times V."""
+
+    def __init__(self, visible: int):
+        super().__init__()
+        self.visible = visible
+
+    def forward(self, q, k, v):
+        keep = (torch.arange(k.shape[-2]) < self.visible).expand(q.shape[-2], -1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+@pytest.mark.parametrize("hw", [HardwareConfig(), TIGHT], ids=["default", "tight"])
+def test_masked_scaled_attention_runs_flash_style(hw):
+    """The scores' scale (an epilogue of their matmul) and a mask (a select before softmax) run in the
+    cascade; outputs equal PyTorch's and the unfused program's; the cost still predicts the
+    simulator's DRAM bytes, instructions and vector ops."""
+    args, model = inputs(2, 40, 56, 16), MaskedAttention(45)
+    c = run(PIPELINE, Compilation(Request(model, args, hw=hw)))
+    (cascade,) = [x for x in c.schedule.cascades if isinstance(x, FlashAttention)]
+    assert cascade.scale is not None and cascade.fill is not None and len(cascade.layers) == 7
+    y, report = stagec.simulate(c.program, *args)
+    _, y_alone, _ = simulated(model, args, hw=hw, fuse_layers=False)
+    assert rel_err(y, model(*args).numpy()) < 1e-5
+    assert rel_err(y, y_alone) < 1e-5
+    layers = [r for r in report.layers if r.name in cascade.layers]
+    cost = flash_cost(cascade.dims, *cascade.tile, hw, scale=True, masked=True)
+    for action in ("dram_read_bytes", "dram_write_bytes", "macs_fp32", "vector_ops"):
+        assert getattr(cost.actions, action) == sum(getattr(r.actions, action) for r in layers), action
+    assert cost.instructions == sum(sum(r.instructions.values()) for r in layers)

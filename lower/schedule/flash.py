@@ -41,12 +41,13 @@ from .tensors import DTYPE_OF
 
 F32 = 4
 ROWS = ("m", "m_next", "l", "alpha", "rowwise")   # the per-row statistics, one float per query row each
+CONSTS = ("scale", "fill", "zero")                  # scalars the vector unit reads (those a cascade has)
 
 
 @dataclass(frozen=True)
 class FlashAttention:
-    """Attention's layers (node names: S's matmul, the max, the exp, the sum, the recip, the P·V
-    matmul) run flash-style over query blocks of tile[0] rows and key blocks of tile[1];
+    """Attention's layers (node names: S's matmul, the mask's select if any, the max, the exp, the sum,
+    the recip, the P·V matmul) run flash-style over query blocks of tile[0] rows and key blocks of tile[1];
     `dims`: (batch, queries M, keys N, head dim D); `saved_bytes`: the DRAM bytes of S, E and their
     row vectors that layer by layer moves."""
 
@@ -54,7 +55,14 @@ class FlashAttention:
     tile: tuple[int, int]
     dims: tuple[int, int, int, int]
     saved_bytes: int
+    scale: float | None = None    # S's matmul epilogue: times this constant
+    fill: float | None = None     # a mask: S where the predicate is nonzero, else this constant
     mappings: tuple = ()          # its members keep their own tilings: the cascade's tile is its own
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """What each of `layers` is (lower.codegen.flash attributes each instruction to its layer)."""
+        return ROLES if self.fill is not None else tuple(r for r in ROLES if r != "mask")
 
     def to_dict(self) -> dict:
         return {"layers": list(self.layers), "tile": list(self.tile), "saved_bytes": self.saved_bytes}
@@ -65,24 +73,34 @@ class FlashAttention:
 
 
 class Attention(NamedTuple):
-    """A matched pattern's nodes (module doc)."""
+    """A matched pattern's nodes (module doc; `mask` None where S goes to softmax unmasked) and its
+    constants (`scale`, `fill`: None where absent)."""
 
     scores: object
+    mask: object
     row_max: object
     exp: object
     row_sum: object
     recip: object
     pv: object
+    scale: float | None = None
+    fill: float | None = None
+
+    @property
+    def nodes(self) -> list:
+        return [n for n in self[:7] if n is not None]
 
 
-def flash_buffers(tq, tk, d) -> list[Buffer]:
+ROLES = ("scores", "mask", "max", "exp", "sum", "recip", "pv")
+def flash_buffers(tq, tk, d, masked: bool = False) -> list[Buffer]:
     """What a flash cascade holds: Q's, K^T's, V's, P's and the output's blocks (two each, so the next
     block's loads and the last one's store overlap), the per-row statistics; S's blocks (two) and
     the output accumulator in the accumulator."""
     return [Buffer("q", Space.SPAD, tq * d * F32, 2), Buffer("kt", Space.SPAD, d * tk * F32, 2),
             Buffer("v", Space.SPAD, tk * d * F32, 2), Buffer("p", Space.SPAD, tq * tk * F32, 2),
             Buffer("out", Space.SPAD, tq * d * F32, 2), Buffer("rows", Space.SPAD, tq * F32, len(ROWS)),
-            Buffer("s", Space.ACC, tq * tk * F32, 2), Buffer("o", Space.ACC, tq * d * F32)]
+            Buffer("consts", Space.SPAD, F32, len(CONSTS)), Buffer("s", Space.ACC, tq * tk * F32, 2),
+            Buffer("o", Space.ACC, tq * d * F32)] + masked * [Buffer("mask", Space.SPAD, tq * tk * F32, 2)]
 
 
 class FlashCost(NamedTuple):
@@ -123,6 +141,14 @@ def block_vectors(q: int, t: int, d: int, first: bool) -> list[Vec]:
             + [Vec(q * t, reduce=t, spad_r=qt + (not first) * w, spad_w=w)] + scale_o)
 
 
+def score_vectors(q: int, t: int, scale: bool, masked: bool) -> list[Vec]:
+    """S's block finished as the layers compute it: times the scale, then the mask (its block's
+    zeros found, CMP_EQ in place, and the fill SELECTed there)."""
+    qt = q * t * F32
+    return (scale * [Vec(q * t, spad_r=F32, acc_r=qt, acc_w=qt)]
+            + masked * [Vec(q * t, spad_r=qt + F32, spad_w=qt), Vec(q * t, spad_r=qt + F32, acc_r=qt, acc_w=qt)])
+
+
 def final_vectors(q: int, d: int) -> list[Vec]:
     """After the last key block: r = 1/l, the output times r into the scratchpad."""
     return [Vec(q, True, spad_r=q * F32, spad_w=q * F32), Vec(q * d, spad_r=q * F32, acc_r=q * d * F32,
@@ -149,9 +175,9 @@ def _sizes(total: int, tile: int) -> list[tuple[int, int]]:
     return [(tile, full)] * (full > 0) + [(rest, 1)] * (rest > 0)
 
 
-def flash_cost(dims, tq: int, tk: int, hw) -> FlashCost:
-    """The cost of a flash cascade of `dims` (batch, M, N, D) in blocks of tq x tk, as
-    lower.codegen.flash emits it (module doc)."""
+def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = False) -> FlashCost:
+    """The cost of a flash cascade of `dims` (batch, M, N, D) in blocks of tq x tk, its scores
+    scaled and masked or not, as lower.codegen.flash emits it (module doc)."""
     b, m, n, d = dims
     t = dict.fromkeys(("matrix", "vector", "vector_ops", "spad_r", "spad_w", "acc_r", "acc_w", "macs",
                        "instructions"), 0.0)
@@ -180,24 +206,26 @@ def flash_cost(dims, tq: int, tk: int, hw) -> FlashCost:
                 t["acc_r"] += b * q_times * times * mm[3]
                 t["acc_w"] += b * q_times * times * mm[4]
             t["instructions"] += b * q_times * times * 2
-            add(block_vectors(q, kb, d, first), b * q_times * times)
+            add(score_vectors(q, kb, scale, masked) + block_vectors(q, kb, d, first), b * q_times * times)
         add(final_vectors(q, d), b * q_times)
     nq = -(-m // tq)
-    loads = b * nq * (1 + 2 * nk)
-    q_bytes, kv_bytes = b * m * d * F32, b * nq * 2 * n * d * F32
+    consts = scale + 2 * masked                 # LOADs of one element each, once
+    loads = b * nq * (1 + (2 + masked) * nk) + consts
+    q_bytes = b * m * d * F32
+    read = q_bytes + b * nq * 2 * n * d * F32 + masked * b * m * n * F32 + consts * F32
     acts = ActionCounts(macs_int8=0.0, macs_bf16=0.0, macs_fp32=t["macs"], vector_ops=t["vector_ops"],
-                        scratchpad_read_bytes=t["spad_r"] + q_bytes, scratchpad_write_bytes=t["spad_w"] + q_bytes
-                        + kv_bytes, accumulator_read_bytes=t["acc_r"], accumulator_write_bytes=t["acc_w"],
-                        dram_read_bytes=q_bytes + kv_bytes, dram_write_bytes=q_bytes)
-    units = {"load": dma_cycles(loads, q_bytes + kv_bytes, hw), "store": dma_cycles(b * nq, q_bytes, hw),
-             "channel": (2 * q_bytes + kv_bytes) / hw.dma_bandwidth_bytes_per_cycle,
+                        scratchpad_read_bytes=t["spad_r"] + q_bytes, scratchpad_write_bytes=t["spad_w"] + read,
+                        accumulator_read_bytes=t["acc_r"], accumulator_write_bytes=t["acc_w"],
+                        dram_read_bytes=read, dram_write_bytes=q_bytes)
+    units = {"load": dma_cycles(loads, read, hw), "store": dma_cycles(b * nq, q_bytes, hw),
+             "channel": (read + q_bytes) / hw.dma_bandwidth_bytes_per_cycle,
              "matrix": t["matrix"], "vector": t["vector"]}
     q0, k0 = min(tq, m), min(tk, n)
-    fill = dma_cycles(3, (q0 + 2 * k0) * d * F32, hw)
+    fill = dma_cycles(3 + masked, (q0 + 2 * k0) * d * F32 + masked * q0 * k0 * F32, hw)
     drain = sum(float(vector_cycles(v.elements, hw.vector_lanes, transcendental=v.transcendental,
                                     cycles_per_transcendental=hw.vector_cycles_per_transcendental))
                 for v in final_vectors(q0, d)) + dma_cycles(1, q0 * d * F32, hw)
-    spad, acc = local_bytes(flash_buffers(tq, tk, d))
+    spad, acc = local_bytes(flash_buffers(tq, tk, d, masked))
     return FlashCost(fill + max(units.values()) + drain, int(loads + b * nq + t["instructions"]), acts, units,
                      int(spad), int(acc))
 
@@ -221,6 +249,14 @@ def match(graph, layout, excluded=frozenset()) -> list[Attention]:
             p = producer.get(p.inputs[0].id)
         return p if p is not None and p.op == op and layout.emits(p) else None
 
+    def constant(v) -> float | None:
+        """The value of a one-element constant that `v` views, else None."""
+        p = producer.get(v.id)
+        while view(p):
+            v, p = p.inputs[0], producer.get(p.inputs[0].id)
+        c = graph.constants.get(v.id)
+        return float(c.reshape(-1)[0]) if c is not None and c.size == 1 else None
+
     def readers(node) -> set | None:
         """The names of the emitted nodes that read `node`'s result (through views); None if a graph output."""
         out, todo = set(), [node.output]
@@ -243,18 +279,27 @@ def match(graph, layout, excluded=frozenset()) -> list[Attention]:
         e, r = node_of(pv.inputs[0], OpKind.ELEMENTWISE), node_of(pv.inputs[2], OpKind.ELEMENTWISE)
         if e is None or r is None or e.attr("expr") != SUB_EXP or r.attr("expr") != (Step("recip", (0,)),):
             continue
-        total, mx, s = node_of(r.inputs[0], OpKind.REDUCE), node_of(e.inputs[1], OpKind.REDUCE), \
-            node_of(e.inputs[0], OpKind.MATMUL)
+        total, mx = node_of(r.inputs[0], OpKind.REDUCE), node_of(e.inputs[1], OpKind.REDUCE)
+        mask = node_of(e.inputs[0], OpKind.ELEMENTWISE)
+        if mask is not None and (mask.attr("expr") != (Step("select", (0, 1, 2)),)
+                                 or constant(mask.inputs[1]) is None):
+            continue
+        s = node_of(mask.inputs[2] if mask else e.inputs[0], OpKind.MATMUL)
         if (total is None or mx is None or s is None or not row_reduce(total, "sum") or not row_reduce(mx, "max")
                 or node_of(total.inputs[0], OpKind.ELEMENTWISE) is not e
-                or node_of(mx.inputs[0], OpKind.MATMUL) is not s
-                or len(s.inputs) != 2 or s.attr("epilogue")):
+                or node_of(mx.inputs[0], OpKind.ELEMENTWISE if mask else OpKind.MATMUL) is not (mask or s)):
             continue
-        a = Attention(s, mx, e, total, r, pv)
-        expected = ({mx.name, e.name}, {e.name}, {total.name, pv.name}, {r.name}, {pv.name})
-        if (any(readers(n) != want for n, want in zip(a[:-1], expected, strict=True))
-                or any(n.name in excluded for n in a)
-                or any(v.dtype != "float32" for n in a for v in (*n.inputs, n.output))):
+        scaled = s.attr("epilogue") == (Step("mul", (0, 1)),) and len(s.inputs) == 3 and constant(s.inputs[2])
+        if not (scaled or (len(s.inputs) == 2 and not s.attr("epilogue"))):
+            continue
+        a = Attention(s, mask, mx, e, total, r, pv, constant(s.inputs[2]) if scaled else None,
+                      constant(mask.inputs[1]) if mask else None)
+        scores_read_by = {mask.name} if mask else {mx.name, e.name}
+        expected = [scores_read_by] + ([{mx.name, e.name}] if mask else []) + [
+            {e.name}, {total.name, pv.name}, {r.name}, {pv.name}]
+        if (any(readers(n) != want for n, want in zip(a.nodes[:-1], expected, strict=True))
+                or any(n.name in excluded for n in a.nodes)
+                or any(v.dtype != "float32" for n in a.nodes for v in (*n.inputs, n.output))):
             continue
         found.append(a)
     return found
@@ -275,21 +320,20 @@ def _layers_alone(a: Attention, tilings: dict, hw, objective: str) -> tuple[floa
     for node in (a.scores, a.pv):
         c, e, _ = layer_cost(tilings[node.name].nests[0], tilings[node.name].mapping, hw, objective)
         cycles, energy = cycles + batch * c, energy + batch * e
-    moved = sum(v.size * DTYPE_OF[v.dtype].itemsize for n in (a.row_max, a.exp, a.row_sum, a.recip)
-                for v in (*n.inputs, n.output))
+    moved = sum(v.size * DTYPE_OF[v.dtype].itemsize for n in a.nodes[1:-1] for v in (*n.inputs, n.output))
     return cycles + moved / hw.dma_bandwidth_bytes_per_cycle, energy + moved * hw.energy_pj_per_dram_byte
 
 
-def map_flash(dims, hw, objective: str):
+def map_flash(dims, hw, objective: str, scale: bool = False, masked: bool = False):
     """The (tq, tk) of least objective that fits, with its (charged cycles, energy), or None."""
     _, m, n, d = dims
     best = None
     for tq in tile_sizes(m, MAX_COUNT):
         for tk in tile_sizes(n, MAX_COUNT):
-            spad, acc = local_bytes(flash_buffers(int(tq), int(tk), d))
+            spad, acc = local_bytes(flash_buffers(int(tq), int(tk), d, masked))
             if spad > hw.scratchpad_bytes or acc > hw.accumulator_bytes:
                 continue
-            cost = flash_cost(dims, int(tq), int(tk), hw)
+            cost = flash_cost(dims, int(tq), int(tk), hw, scale, masked)
             charged = cost.cycles + INSTRUCTION_CHARGE * cost.instructions
             energy = sum(energy_pj(cost.actions, charged, hw).values())
             value = objective_of(charged, energy, objective)
@@ -304,13 +348,13 @@ def choose_flash(graph, layout, tilings: dict, hw, objective: str, excluded) -> 
     chosen = []
     for a in match(graph, layout, excluded):
         dims = dims_of(a)
-        mapped = map_flash(dims, hw, objective)
+        mapped = map_flash(dims, hw, objective, a.scale is not None, a.fill is not None)
         if mapped is None:
             continue
         tile, cycles, energy = mapped
         if objective_of(cycles, energy, objective) >= objective_of(*_layers_alone(a, tilings, hw, objective),
                                                                    objective):
             continue
-        saved = sum(n.output.size * DTYPE_OF[n.output.dtype].itemsize * 2 for n in a[:-1])
-        chosen.append(FlashAttention(tuple(n.name for n in a), tile, dims, saved))
+        saved = sum(n.output.size * DTYPE_OF[n.output.dtype].itemsize * 2 for n in a.nodes[:-1])
+        chosen.append(FlashAttention(tuple(n.name for n in a.nodes), tile, dims, saved, a.scale, a.fill))
     return chosen
