@@ -1,15 +1,16 @@
 """Flash attention: a cascade of attention's Q·K^T -> softmax -> P·V whose score matrix never leaves the chip.
 
-The pattern (what a traced attention becomes after defer_row_scale): S = Q @ K^T (a batched MATMUL, no
-epilogue), m = max(S) and l = sum(E) over S's rows (REDUCEs), E = exp(S - m) (an ELEMENTWISE), r =
-recip(l), O = (E @ V) * r (a batched MATMUL whose epilogue is the deferred row scale), every
-intermediate read by the pattern alone, float32 throughout (int8 attention keeps its layers apart:
+The pattern (what a traced attention becomes after defer_row_scale): S = Q @ K^T (a batched MATMUL, its
+epilogue none or a constant scale), optionally masked (select(pred, fill, S), fill a constant:
+BERT's padding mask), m = max(S) and l = sum(E) over S's rows (REDUCEs), E = exp(S - m) (an
+ELEMENTWISE), r = recip(l), O = (E @ V) * r (a batched MATMUL whose epilogue is the deferred row
+scale), every intermediate read by the pattern alone, float32 throughout (int8 attention keeps its layers apart:
 its softmax requantizes the scores and exp runs through a table, which an online softmax's
 rescaling does not commute with).  Views between them (reshapes, broadcasts) emit nothing.
 
 It runs per batch (head) and query block of `tq` rows: Q's block is loaded once; per key block of
-`tk` columns, K^T's and V's blocks are loaded, S's block computed on the array into the
-accumulator, and the vector unit keeps the online softmax (Milakov & Gimelshein 2018; Dao et al.
+`tk` columns, K^T's and V's blocks (and the mask's) are loaded, S's block computed on the array into
+the accumulator (scaled and masked there by the vector unit), and the vector unit keeps the online softmax (Milakov & Gimelshein 2018; Dao et al.
 2022): the running row max m and sum l; each block's new max rescales l and the output
 accumulator by alpha = exp(m_old - m_new), P = exp(S - m_new) goes to the scratchpad, and the array
 adds P @ V into the output accumulator.  After the last key block the output is multiplied by 1/l
