@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 from helpers import rel_err
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import stagec
 from stagec import zoo
@@ -150,3 +152,20 @@ def test_masked_scaled_attention_runs_flash_style(hw):
     for action in ("dram_read_bytes", "dram_write_bytes", "macs_fp32", "vector_ops"):
         assert getattr(cost.actions, action) == sum(getattr(r.actions, action) for r in layers), action
     assert cost.instructions == sum(sum(r.instructions.values()) for r in layers)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(heads=st.integers(2, 3), queries=st.integers(1, 70), keys=st.integers(1, 90),
+       dim=st.sampled_from([4, 8, 16, 24]), array=st.sampled_from([4, 8, 16]),
+       spad_kib=st.sampled_from([16, 32, 64]), acc_kib=st.sampled_from([2, 4, 16]), masked=st.booleans())
+def test_random_attention_on_random_hardware(heads, queries, keys, dim, array, spad_kib, acc_kib, masked):
+    """Whatever the shapes and the memories, attention equals the unfused program (flash-style where a
+    tiling fits and pays, layer by layer otherwise), never emitted illegally (the program verifies)."""
+    hw = HardwareConfig(array_rows=array, array_cols=array, scratchpad_bytes=spad_kib * 1024,
+                        accumulator_bytes=acc_kib * 1024)
+    args = inputs(heads, queries, keys, dim)   # (one head squeezes the batch dim: no deferred row scale, no flash)
+    model = MaskedAttention(max(keys // 2, 1)) if masked else Attention()
+    program, y, _ = simulated(model, args, hw=hw)
+    _, y_alone, _ = simulated(model, args, hw=hw, fuse_layers=False)
+    assert rel_err(y, y_alone) < 1e-5
+    assert rel_err(y, model(*args).numpy()) < 1e-5

@@ -10,11 +10,12 @@ rescaling does not commute with).  Views between them (reshapes, broadcasts) emi
 
 It runs per batch (head) and query block of `tq` rows: Q's block is loaded once; per key block of
 `tk` columns, K^T's and V's blocks (and the mask's) are loaded, S's block computed on the array into
-the accumulator (scaled and masked there by the vector unit), and the vector unit keeps the online softmax (Milakov & Gimelshein 2018; Dao et al.
-2022): the running row max m and sum l; each block's new max rescales l and the output
-accumulator by alpha = exp(m_old - m_new), P = exp(S - m_new) goes to the scratchpad, and the array
-adds P @ V into the output accumulator.  After the last key block the output is multiplied by 1/l
-and stored.  DRAM sees Q and the output once and K and V once per query block.
+the accumulator (scaled and masked there by the vector unit), and the vector unit keeps the online
+softmax (Milakov & Gimelshein 2018; Dao et al. 2022): the running row max m and sum l; each block's
+new max rescales l and the output accumulator by alpha = exp(m_old - m_new), P = exp(S - m_new) goes
+to the scratchpad, and the array adds P @ V into the output accumulator. After the last key block
+the output is multiplied by 1/l and stored. DRAM sees Q and the output once and K and V once per
+query block.
 
 `flash_cost` counts the instructions the emitter (lower.codegen.flash) issues and composes them as
 the timing simulator charges them, the units overlapping: the busiest of the load queue, the
@@ -69,7 +70,7 @@ class FlashAttention:
         return {"layers": list(self.layers), "tile": list(self.tile), "saved_bytes": self.saved_bytes}
 
     def __str__(self) -> str:
-        return (f"flash attention {self.layers[0]} -> {self.layers[-1]}: query block {self.tile[0]}, key block "
+        return (f"cascade {' -> '.join(self.layers)}: flash attention, query block {self.tile[0]}, key block "
                 f"{self.tile[1]}, saves {self.saved_bytes / 1024:.1f} KiB of DRAM")
 
 
