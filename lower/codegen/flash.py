@@ -34,7 +34,11 @@ def emit_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
     masked = cascade.fill is not None
     bases = em.allocate(flash_buffers(tq, tk, d, masked))
     consts = dict(zip(CONSTS, bases["consts"], strict=True))
-    for name, value, role in (("scale", cascade.scale, "scores"), ("fill", cascade.fill, "mask"),
+    # a -inf fill held as float32's lowest: a key block whose every key a row masks then gives the row
+    # a finite running max, which the next block's alpha = exp(m_old - m_new) = 0 wipes out (with -inf,
+    # exp(-inf - -inf) would be NaN); exp(lowest - m) is 0 like exp(-inf - m)
+    fill = None if cascade.fill is None else max(cascade.fill, float(np.finfo(np.float32).min))
+    for name, value, role in (("scale", cascade.scale, "scores"), ("fill", fill, "mask"),
                               ("zero", 0.0 if masked else None, "mask")):
         if value is not None:
             at(role)

@@ -283,8 +283,9 @@ def match(graph, layout, excluded=frozenset()) -> list[Attention]:
             continue
         total, mx = node_of(r.inputs[0], OpKind.REDUCE), node_of(e.inputs[1], OpKind.REDUCE)
         mask = node_of(e.inputs[0], OpKind.ELEMENTWISE)
-        if mask is not None and (mask.attr("expr") != (Step("select", (0, 1, 2)),)
-                                 or constant(mask.inputs[1]) is None):
+        fill = constant(mask.inputs[1]) if mask is not None else None
+        if mask is not None and (mask.attr("expr") != (Step("select", (0, 1, 2)),) or fill is None
+                                 or not fill < math.inf):     # -inf or finite (lower.codegen.flash)
             continue
         s = node_of(mask.inputs[2] if mask else e.inputs[0], OpKind.MATMUL)
         if (total is None or mx is None or s is None or not row_reduce(total, "sum") or not row_reduce(mx, "max")
@@ -294,8 +295,7 @@ def match(graph, layout, excluded=frozenset()) -> list[Attention]:
         scaled = s.attr("epilogue") == (Step("mul", (0, 1)),) and len(s.inputs) == 3 and constant(s.inputs[2])
         if not (scaled or (len(s.inputs) == 2 and not s.attr("epilogue"))):
             continue
-        a = Attention(s, mask, mx, e, total, r, pv, constant(s.inputs[2]) if scaled else None,
-                      constant(mask.inputs[1]) if mask else None)
+        a = Attention(s, mask, mx, e, total, r, pv, constant(s.inputs[2]) if scaled else None, fill)
         scores_read_by = {mask.name} if mask else {mx.name, e.name}
         expected = [scores_read_by] + ([{mx.name, e.name}] if mask else []) + [
             {e.name}, {total.name, pv.name}, {r.name}, {pv.name}]
