@@ -4,8 +4,9 @@ model-level limit (stagec.report.model_limit), fused and with compile(fuse_layer
 
     python experiments/bench_fusion.py [--full] [--int8] [models...]
 
-Models: a pointwise chain (three 1x1 convs, 56x56), reduced zoo BERT and MobileNetV2, and with
-`--full` the full-size zoo BERT-base and MobileNetV2.  Configs: the default and a wearable one
+Models: a pointwise chain (three 1x1 convs, 56x56), reduced zoo BERT, Whisper-tiny's encoder and
+MobileNetV2, and with `--full` the full-size zoo BERT-base, Whisper-tiny encoder (30 s of audio) and
+MobileNetV2.  `--configs` picks configs by name.  Configs: the default and a wearable one
 (8x8 array, 128 KiB scratchpad, 32 KiB accumulator, 4 B/cycle DRAM).  Reports come from the timing
 simulator (stagec.report.make_report); nothing is executed.  Writes experiments/results/bench_fusion.json.
 """
@@ -41,6 +42,7 @@ def pointwise_chain(reduced: bool = True):
 MODELS = {
     "pointwise": lambda full: pointwise_chain(),
     "bert": lambda full: zoo.build("bert_base", reduced=not full),
+    "whisper": lambda full: zoo.build("whisper_tiny_encoder", reduced=not full),
     "mobilenet_v2": lambda full: zoo.build("mobilenet_v2", reduced=not full),
 }
 
@@ -62,6 +64,7 @@ def main() -> None:
     parser.add_argument("models", nargs="*", default=list(MODELS))
     parser.add_argument("--full", action="store_true", help="full-size zoo models")
     parser.add_argument("--int8", action="store_true", help="int8 as well as fp32")
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     opts = parser.parse_args()
     rows = []
     head = (f"{'model':<14} {'config':<9} {'prec':<5} {'casc':>4} {'DRAM MiB':>9} {'x':>5} {'Mcycles':>8} {'x':>5} "
@@ -70,7 +73,8 @@ def main() -> None:
     print("-" * len(head))
     for name in opts.models:
         model, args, kwargs = MODELS[name](opts.full)
-        for config, hw in CONFIGS.items():
+        for config in opts.configs:
+            hw = CONFIGS[config]
             for quantize in (None, "int8") if opts.int8 else (None,):
                 fused = measure(model, args, kwargs, hw, quantize, True)
                 alone = measure(model, args, kwargs, hw, quantize, False)

@@ -210,7 +210,8 @@ def test_bert_feed_forward_blocks_run_as_cascades():
     model, args, kwargs = zoo.build("bert_base", reduced=True)
     program = stagec.compile(model, args, kwargs=kwargs)
     unfused = stagec.compile(model, args, kwargs=kwargs, fuse_layers=False)
-    cascades = program.metadata["cascades"]
+    # (the attention blocks run as flash cascades beside them: tests/test_flash.py)
+    cascades = [c for c in program.metadata["cascades"] if len(c["layers"]) <= MAX_MEMBERS]
     assert len(cascades) == model.config.num_hidden_layers
     assert all("intermediate" in c["layers"][0] and "output.dense" in c["layers"][1] for c in cascades)
     y, _ = stagec.simulate(program, *args, **kwargs)

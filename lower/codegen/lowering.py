@@ -22,11 +22,13 @@ from stagec.rule_tables import registrar
 
 from ..graph.graph_ir import Graph, Node, OpKind, Value, check_records, record_words
 from ..schedule.buffers import epilogue_layout
+from ..schedule.flash import FlashAttention
 from ..schedule.layout import Layout
 from ..schedule.mapper import Schedule, node_problem
 from ..schedule.tensors import DTYPE_OF, DramRegion, DramTensor
 from .cascade import Member, emit_cascade
 from .emitter import Emitter
+from .flash import emit_flash
 from .matrix import as_conv, emit_conv
 from .memory import Interval, align, allocate_by_liveness
 from .tokens import insert_tokens
@@ -220,6 +222,10 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
         cascade = schedule.cascade_of(node.name)
         if cascade is None:
             LOWERINGS[node.op](ctx, node)
+        elif isinstance(cascade, FlashAttention):
+            if cascade.layers[-1] == node.name:    # by its last layer, V (its last input) is computed
+                emit_flash(ctx, cascade, [emitted[index[name]] for name in cascade.layers],
+                           [index[name] for name in cascade.layers])
         elif cascade.layers[0] == node.name:
             emit_cascade(em, [_member(ctx, emitted[index[name]], index[name]) for name in cascade.layers], ctx.fill)
         mapping = str(schedule[node.name].mapping) if node_problem(node) else ""

@@ -32,6 +32,7 @@ from ..graph.graph_ir import OpKind
 from .buffers import NO_EXTRAS, Extras, epilogue_extras
 from .cascade import Cascade
 from .cascade_map import choose_cascades
+from .flash import choose_flash
 from .layout import Layout
 from .nest import (
     MATRIX,
@@ -431,8 +432,8 @@ def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | No
     """The tiling of every node that emits instructions (lower.schedule.layout: a view op only where it
     copies): `mappings[node name]` where given (a TileMapping, for each of the node's nests, or a
     sequence of one per nest; checked to fit), else the default mapper's for `objective`; with
-    `fuse_layers`, the cascades that lower `objective` (lower.schedule.cascade_map) among the layers
-    the caller did not map."""
+    `fuse_layers`, the cascades that lower `objective` (lower.schedule.cascade_map; attention's,
+    lower.schedule.flash) among the layers the caller did not map."""
     mappings = dict(mappings or {})
     given = frozenset(mappings)
     views = LayoutViews(layout)
@@ -458,4 +459,5 @@ def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | No
     for c in cascades:
         for name, m in zip(c.layers, c.mappings, strict=True):
             tilings[name] = Tiling(tilings[name].nests, (m,))
-    return Schedule(tuple((name, tilings[name]) for name, _ in out), tuple(cascades))
+    flash = choose_flash(graph, layout, tilings, hw, objective, given)   # its members keep their tilings
+    return Schedule(tuple((name, tilings[name]) for name, _ in out), tuple(cascades) + tuple(flash))

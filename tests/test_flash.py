@@ -1,0 +1,183 @@
+"""Flash attention (lower.schedule.flash, lower.codegen.flash): Q·K^T -> softmax -> P·V per query block,
+the score matrix never in DRAM; checked against PyTorch, against the same model compiled layer by
+layer, its cost against the simulator, refused where it does not fit."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import rel_err
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import stagec
+from stagec import zoo
+from stagec.isa import HardwareConfig
+from stagec.lower.schedule.cascade import MAX_MEMBERS
+from stagec.lower.schedule.flash import FlashAttention, flash_cost
+from stagec.pipeline import PIPELINE, Compilation, Request, run
+from stagec.report import make_report
+from stagec.sim.energy import energy_pj
+
+# 8 KiB of accumulator: S's and the output's blocks force several key blocks, so the running max rescales
+TIGHT = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=64 * 1024, accumulator_bytes=8 * 1024,
+                       dma_bandwidth_bytes_per_cycle=4.0)
+WEARABLE = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=128 * 1024, accumulator_bytes=32 * 1024,
+                          dma_bandwidth_bytes_per_cycle=4.0)
+
+
+class Attention(torch.nn.Module):
+    """softmax(Q K^T) V over heads (the scale folded into Q, as Whisper's projection does)."""
+
+    def forward(self, q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
+def inputs(heads=2, queries=100, keys=72, dim=16, seed=0, lead=(1,)):
+    """Q, K, V of `heads` heads (a batch of `lead` before them)."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*lead, heads, n, dim, generator=g) * 2 for n in (queries, keys, keys))
+
+
+def simulated(model, args, **options):
+    program = stagec.compile(model, args, **options)
+    y, report = stagec.simulate(program, *args)
+    return program, np.asarray(y), report
+
+
+def flash_of(program) -> list[dict]:
+    """The program's flash cascades: six or seven layers (a pointwise cascade has at most MAX_MEMBERS)."""
+    return [c for c in program.metadata.get("cascades", ()) if len(c["layers"]) > MAX_MEMBERS]
+
+
+@pytest.mark.parametrize(("hw", "shape"), [(HardwareConfig(), (2, 100, 72, 16)), (TIGHT, (2, 100, 72, 16)),
+                                           (TIGHT, (3, 37, 130, 8)), (WEARABLE, (2, 64, 256, 32))],
+                         ids=["default", "tight", "tight-ragged", "wearable"])
+def test_flash_attention_matches_pytorch_and_the_unfused_program(hw, shape):
+    args = inputs(*shape)
+    program, y, report = simulated(Attention(), args, hw=hw)
+    _, y_alone, alone = simulated(Attention(), args, hw=hw, fuse_layers=False)
+    (cascade,) = flash_of(program)
+    q, k = cascade["tile"]
+    if hw is TIGHT:
+        assert k < shape[2]                     # several key blocks: the online rescaling runs
+    assert rel_err(y, Attention()(*args).numpy()) < 1e-5
+    assert rel_err(y, y_alone) < 1e-5
+    moved = report.actions.dram_read_bytes + report.actions.dram_write_bytes
+    scores = shape[0] * shape[1] * shape[2] * 4
+    # layer by layer writes the scores and reads them back (and the exponentials, twice): flash does not
+    assert moved + 2 * scores <= alone.actions.dram_read_bytes + alone.actions.dram_write_bytes
+
+
+@pytest.mark.parametrize("hw", [HardwareConfig(), TIGHT], ids=["default", "tight"])
+def test_the_flash_cost_predicts_the_simulator(hw):
+    """The cost the mapper ranks a flash cascade by: its DRAM bytes, instructions, MACs and vector ops
+    are the program's, its cycles within 15% of the timed simulation and its energy (over the
+    simulated cycles) within 2%; the footprint it checked is the one the emitter allocated."""
+    args = inputs(2, 96, 80, 16, lead=())      # [heads, tokens, dim]: the output needs no copy
+    c = run(PIPELINE, Compilation(Request(Attention(), args, hw=hw)))
+    (cascade,) = [x for x in c.schedule.cascades if isinstance(x, FlashAttention)]
+    assert f"  {cascade}\n" in str(c.schedule)
+    report = make_report(c.program)
+    layers = [r for r in report.layers if r.name in cascade.layers]
+    cost = flash_cost(cascade.dims, *cascade.tile, hw)
+    for action in ("dram_read_bytes", "dram_write_bytes", "macs_fp32", "vector_ops"):
+        assert getattr(cost.actions, action) == sum(getattr(r.actions, action) for r in layers), action
+    assert cost.instructions == sum(sum(r.instructions.values()) for r in layers)
+    assert len(layers) == len(report.layers)     # the program is the attention alone
+    assert cost.cycles == pytest.approx(report.cycles, rel=0.15)
+    energy = sum(energy_pj(cost.actions, report.cycles, hw).values())
+    assert energy == pytest.approx(sum(report.energy_pj.values()), rel=0.02)
+    assert tuple(c.program.metadata["local_peak_bytes"][cascade.layers[0]]) == (cost.spad_bytes, cost.acc_bytes)
+
+
+def test_attention_that_does_not_fit_runs_layer_by_layer():
+    """A head dim whose blocks cannot fit the accumulator (a 64-wide output block needs 256 bytes a
+    query row) keeps the layers apart, and they run as before."""
+    hw = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=64 * 1024, accumulator_bytes=256)
+    args = inputs(1, 16, 16, 64)
+    program, y, _ = simulated(Attention(), args, hw=hw)
+    assert not flash_of(program)
+    assert rel_err(y, Attention()(*args).numpy()) < 1e-5
+
+
+def test_int8_attention_stays_unfused():
+    """int8 requantizes the scores before softmax and runs exp through a table: no online softmax."""
+    args = inputs(2, 32, 32, 16)
+    program = stagec.compile(Attention(), args, quantize="int8", calibration=[args])
+    assert not flash_of(program)
+
+
+@pytest.mark.parametrize("name", ["whisper_tiny_encoder", "bert_base"])
+def test_zoo_attention_runs_flash_style(name):
+    """The reduced zoo Whisper encoder's and BERT's (masked, scaled) self-attention blocks each run as
+    one flash cascade, and the model's outputs are the unfused program's."""
+    model, args, kwargs = zoo.build(name, reduced=True)
+    program = stagec.compile(model, args, kwargs=kwargs)
+    unfused = stagec.compile(model, args, kwargs=kwargs, fuse_layers=False)
+    assert len(flash_of(program)) == 2
+    y, _ = stagec.simulate(program, *args, **kwargs)
+    y_alone, _ = stagec.simulate(unfused, *args, **kwargs)
+    assert rel_err(np.asarray(y.last_hidden_state), np.asarray(y_alone.last_hidden_state)) < 1e-5
+    assert rel_err(np.asarray(y.last_hidden_state), model(*args, **kwargs).last_hidden_state.detach().numpy()) < 1e-5
+
+
+class MaskedAttention(torch.nn.Module):
+    """BERT's attention: scaled scores, a padding mask (each query may see the keys before its
+    sequence's end), softmax, times V."""
+
+    def __init__(self, visible: int, left: bool = False):
+        super().__init__()
+        self.visible, self.left = visible, left
+
+    def forward(self, q, k, v):
+        at = torch.arange(k.shape[-2])
+        keep = (at >= k.shape[-2] - self.visible if self.left else at < self.visible).expand(q.shape[-2], -1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+@pytest.mark.parametrize("hw", [HardwareConfig(), TIGHT], ids=["default", "tight"])
+def test_masked_scaled_attention_runs_flash_style(hw):
+    """The scores' scale (an epilogue of their matmul) and a mask (a select before softmax) run in the
+    cascade; outputs equal PyTorch's and the unfused program's; the cost still predicts the
+    simulator's DRAM bytes, instructions and vector ops."""
+    args, model = inputs(2, 40, 56, 16), MaskedAttention(45)
+    c = run(PIPELINE, Compilation(Request(model, args, hw=hw)))
+    (cascade,) = [x for x in c.schedule.cascades if isinstance(x, FlashAttention)]
+    assert cascade.scale is not None and cascade.fill is not None and len(cascade.layers) == 7
+    y, report = stagec.simulate(c.program, *args)
+    _, y_alone, _ = simulated(model, args, hw=hw, fuse_layers=False)
+    assert rel_err(y, model(*args).numpy()) < 1e-5
+    assert rel_err(y, y_alone) < 1e-5
+    layers = [r for r in report.layers if r.name in cascade.layers]
+    cost = flash_cost(cascade.dims, *cascade.tile, hw, scale=True, masked=True)
+    for action in ("dram_read_bytes", "dram_write_bytes", "macs_fp32", "vector_ops"):
+        assert getattr(cost.actions, action) == sum(getattr(r.actions, action) for r in layers), action
+    assert cost.instructions == sum(sum(r.instructions.values()) for r in layers)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(heads=st.integers(2, 3), queries=st.integers(1, 70), keys=st.integers(1, 90),
+       dim=st.sampled_from([4, 8, 16, 24]), array=st.sampled_from([4, 8, 16]),
+       spad_kib=st.sampled_from([16, 32, 64]), acc_kib=st.sampled_from([2, 4, 16]), masked=st.booleans())
+def test_random_attention_on_random_hardware(heads, queries, keys, dim, array, spad_kib, acc_kib, masked):
+    """Whatever the shapes and the memories, attention equals the unfused program (flash-style where a
+    tiling fits and pays, layer by layer otherwise), never emitted illegally (the program verifies)."""
+    hw = HardwareConfig(array_rows=array, array_cols=array, scratchpad_bytes=spad_kib * 1024,
+                        accumulator_bytes=acc_kib * 1024)
+    args = inputs(heads, queries, keys, dim)   # (one head squeezes the batch dim: no deferred row scale, no flash)
+    model = MaskedAttention(max(keys // 2, 1)) if masked else Attention()
+    program, y, _ = simulated(model, args, hw=hw)
+    _, y_alone, _ = simulated(model, args, hw=hw, fuse_layers=False)
+    assert rel_err(y, y_alone) < 1e-5
+    assert rel_err(y, model(*args).numpy()) < 1e-5
+
+
+def test_a_mask_that_hides_a_whole_first_key_block():
+    """Left padding: the first key blocks are masked for every row (SDPA's fill is -inf), so the running
+    max starts at the fill; the next block's rescaling wipes those blocks out, as softmax does."""
+    args, model = inputs(2, 24, 64, 8), MaskedAttention(20, left=True)
+    program, y, _ = simulated(model, args, hw=TIGHT)
+    (cascade,) = flash_of(program)
+    assert cascade["tile"][1] < 64 - 20            # the first key block is all padding
+    assert np.isfinite(y).all()
+    assert rel_err(y, model(*args).numpy()) < 1e-5
