@@ -122,7 +122,8 @@ class VectorFunc(enum.IntEnum):
     RSUM = 32
     RMAX = 33
     RMIN = 34
-    # int32 -> int8 with a fixed-point multiplier, shift and zero point (TFLite/gemmlowp rounding)
+    # int32 -> int8: a per-channel int32 bias added, then a fixed-point multiplier, shift and zero point
+    # (TFLite/gemmlowp rounding; the bias as Ethos-U's scale-bias records carry it)
     REQUANT = 40
     # int8 -> int8 through a 256-entry int8 table (src2): dst = table[src1 + 128]
     LUT = 41
@@ -130,7 +131,9 @@ class VectorFunc(enum.IntEnum):
     RESCALE = 44
 
 
-REQUANT_RECORD_BYTES = 16   # a REQUANT record: int32 multiplier, shift, zero point, saturation bounds
+# a REQUANT record: int32 multiplier, shift, zero point, saturation bounds, bias, three reserved words (0), a power
+# of two so records stay aligned in a buffer of them
+REQUANT_RECORD_BYTES = 32
 LUT_ENTRIES = 256           # a LUT table: one int8 per int8 input, the entry of q at q + 128
 RECORD_ALIGN = 16           # an element aligns to its size, a record (REQUANT's, a LUT table) to at most this
 MAX_COUNT = 65535           # the largest iteration count n[i] (u16)

@@ -236,6 +236,11 @@ def _multiply(ns, a, b):
     return ns.xp.multiply(a, b)
 
 
+def _sum(ns, x):
+    """The sum over i2; int8 sums in int32 (a widening add across lanes, as Arm's SADDLV), wrapping."""
+    return ns.xp.sum(x.astype(np.int32) if x.dtype == np.int8 else x, axis=-1)
+
+
 def _floor_div(ns, a, b):
     nonzero = b != 0
     return ns.xp.where(nonzero, ns.xp.floor_divide(a, ns.xp.where(nonzero, b, ns.xp.ones((), b.dtype))),
@@ -277,12 +282,13 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     _vf(VectorFunc.CMP_NE, _compare(lambda a, b: a != b), sources=2),
     # dst = src2 where src1 != 0, else dst unchanged
     _vf(VectorFunc.SELECT, lambda ns, p, t, dst: ns.xp.where(p != 0, t, dst), sources=2, reads_dst=True),
-    _vf(VectorFunc.RSUM, lambda ns, x: ns.xp.sum(x, axis=-1), reduction=True),   # integers wrap, as convert wraps
+    # integers wrap, as convert wraps; int8 -> int32 too, so an int8 sum needs no widening copy first
+    _vf(VectorFunc.RSUM, _sum, reduction=True, types=SAME_TYPES | {(DType.I8, DType.I32)}),
     _vf(VectorFunc.RMAX, lambda ns, x: ns.xp.max(x, axis=-1), reduction=True),
     _vf(VectorFunc.RMIN, lambda ns, x: ns.xp.min(x, axis=-1), reduction=True),
-    # i32 -> i8 by records (Q31 multiplier, shift, zero point, saturation bounds): TFLite/gemmlowp
-    # rounding, then TFLite's activation_min/max (isa.semantics.saturation_bounds)
-    _vf(VectorFunc.REQUANT, lambda ns, x, r: ns.requantize(x, r[..., 0], r[..., 1], r[..., 2], r[..., 3]),
+    # i32 -> i8 by records (Q31 multiplier, shift, zero point, saturation bounds, bias): the bias added (int32,
+    # wrapping), TFLite/gemmlowp rounding, then TFLite's activation_min/max (isa.semantics.saturation_bounds)
+    _vf(VectorFunc.REQUANT, lambda ns, x, r: ns.requantize(x, r[..., 0], r[..., 1], r[..., 2], r[..., 3], r[..., 4]),
         sources=2, src2_words=REQUANT_RECORD_BYTES // 4, src2_dtype=int(DType.I32),
         types=frozenset({(DType.I32, DType.I8)})),
     # i8 -> i8 through one 256-entry int8 table (src2, the entry of q at q + 128): an int8 NPU's

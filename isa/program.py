@@ -39,7 +39,7 @@ from .opcodes import decode
 from .schema import Checked, Int, ListOf, Maybe, OneOf, Record, Str, check
 
 MAGIC = b"STAGEC\x00\x01"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2   # 2: REQUANT and RESCALE records of 32 bytes (a bias word), not 16
 
 
 class RegionKind(enum.StrEnum):

@@ -127,12 +127,14 @@ def saturation_bounds(bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def requantize(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, zero_point: np.ndarray,
-               bounds: np.ndarray | int = 0) -> np.ndarray:
-    """int32 -> int8 as TFLite's MultiplyByQuantizedMultiplier: a saturating rounding doubling
-    high multiply by the Q31 `multiplier`, a rounding shift (positive = left, negative = right,
-    ties away from zero), plus `zero_point`, saturated to [-128, 127], then to the record's
-    [lo, hi] (`saturation_bounds`: max with lo, then min with hi)."""
-    rounded = _scaled(x, multiplier, shift, np.zeros((), np.int64))
+               bounds: np.ndarray | int = 0, bias: np.ndarray | int = 0) -> np.ndarray:
+    """int32 -> int8 as TFLite's int8 conv output stage: the int32 `bias` added (wrapping, as an int32
+    add does), then MultiplyByQuantizedMultiplier: a saturating rounding doubling high multiply by the
+    Q31 `multiplier`, a rounding shift (positive = left, negative = right, ties away from zero), plus
+    `zero_point`, saturated to [-128, 127], then to the record's [lo, hi] (`saturation_bounds`: max
+    with lo, then min with hi)."""
+    biased = (np.asarray(x).astype(np.int64) + np.asarray(bias, np.int64) + 2**31) % 2**32 - 2**31
+    rounded = _scaled(biased, multiplier, shift, np.zeros((), np.int64))
     lo, hi = saturation_bounds(bounds)
     y = np.clip(rounded + zero_point.astype(np.int64), -128, 127)
     return np.minimum(np.maximum(y, lo), hi).astype(np.int8)

@@ -85,12 +85,13 @@ def _scaled(x, multiplier, shift, left):
     return _rounding_right_shift(high, jnp.maximum(-shift, 0))
 
 
-def requantize(x, multiplier, shift, zero_point, bounds=0):
-    """int32 -> int8 as isa.semantics.requantize (TFLite's MultiplyByQuantizedMultiplier, then the
-    zero point, saturated, then the record's saturation bounds), on int32 arrays that broadcast together."""
-    x, multiplier, shift, zero_point, bounds = (jnp.asarray(v, jnp.int32)
-                                                for v in (x, multiplier, shift, zero_point, bounds))
-    scaled = _scaled(x, multiplier, shift, jnp.zeros((), jnp.int32))
+def requantize(x, multiplier, shift, zero_point, bounds=0, bias=0):
+    """int32 -> int8 as isa.semantics.requantize (the bias added, wrapping; TFLite's
+    MultiplyByQuantizedMultiplier, then the zero point, saturated, then the record's saturation bounds), on
+    int32 arrays that broadcast together."""
+    x, multiplier, shift, zero_point, bounds, bias = (jnp.asarray(v, jnp.int32)
+                                                      for v in (x, multiplier, shift, zero_point, bounds, bias))
+    scaled = _scaled(_i32(_u32(x) + _u32(bias)), multiplier, shift, jnp.zeros((), jnp.int32))
     y = jnp.clip(_saturating_add(scaled, zero_point), -128, 127).astype(jnp.int8)
     lo, hi = (-128 + (bounds & 255)).astype(jnp.int8), (127 - (bounds >> 8 & 255)).astype(jnp.int8)
     return jnp.minimum(jnp.maximum(y, lo), hi)

@@ -66,12 +66,14 @@ def _multiply_by_quantized_multiplier(x: np.ndarray, multiplier, shift, pre_shif
 
 
 def requantize(x: np.ndarray, record: np.ndarray) -> np.ndarray:
-    """int32 x to int8 by a record (Q31 multiplier, shift, zero point, bounds): TFLite's
+    """int32 x to int8 by a record (Q31 multiplier, shift, zero point, bounds, bias): TFLite's int8
+    conv output stage: x + bias (an int32 sum; outside int32 it raises, as any int32 value here),
     MultiplyByQuantizedMultiplier, plus the zero point, saturated to [-128, 127], then clamped to
     TFLite's activation range [activation_min, activation_max]: the bounds word's low byte is
     activation_min + 128, its second byte 127 - activation_max (0: the whole int8 range)."""
-    multiplier, shift, zero_point, bounds = (record[..., i].astype(np.int64) for i in range(4))
-    y = np.clip(_multiply_by_quantized_multiplier(x.astype(np.int64), multiplier, shift) + zero_point, -128, 127)
+    multiplier, shift, zero_point, bounds, bias = (record[..., i].astype(np.int64) for i in range(5))
+    biased = _held(x.astype(np.int64) + bias, "int32", "requant's bias add")
+    y = np.clip(_multiply_by_quantized_multiplier(biased, multiplier, shift) + zero_point, -128, 127)
     activation_min, activation_max = bounds % 256 - 128, 127 - bounds // 256 % 256
     return np.minimum(np.maximum(y, activation_min), activation_max).astype(np.int8)
 

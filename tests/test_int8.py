@@ -107,8 +107,8 @@ def test_transposed_mappings_match_integer_reference_bit_for_bit():
 
 # --- requantization ---------------------------------------------------------------------------
 
-def records(multiplier, shift, zero_point=0):
-    return np.array([multiplier, shift, zero_point, 0], np.int64)
+def records(multiplier, shift, zero_point=0, bias=0):
+    return np.array([multiplier, shift, zero_point, 0, bias, 0, 0, 0], np.int64)
 
 
 @pytest.mark.parametrize("rec, x, expected", [
@@ -135,14 +135,28 @@ def test_requant_zero_point_then_saturation():
     assert list(y) == [127, -115]
 
 
+def test_requant_adds_the_bias_before_the_multiply():
+    """TFLite's output stage: (x + bias) * M, rounded once; rounding x * M and adding bias * M would give
+    3 + 3 = 6 for the first element, not 5."""
+    y = int8_reference.requantize(np.array([5, -5, 0], np.int64), records(2**30, 0, bias=5))   # (x + 5) / 2
+    assert list(y) == [5, 0, 3]
+    assert list(semantics.requantize(np.array([5, -5, 0]), *(np.full(3, v) for v in records(2**30, 0, bias=5)[:5]))) \
+        == [5, 0, 3]
+
+
+def test_requant_reference_raises_where_the_biased_sum_leaves_int32():
+    with pytest.raises(OverflowError, match="int32"):
+        int8_reference.requantize(np.array([2**31 - 1], np.int64), records(2**30, 0, bias=1))
+
+
 @settings(max_examples=200)
-@given(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=16), st.integers(2**30, 2**31 - 1),
-       st.integers(-31, 8), st.integers(-128, 127))
-def test_requant_reference_agrees_with_isa_semantics(xs, multiplier, shift, zero_point):
+@given(st.lists(st.integers(-(2**30), 2**30 - 1), min_size=1, max_size=16), st.integers(2**30, 2**31 - 1),
+       st.integers(-31, 8), st.integers(-128, 127), st.integers(-(2**30), 2**30 - 1))
+def test_requant_reference_agrees_with_isa_semantics(xs, multiplier, shift, zero_point, bias):
     x = np.array(xs, np.int64)
-    rec = records(multiplier, shift, zero_point)
+    rec = records(multiplier, shift, zero_point, bias)
     np.testing.assert_array_equal(int8_reference.requantize(x, rec),
-                                  semantics.requantize(x, *(np.full(x.shape, v) for v in rec[:3])))
+                                  semantics.requantize(x, *(np.full(x.shape, v) for v in rec[:5])))
 
 
 @pytest.mark.parametrize("real", [0.5, 0.3, 1e-3, 0.999999999, 1.7, 3e-9])

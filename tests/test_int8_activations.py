@@ -105,8 +105,9 @@ def test_a_fused_clamp_is_the_requantization_bounds(name):
     model, (x, calibration) = _net(name), _inputs()
     _, graph = build_quantized(model, x, calibration)
     conv = next(n for n in graph.nodes if n.op == OpKind.CONV)
-    assert [s.func for s in conv.attr("epilogue")] == ["add", "requant"]
+    assert [s.func for s in conv.attr("epilogue")] == ["requant"]   # the bias is the records' fifth word
     record = graph.constants[conv.inputs[-1].id]
+    assert np.any(record[..., 4] != 0) and not np.any(record[..., 5:])
     s_y = graph.scales[conv.output.id]
     lo, hi = _CLAMP_RANGE[name]
     expect = tuple(int(np.clip(np.round(b / s_y), -128, 127)) if math.isfinite(b) else d
@@ -229,11 +230,11 @@ def test_random_activation_nets_match_integer_reference(data):
 def test_requant_bounds_agree_everywhere(xs, multiplier, shift, zero_point, a, b):
     lo, hi = min(a, b), max(a, b)
     x = np.array(xs, np.int64)
-    rec = np.array([multiplier, shift, zero_point, bounds_word(lo, hi)], np.int32)
+    rec = np.array([multiplier, shift, zero_point, bounds_word(lo, hi), 0, 0, 0, 0], np.int32)
     got = int8_reference.requantize(x, rec)
-    whole = int8_reference.requantize(x, np.array([*rec[:3], 0], np.int32))
+    whole = int8_reference.requantize(x, np.array([*rec[:3], 0, 0, 0, 0, 0], np.int32))
     np.testing.assert_array_equal(got, np.clip(whole, lo, hi))   # the bounds clamp the int8 result, nothing else
-    fields = [np.full(x.shape, v) for v in rec]
+    fields = [np.full(x.shape, v) for v in rec[:5]]   # the reserved words are no argument
     np.testing.assert_array_equal(requantize(x, *fields), got)
     np.testing.assert_array_equal(np.asarray(batched_requantize(x.astype(np.int32), *fields)), got)
 

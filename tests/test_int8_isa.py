@@ -45,13 +45,14 @@ def gemmlowp_requant(x: int, m: int, shift: int, zp: int) -> int:
 def int8_program():
     rng = np.random.default_rng(3)
     b = rng.integers(-128, 128, (8, 3)).astype(np.int8)
-    params = np.array([[1 << 30, -4, 3, 0], [1518500250, -7, -5, 0], [2**31 - 1, 1, 0, 0]], np.int32)
+    params = np.array([[1 << 30, -4, 3, 0, 100, 0, 0, 0], [1518500250, -7, -5, 0, -2000, 0, 0, 0],
+                       [2**31 - 1, 1, 0, 0, 7, 0, 0, 0]], np.int32)   # the fifth word: the bias
     blob = b.tobytes() + b"\0" * 8 + params.tobytes()      # b at 0 (24 B), params at 32
     a_off, c_off = 128, 192
     ins = [
         load_ins(Operand(Space.DRAM, a_off, (0, 8, 1)), Operand(Space.SPAD, 0, (0, 8, 1)), (1, 4, 8), dtype=DType.I8),
         load_ins(Operand(Space.DRAM, 0, (0, 3, 1)), Operand(Space.SPAD, 64, (0, 3, 1)), (1, 8, 3), dtype=DType.I8),
-        load_ins(Operand(Space.DRAM, 32, (0, 0, 1)), Operand(Space.SPAD, 128, (0, 0, 1)), (1, 1, 12),
+        load_ins(Operand(Space.DRAM, 32, (0, 0, 1)), Operand(Space.SPAD, 128, (0, 0, 1)), (1, 1, params.size),
                  dtype=DType.I32),
         matmul(Operand(Space.SPAD, 0, (0, 8, 1)), Operand(Space.SPAD, 64, (3, 1, 0)), Operand(Space.ACC, 0, (0, 3, 1)),
                1, 4, 8, 3, accumulate=False, dtype=DType.I8, out_dtype=DType.I32),
@@ -72,7 +73,7 @@ def test_int8_matmul_and_requantize_are_bit_exact():
     (c,), _ = stagec.simulate(p, a)
     assert p.cache["executor"] is not None
     acc = a.astype(np.int64) @ b.astype(np.int64)
-    expect = np.array([[gemmlowp_requant(int(acc[i, j]), *map(int, params[j, :3])) for j in range(3)]
+    expect = np.array([[gemmlowp_requant(int(acc[i, j] + params[j, 4]), *map(int, params[j, :3])) for j in range(3)]
                        for i in range(4)], np.int8)
     assert c.dtype == np.int8
     np.testing.assert_array_equal(c, expect)
@@ -116,11 +117,13 @@ def test_batched_requantize_equals_the_definition_bit_for_bit():
     m = np.where(rng.random(n) < 0.5, rng.integers(2**30, 2**31, n), pick(n))
     shift = rng.integers(-40, 33, n)   # the definition's int64 left shift is exact up to 32
     zp = np.where(rng.random(n) < 0.8, rng.integers(-200, 200, n), pick(n))
-    got = np.asarray(jax.jit(batched)(*(a.astype(np.int32) for a in (x, m, shift, zp))))
-    np.testing.assert_array_equal(got, requantize(x, m, shift, zp))
+    bounds, bias = np.zeros(n, np.int64), np.where(rng.random(n) < 0.5, 0, pick(n))   # x + bias wraps in both
+    got = np.asarray(jax.jit(batched)(*(a.astype(np.int32) for a in (x, m, shift, zp, bounds, bias))))
+    np.testing.assert_array_equal(got, requantize(x, m, shift, zp, bounds, bias))
     assert len(np.unique(got)) > 200   # not all saturated
     sample = rng.choice(n, 2000, replace=False)
-    np.testing.assert_array_equal(got[sample], [gemmlowp_requant(*(int(a[i]) for a in (x, m, shift, zp)))
+    wrapped = (x + bias + 2**31) % 2**32 - 2**31
+    np.testing.assert_array_equal(got[sample], [gemmlowp_requant(*(int(a[i]) for a in (wrapped, m, shift, zp)))
                                                 for i in sample])
 
 

@@ -196,7 +196,6 @@ def _load_record(em, base: int, t: DramTensor, words: int) -> tile_expr.LocalTil
 
 
 class _ReducePlan(NamedTuple):
-    widen: bool    # an int8 sum, widened to int32 per tile
     kshape: tuple  # the kept dims, coalesced, and the input's and output's strides over them
     kx: tuple
     ko: tuple
@@ -210,8 +209,8 @@ class _ReducePlan(NamedTuple):
 
 @dataclass(frozen=True)
 class Reduce:
-    """out = reduce_func(x, axes); out has x's shape without `axes`.  An int8 sum widens each loaded
-    tile to int32 (COPY) and sums in int32 (`out` is int32); int8 max and min stay int8."""
+    """out = reduce_func(x, axes); out has x's shape without `axes`.  An int8 sum's RSUM reads the int8
+    tile and sums it in int32 (`out` is int32); int8 max and min stay int8."""
 
     func: str
     x: DramTensor
@@ -232,13 +231,13 @@ class Reduce:
         kin = (1,) * (2 - len(kshape[klead:])) + tuple(kshape[klead:])
         kin_x = (0,) * (2 - len(kx[klead:])) + tuple(kx[klead:])
         kin_o = (0,) * (2 - len(ko[klead:])) + tuple(ko[klead:])
-        return _ReducePlan(widen, kshape, kx, ko, rshape, rx, klead, kin, kin_x, kin_o)
+        return _ReducePlan(kshape, kx, ko, rshape, rx, klead, kin, kin_x, kin_o)
 
     def nest(self, hw, layer: str) -> VectorNest:
         p = self._plan(layer)
         return VectorNest(f"reduce {self.func}", p.kin + (p.rshape[-1],),
                           math.prod(p.kshape[:p.klead]) * math.prod(p.rshape[:-1]), self._buffers(),
-                          passes=1 + p.widen, load_bytes=self.x.dtype.itemsize, store_bytes=self.out.dtype.itemsize)
+                          passes=1, load_bytes=self.x.dtype.itemsize, store_bytes=self.out.dtype.itemsize)
 
     def _buffers(self) -> ReduceBuffers:
         return ReduceBuffers(local_type(self.x.dtype).itemsize, local_type(self.out.dtype).itemsize)
@@ -250,7 +249,6 @@ class Reduce:
         bufs = 2 if m.double_buffer else 1
         bases = em.allocate(self._buffers()(m.tile_oh, m.tile_ow, m.tile_o, bufs))
         in_buf, out_buf = bases["input"], bases["sums"]
-        wide_buf = bases["widened"] if p.widen else in_buf
         k = chunk = 0
         for kidx in np.ndindex(*p.kshape[:p.klead]):
             x_off = x.offset + x.dtype.itemsize * sum(i * s for i, s in zip(kidx, p.kx[:p.klead], strict=True))
@@ -267,14 +265,10 @@ class Reduce:
                             src = DramTensor(x.region, x_off + r_off, (1 << 30,) * 3, p.kin_x + (p.rx[-1],), x.dtype)
                             tile = Operand(Space.SPAD, in_buf[chunk % bufs], (t1 * t2, t2, 1))
                             em.load(src, (a0, a1, a2), (0, 1, 2), (t0, t1, t2), tile)
-                            if p.widen:
-                                wide = Operand(Space.SPAD, wide_buf[chunk % bufs], tile.strides)
-                                em.vector(VectorFunc.COPY, wide, tile, None, (t0, t1, t2), dtype=x.dtype,
-                                          out_dtype=out.dtype)
-                                tile = wide
                             chunk += 1
                             em.vector(vfunc, dst, tile, None, (t0, t1, t2),
-                                      acc=AccMode.OVERWRITE if first else acc_mode, dtype=local_type(out.dtype))
+                                      acc=AccMode.OVERWRITE if first else acc_mode, dtype=local_type(x.dtype),
+                                      out_dtype=local_type(out.dtype))
                             first = False
                     o = DramTensor(out.region, o_off, (1 << 30,) * 3, p.kin_o + (0,), out.dtype)
                     em.store(o, (a0, a1, 0), (0, 1, 2), (t0, t1, 1), dst)

@@ -16,7 +16,7 @@ from .graph_ir import Expr, Graph, Node, OpKind
 
 
 def _requant(x, records):
-    return jnp.asarray(requantize(np.asarray(x), *(np.asarray(records)[..., i] for i in range(4))))
+    return jnp.asarray(requantize(np.asarray(x), *(np.asarray(records)[..., i] for i in range(5))))
 
 
 def _rescale(x, records):

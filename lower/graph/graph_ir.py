@@ -22,11 +22,12 @@ last step is the result.  An `epilogue` is an expr whose input 0 is the
 CONV/MATMUL result and whose other inputs are the node's trailing inputs `e*`:
 it runs on the accumulator tile before the store, so the result never
 round-trips through DRAM.  `requant(x, r)` takes int32 x to int8 (isa REQUANT):
-r is an int32 constant of shape [..., 4] whose leading dims broadcast to x, one
-record (multiplier, shift, zero point, saturation bounds) per element.  `lut(x, t)`
+r is an int32 constant of shape [..., 8] whose leading dims broadcast to x, one
+record (multiplier, shift, zero point, saturation bounds, bias, three zeros) per element: an int8
+conv's bias is its records' (TFLite adds the int32 bias before the fixed-point multiply).  `lut(x, t)`
 takes int8 x to int8 t[x + 128] (isa LUT): t is one int8 table of 256 entries.
 `rescale(x, r)` takes int8 or int32 x to int32 (isa RESCALE, TFLite Add's input scaling):
-records (multiplier, shift, zero point, left shift), x shifted left first, the result not
+records (multiplier, shift, zero point, left shift, four zeros), x shifted left first, the result not
 saturated to int8.  The second operands of all three are records (`RECORDS`): constants whose
 last dim is the record's.
 """
@@ -41,7 +42,7 @@ from types import MappingProxyType
 import numpy as np
 
 from stagec.errors import LoweringError
-from stagec.isa.instructions import LUT_ENTRIES
+from stagec.isa.instructions import LUT_ENTRIES, REQUANT_RECORD_BYTES
 
 
 class OpKind(enum.StrEnum):
@@ -165,7 +166,7 @@ CONVERSIONS = {"to_f32": "float32", "to_i32": "int32"}
 # result type not the first's; mul_i32: int8 x int8 -> int32 (MUL's widening form)
 RESULT_DTYPES = {**CONVERSIONS, "requant": "int8", "lut": "int8", "rescale": "int32", "mul_i32": "int32"}
 VECTOR_FUNC_OF = {**dict.fromkeys(CONVERSIONS, "copy"), "mul_i32": "mul"}   # steps not named as their VectorFunc
-RECORD_WORDS = 4                                      # int32 words of one requant or rescale record
+RECORD_WORDS = REQUANT_RECORD_BYTES // 4             # int32 words of one requant or rescale record
 RECORDS = {"requant": RECORD_WORDS, "rescale": RECORD_WORDS, "lut": LUT_ENTRIES}   # steps reading records: words
 RECORD_DTYPES = {"requant": "int32", "rescale": "int32", "lut": "int8"}
 
@@ -200,7 +201,7 @@ def record_inputs(expr: Expr) -> frozenset[int]:
 
 def check_records(node: Node) -> None:
     """Each record operand of `node`'s expr or epilogue is what its step reads: int32 requant records
-    [..., 4]; one int8 lut table of exactly 256 entries (isa LUT reads one table per instruction)."""
+    [..., RECORD_WORDS]; one int8 lut table of exactly 256 entries (isa LUT reads one table per instruction)."""
     expr, first = (node.attr("epilogue"), 1) if node.op in MATRIX_OPS else (node.attr("expr"), 0)
     for s in expr or ():
         if s.func not in RECORDS or s.args[1] >= expr_inputs(node) or (s.args[1] == 0 and first):

@@ -5,10 +5,10 @@ symmetric int8 per tensor (scale amax / 127, amax from lower.graph.calibrate), b
 int32 at the accumulator's scale s_x * s_w.  A CONV/MATMUL with constant weights
 multiplies int8 x int8 -> int32 on the array; its epilogue is then
 
-  - integer, when it is a bias add and/or a clamp (TFLite/gemmlowp): add the int32
-    bias, REQUANT by M = s_x * s_w / s_y (fixed-point multiplier and shift,
-    rounding to nearest, saturating to the clamp's bounds on the int8 grid: ReLU,
-    ReLU6, hardtanh; lower.graph.activations);
+  - integer, when it is a bias add and/or a clamp (TFLite/gemmlowp): one REQUANT
+    whose records add the int32 bias, then multiply by M = s_x * s_w / s_y
+    (fixed-point multiplier and shift, rounding to nearest, saturating to the clamp's
+    bounds on the int8 grid: ReLU, ReLU6, hardtanh; lower.graph.activations);
   - otherwise fp32: the accumulator is dequantized per channel (to_f32, times
     s_x * s_w) and the original epilogue runs on it (GELU, ...).
 
@@ -276,18 +276,16 @@ def _matrix(rw: _Rewriter, node: Node) -> None:
     bias, bounds = integer
     s_y = rw.scale_of(node.output)
     where = f"{node.name}: requantization"
-    steps, inputs = [], [x, wv]
-    if bias is not None:
+    reals, bq = acc_scale / s_y, None
+    if bias is not None:   # int32 at the accumulator's scale, in the records: added before the multiply
         bq = np.round(bias / acc_scale)
         if np.abs(bq).max() >= 2**31:
             raise QuantizationError(f"{node.name}: a bias is {np.abs(bq).max():.3g} accumulator units, beyond int32")
-        inputs.append(rw.const(bq.astype(np.int32).reshape(cshape)))
-        steps.append(Step("add", (0, 1)))
-    rec = records(acc_scale / s_y, where, bounds=int8_bounds(bounds, s_y))
-    inputs.append(rw.const(rec.reshape(cshape + (rec.shape[-1],))))
-    n = len(inputs) - 1   # epilogue inputs: acc, [bias], records; steps are numbered from n
-    steps.append(Step("requant", (n if bias is not None else 0, n - 1)))
-    rw.int8_result(node, inputs, s_y, epilogue=tuple(steps))
+        bq = bq.astype(np.int32)
+        reals = np.broadcast_to(reals, bq.shape)   # a per-tensor scale (activation x activation): a record per channel
+    rec = records(reals, where, bounds=int8_bounds(bounds, s_y), bias=bq)
+    rw.int8_result(node, [x, wv, rw.const(rec.reshape(cshape + (rec.shape[-1],)))], s_y,
+                   epilogue=(Step("requant", (0, 1)),))
 
 
 @register(OpKind.POOL, OpKind.REDUCE)

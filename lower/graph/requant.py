@@ -2,9 +2,10 @@
 
 A real multiplier M > 0 is M = (multiplier / 2**31) * 2**shift with a Q31 multiplier in
 [2**30, 2**31) (TFLite's QuantizeMultiplier), so that isa REQUANT computes
-round(x * M) + zero point, saturated to [lo, hi].  Records are int32 [..., 4]: (multiplier, shift,
-zero point, bounds), bounds = (lo + 128) | (127 - hi) << 8 (0: the whole int8 range;
-isa.semantics.saturation_bounds).
+round((x + bias) * M) + zero point, saturated to [lo, hi].  Records are int32 [..., 8]: (multiplier,
+shift, zero point, bounds, bias, 0, 0, 0), bounds = (lo + 128) | (127 - hi) << 8 (0: the whole int8
+range; isa.semantics.saturation_bounds), bias an int32 added before the multiply (TFLite's int8 conv
+output stage, so a conv's epilogue is one REQUANT, not an add and a REQUANT).
 """
 
 from __future__ import annotations
@@ -46,13 +47,17 @@ def bounds_word(lo: int = -128, hi: int = 127) -> int:
     return (lo + 128) | (127 - hi) << 8
 
 
-def records(reals, where: str = "", zero_point: int = 0, bounds: tuple[int, int] = (-128, 127)) -> np.ndarray:
-    """REQUANT records, int32 [*reals.shape, 4], of an array of real multipliers, saturating to `bounds`."""
+def records(reals, where: str = "", zero_point: int = 0, bounds: tuple[int, int] = (-128, 127),
+            bias=None) -> np.ndarray:
+    """REQUANT records, int32 [*reals.shape, RECORD_WORDS], of an array of real multipliers, saturating to
+    `bounds`, adding `bias` (int32, broadcast to reals; None: 0) first."""
     reals = np.asarray(reals, np.float64)
     out = np.zeros(reals.shape + (RECORD_WORDS,), np.int32)
     word = bounds_word(*bounds)
     for idx in np.ndindex(*reals.shape):
-        out[idx] = (*quantize_multiplier(reals[idx], where), zero_point, word)
+        out[idx][:4] = (*quantize_multiplier(reals[idx], where), zero_point, word)
+    if bias is not None:
+        out[..., 4] = np.broadcast_to(np.asarray(bias, np.int32), reals.shape)
     return out
 
 
@@ -61,7 +66,7 @@ def records(reals, where: str = "", zero_point: int = 0, bounds: tuple[int, int]
 # Truncating 256 y loses less than 1/256, which never moves it across a rounding tie (ties sit on
 # multiples of 1/2), so the result is round-half-away-from-zero(y / 256), saturated.
 QUANTIZE_FRACTION_BITS = 8
-QUANTIZE_RECORD = np.array([2**31 - 1, -QUANTIZE_FRACTION_BITS, 0, 0], np.int32)
+QUANTIZE_RECORD = np.array([2**31 - 1, -QUANTIZE_FRACTION_BITS] + [0] * (RECORD_WORDS - 2), np.int32)
 QUANTIZE_EXPR = (Step("mul", (0, 1)), Step("to_i32", (3,)), Step("requant", (4, 2)))   # (x, 256 / scale, record)
 
 
