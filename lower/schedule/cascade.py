@@ -30,6 +30,7 @@ from typing import NamedTuple
 from stagec.isa.instructions import Space
 from stagec.sim.energy import ActionCounts
 
+from . import halo
 from .buffers import Buffer, local_bytes, words
 from .nest import MATRIX, LayerShape, TileMapping
 from .nest_cost import dma_cycles
@@ -74,16 +75,19 @@ def intermediate(L: LayerShape, m: TileMapping) -> Buffer:
 
 def member_buffers(Ls, ms, xp) -> list[list[Buffer]]:
     """Each member's buffers: its nest's (the first member's halo; the others read the intermediate;
-    a depthwise first member holds every channel tile's weights) and, but for the last, its
-    intermediate."""
+    a depthwise member holds every channel tile's weights) and, but for the last, its intermediate; the
+    member just ahead of a depthwise one, its masks (lower.schedule.halo)."""
     out = []
-    for i, (L, m) in enumerate(zip(Ls, ms, strict=True)):
+    d = halo.depthwise_at(Ls)
+    for i, (L, m) in enumerate(zip(halo.ahead_shapes(Ls, ms, xp), ms, strict=True)):
         if L.kind == MATRIX:
-            own = [b for b in matrix_buffers(L, m, xp) if i == 0 or b.name != "halo"]
+            own = matrix_buffers(L, m, xp)
         else:
             resident = Buffer("weights", Space.SPAD, words(L.kh * L.kw * L.o * L.itemsize, L.itemsize))
             own = [resident if b.name == "weights" else b for b in window_buffers(L, m, xp)]
-        out.append(own + ([intermediate(L, m)] if i < len(Ls) - 1 else []))
+        own = [b for b in own if i == 0 or b.name != "halo"]
+        out.append(own + ([intermediate(L, m)] if i < len(Ls) - 1 else [])
+                   + ([halo.mask_buffer(m)] if i == d - 1 else []))
     return out
 
 
@@ -110,18 +114,21 @@ def cascade_cost(Ls, ms, hw, ops) -> CascadeCost:
     spatial tile) on `hw` (module doc)."""
     xp = ops.xp
     last = len(Ls) - 1
+    Ls = halo.ahead_shapes(Ls, ms, xp)
     works = [(matrix_work if L.kind == MATRIX else window_work)(L, m, hw, ops)
              for L, m in zip(Ls, ms, strict=True)]
-    loads, store, startup, matrix, vector, instructions = (0, 0), works[-1].store, (0, 0), 0, 0, 0
-    acts = []
+    d = halo.depthwise_at(Ls)
+    masks, (muls, mul_cycles, _) = halo.mask_work(Ls[d - 1], works[d - 1]) if d else ((0, 0), (0, 0, 0))
+    loads, store, startup, matrix, vector, instructions = masks, works[-1].store, (0, 0), 0, 0, masks[0] + muls
+    acts = [halo.mask_actions(Ls[d - 1], works[d - 1])] if d else []
     for i, (L, m, w) in enumerate(zip(Ls, ms, works, strict=True)):
-        on_array = (L.kind == MATRIX) * 1      # else a depthwise first member: taps on the vector unit,
-        halo = w.halo if i == 0 else (0, 0)     # every weight loaded before the first tile
+        on_array = (L.kind == MATRIX) * 1      # else a depthwise member: taps on the vector unit,
+        window = w.halo if i == 0 else (0, 0)   # every weight loaded before the first tile
         weights = tuple(on_array * v for v in w.weights)
-        loads = tuple(a + h + wt + e for a, h, wt, e in zip(loads, halo, weights, w.extra, strict=True))
+        loads = tuple(a + h + wt + e for a, h, wt, e in zip(loads, window, weights, w.extra, strict=True))
         startup = tuple(a + b + (1 - on_array) * c for a, b, c in zip(startup, w.startup, w.weights, strict=True))
         copy = copies(L) * (i < last)
-        vec = w.epilogue + copy * w.groups + (1 - on_array) * w.compute
+        vec = w.epilogue + copy * w.groups + (1 - on_array) * w.compute + (i == d - 1) * mul_cycles
         tiles = xp.maximum(w.tiles, 1)
         # the next member's first MATMUL waits for this member's last output tile's vector work
         matrix = matrix + on_array * w.compute + (i < last) * L.n * w.dims.n_h * w.dims.n_w * vec / tiles
@@ -136,7 +143,7 @@ def cascade_cost(Ls, ms, hw, ops) -> CascadeCost:
     drain = (end.epilogue + dma_cycles(*end.store, hw)) / xp.maximum(end.tiles, 1)
     busiest = ops.smax(*units.values())
     spad, acc = local_bytes(cascade_buffers(Ls, ms, xp))
-    total = ActionCounts(**{k: sum(a[k] for a in acts) for k in acts[0]})
+    total = ActionCounts(**{k: sum(a.get(k, 0) for a in acts) for k in acts[-1]})
     return CascadeCost(dma_cycles(*startup, hw) + fill + busiest + drain, instructions, total, units, spad, acc)
 
 
