@@ -150,7 +150,7 @@ def cascade_cost(Ls, ms, hw, ops) -> CascadeCost:
 def _member_actions(L: LayerShape, m: TileMapping, w, hw, ops, reads_intermediate, writes_intermediate,
                     copy) -> dict:
     """A member's actions as its own nest's, less the intermediate's DRAM LOAD (and the scratchpad write
-    it makes) and STORE; the intermediate written to the scratchpad, by a COPY out of the accumulator
+    it makes, padding included) and STORE; the intermediate written to the scratchpad, by a COPY out of the accumulator
     (in the STORE's place: its vector ops) or by the epilogue's last step (which then writes no
     accumulator, and no STORE reads it).  (An epilogue with temporaries moves some more bytes between
     the two memories than this counts: a GELU's, about 3 intermediates' worth each way.)"""
@@ -158,7 +158,7 @@ def _member_actions(L: LayerShape, m: TileMapping, w, hw, ops, reads_intermediat
     out = L.n * L.oh * L.ow * L.o
     stored = w.store[1]
     a["dram_read_bytes"] = a["dram_read_bytes"] - reads_intermediate * w.halo[1]
-    a["scratchpad_write_bytes"] = (a["scratchpad_write_bytes"] - reads_intermediate * w.halo[1]
+    a["scratchpad_write_bytes"] = (a["scratchpad_write_bytes"] - reads_intermediate * w.halo_padded
                                    + writes_intermediate * stored)
     a["dram_write_bytes"] = a["dram_write_bytes"] - writes_intermediate * stored
     a["vector_ops"] = a["vector_ops"] + writes_intermediate * copy * out

@@ -81,8 +81,9 @@ def mask_work(L: LayerShape, w) -> tuple:
 
 def mask_actions(L: LayerShape, w) -> dict:
     """The masks' action counts (sim.energy's): their LOADs (the inside from DRAM, the window written),
-    the MULs (a result tile and a mask read per element, the tile written back)."""
+    the MULs (the result tile read and written back, the mask, broadcast over the channels, read once
+    per channel tile)."""
     (_, inside), (_, _, elements) = mask_work(L, w)
-    return {"dram_read_bytes": inside, "vector_ops": elements,
-            "scratchpad_write_bytes": L.n * L.oh * L.ow * FP32 + elements * FP32,
-            "scratchpad_read_bytes": 2 * elements * FP32}
+    windows = L.n * L.oh * L.ow * FP32
+    return {"dram_read_bytes": inside, "vector_ops": elements, "scratchpad_write_bytes": windows + elements * FP32,
+            "scratchpad_read_bytes": elements * FP32 + w.dims.n_o * windows}
