@@ -12,15 +12,25 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from stagec.isa.instructions import DType, Operand, Space, VectorFunc
 
+from ..schedule.halo import extent
 from ..schedule.nest import ConvProblem, tiles
 from ..schedule.tensors import DramTensor
 
 
-def padded(p: ConvProblem, dw: ConvProblem) -> ConvProblem:
-    """A 1x1 member ahead of depthwise `dw` as emitted: over dw's padded input, its padding the LOAD's."""
-    return dataclasses.replace(p, padding=dw.padding)
+def padded(p: ConvProblem, dw: ConvProblem, th: int, tw: int) -> ConvProblem:
+    """A 1x1 member ahead of depthwise `dw` as emitted, for dw's output tiles of th x tw: over dw's input
+    padded as far as the windows read (lower.schedule.halo.ahead_shape's padding, so the nest's
+    tiles agree with the shape the schedule priced: one spatial tile where that has one), the LOAD
+    padding it."""
+    (pt, _), (pl, _) = dw.padding
+    ext = [(k - 1) * d + 1 for k, d in zip((dw.kh, dw.kw), dw.dilation, strict=True)]
+    _, _, bottom = extent(dw.oh, th, dw.stride[0], ext[0], pt, dw.h, np)
+    _, _, right = extent(dw.ow, tw, dw.stride[1], ext[1], pl, dw.w, np)
+    return dataclasses.replace(p, padding=((pt, int(bottom)), (pl, int(right))))
 
 
 def window(dw: ConvProblem, oh0: int, th: int, ow0: int, tw: int) -> tuple:

@@ -1,8 +1,8 @@
 """Which layers run as cascades (lower.schedule.cascade), and their tiles: decided by the cost.
 
-A chain is a run of consecutive emitted pointwise layers (`member`), each one's result read by the
-next alone (not a graph output, no other reader).  Each segment of a chain of up to MAX_MEMBERS
-layers gets its best cascade tiling (`map_cascade`: a grid of spatial tiles crossed with each
+A chain is a run of consecutive emitted pointwise layers (`member`; a depthwise one too, `follows`),
+each one's result read by the next alone (not a graph output, no other reader).  Each segment of a
+chain of up to MAX_MEMBERS layers gets its best cascade tiling (`map_cascade`: a grid of spatial tiles crossed with each
 member's output-channel tile and weight residency, what fits the scratchpad and accumulator,
 ranked by compile's objective of the cascade's cost); a chain is then cut into the segments of
 least total objective, a segment of one layer being the layer as the default mapper tiled it.
@@ -32,7 +32,8 @@ FUSED_DTYPES = ("float32", "int8")   # intermediates the scratchpad holds as the
 def member(node, graph, nest) -> bool:
     """Whether a node (its first nest `nest`, the mapper's) can be a cascade's member: a matrix-unit
     matmul of constant weights and no batch, or a 1x1 convolution of stride 1, no padding, one group,
-    on float32 or int8 operands; or, to lead one, a float32 depthwise convolution."""
+    on float32 or int8 operands; or a float32 depthwise convolution (leading one, or after 1x1 ones
+    that compute its input windows: lower.schedule.halo)."""
     kind = getattr(nest, "kind", None)
     if kind == "depthwise":
         # float32 in and out (an int8 graph's float depthwise conv may requantize its result)

@@ -40,7 +40,7 @@ def window_tile(dw: LayerShape, th, tw) -> tuple:
     return halo(dw, th, tw)
 
 
-def _extent(out, tile, stride, ext, pad_lo, dim, xp):
+def extent(out, tile, stride, ext, pad_lo, dim, xp):
     """(The windows' total extent along one dim, the padding the first one reads before the input, the
     padding the last one reads past it), for tiles of `tile` over an output dim of `out` (integer
     arithmetic: the tile counts of the nest's exact namespace)."""
@@ -54,8 +54,8 @@ def _extent(out, tile, stride, ext, pad_lo, dim, xp):
 
 def ahead_shape(L: LayerShape, dw: LayerShape, th, tw, xp) -> LayerShape:
     """A 1x1 member ahead of depthwise `dw` as the nest prices it (module doc), the cascade's tile th x tw."""
-    rows, top, bottom = _extent(dw.oh, th, dw.stride_h, (dw.kh - 1) * dw.dilation_h + 1, dw.pad_top, dw.h, xp)
-    cols, left, right = _extent(dw.ow, tw, dw.stride_w, (dw.kw - 1) * dw.dilation_w + 1, dw.pad_left, dw.w, xp)
+    rows, top, bottom = extent(dw.oh, th, dw.stride_h, (dw.kh - 1) * dw.dilation_h + 1, dw.pad_top, dw.h, xp)
+    cols, left, right = extent(dw.ow, tw, dw.stride_w, (dw.kw - 1) * dw.dilation_w + 1, dw.pad_left, dw.w, xp)
     return dataclasses.replace(L, h=rows - top - bottom, w=cols - left - right, pad_top=top, pad_bottom=bottom,
                                pad_left=left, pad_right=right)
 
