@@ -76,16 +76,17 @@ def test_an_inverted_residual_block_is_one_cascade_equal_to_pytorch_and_the_unfu
 
 
 @pytest.mark.parametrize(("stride", "hw", "cycles"), [(1, HardwareConfig(), 0.15), (2, HardwareConfig(), 0.15),
-                                                     (1, SMALL, 0.3), (2, SMALL, 0.15)],
+                                                     (1, SMALL, 0.2), (2, SMALL, 0.15)],
                          ids=["s1", "s2", "s1-small", "s2-small"])
 def test_the_halo_cascade_cost_predicts_the_simulator(stride, hw, cycles):
     """As tests/test_cascade.py's: DRAM bytes, instructions, vector ops, MACs and the footprint are the
     program's, cycles within 15% of the timed simulation, energy within 2%.  (Scratchpad writes are
     within the energy's 2%: the nest counts an epilogue's tile input, the residual, one tile's worth
     short, in a cascade without a halo too.)  On SMALL at stride 1 the array and the vector unit are
-    nearly equally busy (89K and 90K cycles) and each tile's projection waits in the array's queue for
-    its depthwise, so they overlap less than the cost's pipeline (the busier unit) assumes: the
-    simulation is 28% slower; within 30% there."""
+    nearly equally busy (89K and 90K cycles) and each tile's expand, depthwise and projection wait on
+    one another across the two units, so they overlap less than the cost's pipeline (the busier
+    unit) assumes, even software-pipelined (lower.codegen.cascade): the simulation is 18% slower;
+    within 20% there."""
     model, x = block(stride)
     c = run(PIPELINE, Compilation(Request(model, (x,), hw=hw)))
     (cascade,) = c.schedule.cascades

@@ -65,22 +65,31 @@ def emit_cascade(em, members: list[Member], fill) -> None:
         nests.append(nest)
         epis.append(nest.start(mb.extras))
     last = members[-1]
-    k = 0
-    for n in range(dw.n):
-        for oh0, th in tiles(dw.oh, ms[d].tile_oh):
-            for ow0, tw in tiles(dw.ow, ms[d].tile_ow):
-                inside = None
-                for i, (mb, nest, epi) in enumerate(zip(members, nests, epis, strict=True)):
-                    em.layer, em.layer_name = mb.layer, mb.name
-                    into = None if mb is last else (inter[i][k % len(inter[i])], local_type(members[i + 1].w.dtype))
-                    at = window(dw, oh0, th, ow0, tw) if i < d else (oh0, ow0, th, tw)
-                    nest.spatial_tile(epi, n, at[0], at[2], at[1], at[3], _store(em, last.out), inside, into)
-                    if i == d - 1:
-                        mask = masks[k % len(masks)]
-                        load_mask(em, dw, mask, oh0, th, ow0, tw)
-                        apply_mask(em, into[0], mask, dw, th, tw, mb.problem.o, mb.mapping.tile_o)
-                    inside = into and into[0]
-                k += 1
+    spatial = [(n, oh0, th, ow0, tw) for n in range(dw.n) for oh0, th in tiles(dw.oh, ms[d].tile_oh)
+               for ow0, tw in tiles(dw.ow, ms[d].tile_ow)]
+
+    def run(i: int, k: int) -> None:
+        """Member i's spatial tile k."""
+        mb, (n, oh0, th, ow0, tw) = members[i], spatial[k]
+        em.layer, em.layer_name = mb.layer, mb.name
+        into = None if mb is last else (inter[i][k % len(inter[i])], local_type(members[i + 1].w.dtype))
+        inside = inter[i - 1][k % len(inter[i - 1])] if i else None
+        at = window(dw, oh0, th, ow0, tw) if i < d else (oh0, ow0, th, tw)
+        nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3], _store(em, last.out), inside, into)
+        if i == d - 1:
+            mask = masks[k % len(masks)]
+            load_mask(em, dw, mask, oh0, th, ow0, tw)
+            apply_mask(em, into[0], mask, dw, th, tw, mb.problem.o, mb.mapping.tile_o)
+
+    # Software-pipelined: step s runs member i on tile s - i, the later members first, so that each
+    # unit's in-order queue finds the next tile's work behind a tile that waits on the other unit (an
+    # expand's next tile on the array while the depthwise runs on the vector unit).  Member i writes
+    # tile k's intermediate while member i + 1 reads tile k - 1's: the other of its two buffers.
+    skew = int(all(len(b) > 1 for b in inter[:-1]))
+    for s in range(len(spatial) + skew * (len(members) - 1)):
+        for i in reversed(range(len(members))):
+            if 0 <= s - skew * i < len(spatial):
+                run(i, s - skew * i)
 
 
 def _store(em, out: DramTensor):
