@@ -5,7 +5,8 @@ lower.schedule.cascade.cascade_buffers).  Per spatial tile, the first member LOA
 DRAM; each member's output-channel tiles land in its intermediate (the epilogue writes a tile of
 every channel there itself, else a COPY puts each tile at its channels), which is the next
 member's input, read in place as its halo; the last member STOREs.  Each member's instructions
-belong to its own layer.
+belong to its own layer.  Members after a depthwise one tile its output, the ones ahead its input
+windows (lower.codegen.halo).  The tiles are emitted software-pipelined (emit_cascade).
 """
 
 from __future__ import annotations
