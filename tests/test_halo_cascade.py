@@ -149,3 +149,28 @@ def test_random_inverted_blocks_on_random_hardware(c, expand, size, kernel, stri
     for cascade in program.metadata.get("cascades", ()):
         spad, acc = program.metadata["local_peak_bytes"][cascade["layers"][0]]
         assert spad <= hw.scratchpad_bytes and acc <= hw.accumulator_bytes
+
+
+def test_a_depthwise_conv_that_packs_alone_stays_on_the_vector_unit_for_its_cascade():
+    """At 56x56 over 32 channels the depthwise conv alone runs cheaper packed on the array, but its
+    block runs cheaper as one cascade with it on the vector unit (lower.schedule.pack.fuses_instead):
+    fused it stays depthwise, in the block's cascade; layer by layer it packs; the outputs agree."""
+    from stagec.lower.graph.graph_ir import OpKind
+    from stagec.lower.schedule.pack import pack_depthwise
+    from stagec.pipeline import build_graph
+
+    model, x = block(1, size=56, c=16, expand=2, out=16)
+    _, graph = build_graph(model, (x,))
+    hw = HardwareConfig()
+
+    def groups(g):
+        return [n.attr("groups") for n in g.nodes if n.op == OpKind.CONV]
+
+    assert groups(pack_depthwise(graph, hw)) == [1, 2, 1]           # packed 16 channels a group
+    assert groups(pack_depthwise(graph, hw, fuse="edp")) == [1, 32, 1]
+    fused, y, report = simulated(model, x)
+    _, y_alone, alone = simulated(model, x, fuse_layers=False)
+    (cascade,) = fused.metadata["cascades"]
+    assert len(cascade["layers"]) == 3
+    assert rel_err(y, y_alone) <= 1e-5 and rel_err(y, model(x).detach().numpy()) < 1e-5
+    assert dram(report) < dram(alone) and report.cycles < alone.cycles
