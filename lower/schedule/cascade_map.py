@@ -4,8 +4,9 @@ A chain is a run of consecutive emitted pointwise layers (`member`; a depthwise 
 each one's result read by the next alone (not a graph output, no other reader).  Each segment of a
 chain of up to MAX_MEMBERS layers gets its best cascade tiling (`map_cascade`: a grid of spatial
 tiles crossed with each member's output-channel tile and weight residency, what fits the
-scratchpad and accumulator, ranked by compile's objective of the cascade's cost); a chain is then cut into the segments of
-least total objective, a segment of one layer being the layer as the default mapper tiled it.
+scratchpad and accumulator, ranked by compile's objective of the cascade's cost); a chain is then
+cut into the segments of least total objective, a segment of one layer being the layer as the
+default mapper tiled it.
 A cascade that does not fit, or costs more, is thus split, never emitted illegally.
 """
 
