@@ -63,28 +63,31 @@ def block_diagonal(w: np.ndarray, g: int) -> np.ndarray:
 
 def fuses_instead(graph: Graph, node: Node, g: int, hw: HardwareConfig, objective: str, links) -> bool:
     """Whether depthwise conv `node`, packed by `g`, is better left on the vector unit to run in one
-    cascade with the 1x1 convolution it alone reads and the one that alone reads it (an inverted
-    residual block, lower.schedule.halo): by `objective` of the summed cycles and energy of the three
-    alone, the depthwise packed, against the cascade's.  `links`: (producer, consumers, outputs)."""
+    cascade with the 1x1 convolution it alone reads and, where there is one, the 1x1 that alone reads
+    it (an inverted residual block, lower.schedule.halo; with a squeeze-excite between the depthwise
+    and the projection, the first two): by `objective` of the summed cycles and energy of the block's
+    layers alone, the depthwise packed, against the cascade's.  `links`: (producer, consumers, outputs)."""
     producer, consumers, outputs = links
 
     def alone(v: Value) -> bool:
         return len(consumers.get(v.id, ())) == 1 and v.id not in outputs
 
+    def joins(n: Node | None) -> bool:
+        return n is not None and n.op == OpKind.CONV and cascade_map.member(n, graph, node_problem(n))
+
     ahead = producer.get(node.inputs[0].id)
-    if ahead is None or ahead.op != OpKind.CONV or not alone(node.inputs[0]) or not alone(node.output):
+    if not (joins(ahead) and alone(node.inputs[0]) and joins(node)):
         return False
-    block = [ahead, node, consumers[node.output.id][0]]
-    nests = [node_problem(n) if n.op == OpKind.CONV else None for n in block]
-    if None in nests or not all(cascade_map.member(n, graph, nest) for n, nest in zip(block, nests, strict=True)):
-        return False
+    after = consumers[node.output.id][0] if alone(node.output) else None
+    block = [ahead, node] + ([after] if joins(after) else [])
+    nests = [node_problem(n) for n in block]
     fused = cascade_map.map_cascade(nests, hw, objective)
     if fused is None:
         return False
     dw = nests[1]
-    packed = dw._replace(kind="matrix", problem=replace(dw.problem, c=g, o=g))
+    nests[1] = dw._replace(kind="matrix", problem=replace(dw.problem, c=g, o=g))
     cycles = energy = 0.0
-    for nest, times in ((nests[0], 1), (packed, dw.problem.c // g), (nests[2], 1)):
+    for nest, times in zip(nests, (1, dw.problem.c // g, 1), strict=False):
         c, e, _ = cascade_map.layer_cost(nest, map_conv(nest.problem, hw, nest.extras, objective=objective), hw,
                                          objective)
         cycles, energy = cycles + times * c, energy + times * e
