@@ -4,9 +4,9 @@ model-level limit (stagec.report.model_limit), fused and with compile(fuse_layer
 
     python experiments/bench_fusion.py [--full] [--int8] [models...]
 
-Models: a pointwise chain (three 1x1 convs, 56x56), reduced zoo BERT, Whisper-tiny's encoder and
-MobileNetV2, and with `--full` the full-size zoo BERT-base, Whisper-tiny encoder (30 s of audio) and
-MobileNetV2.  `--configs` picks configs by name.  Configs: the default and a wearable one
+Models: a pointwise chain (three 1x1 convs, 56x56), reduced zoo BERT, Whisper-tiny's encoder,
+MobileNetV2, EfficientNet-B0 and ResNet-50, and with `--full` the full-size ones (Whisper: 30 s of
+audio).  `--configs` picks configs by name.  Configs: the default and a wearable one
 (8x8 array, 128 KiB scratchpad, 32 KiB accumulator, 4 B/cycle DRAM).  Reports come from the timing
 simulator (stagec.report.make_report); nothing is executed.  Writes experiments/results/bench_fusion.json.
 """
@@ -44,6 +44,8 @@ MODELS = {
     "bert": lambda full: zoo.build("bert_base", reduced=not full),
     "whisper": lambda full: zoo.build("whisper_tiny_encoder", reduced=not full),
     "mobilenet_v2": lambda full: zoo.build("mobilenet_v2", reduced=not full),
+    "efficientnet_b0": lambda full: zoo.build("efficientnet_b0", reduced=not full),
+    "resnet50": lambda full: zoo.build("resnet50", reduced=not full),
 }
 
 
@@ -68,7 +70,7 @@ def main() -> None:
     opts = parser.parse_args()
     rows = []
     head = (f"{'model':<14} {'config':<9} {'prec':<5} {'casc':>4} {'DRAM MiB':>9} {'x':>5} {'Mcycles':>8} {'x':>5} "
-            f"{'energy uJ':>10} {'x':>5} {'EDP gain':>8} {'/limit':>6} {'alone':>6}")
+            f"{'energy uJ':>10} {'x':>5} {'EDP gain':>8} {'/limit':>6} {'alone':>6} {'compile s':>9} {'alone':>6}")
     print(head)
     print("-" * len(head))
     for name in opts.models:
@@ -84,7 +86,8 @@ def main() -> None:
                       f"{fused['dram_bytes'] / 2**20:>9.2f} {fused['dram_bytes'] / alone['dram_bytes']:>5.2f} "
                       f"{fused['cycles'] / 1e6:>8.3f} {fused['cycles'] / alone['cycles']:>5.2f} "
                       f"{fused['energy_pj'] / 1e6:>10.1f} {fused['energy_pj'] / alone['energy_pj']:>5.2f} "
-                      f"{alone['edp'] / fused['edp']:>8.2f} {fused['over_limit']:>6.2f} {alone['over_limit']:>6.2f}",
+                      f"{alone['edp'] / fused['edp']:>8.2f} {fused['over_limit']:>6.2f} {alone['over_limit']:>6.2f} "
+                      f"{fused['compile_s']:>9.1f} {alone['compile_s']:>6.1f}",
                       flush=True)
     out = Path(__file__).parent / "results" / "bench_fusion.json"
     out.parent.mkdir(exist_ok=True)

@@ -251,7 +251,9 @@ def _bf16(c: Compilation) -> Compilation:
 
 
 def _pack(c: Compilation) -> Compilation:
-    return replace(c, graph=pack_depthwise(c.graph, c.request.hw, keep=frozenset(c.request.mappings)))
+    r = c.request
+    fuse = r.objective if r.fuse_layers and r.objective != "size" else None   # as make_schedule's cascades
+    return replace(c, graph=pack_depthwise(c.graph, r.hw, keep=frozenset(r.mappings), fuse=fuse))
 
 
 def _tune(c: Compilation) -> Compilation:

@@ -249,15 +249,18 @@ def test_the_cascade_cost_is_written_over_the_nest_namespace():
 
 def test_mobilenet_v2_runs_its_depthwise_and_projection_convs_as_cascades():
     """The zoo's reduced MobileNetV2 (TF-style padding: a pad before every conv, of nothing before a 1x1
-    one, which is its input itself): each block's depthwise 3x3 -> 1x1 projection is a cascade, and
-    the logits are the layer-by-layer program's."""
+    one, which is its input itself): each block's depthwise 3x3 -> 1x1 projection runs in a cascade,
+    the larger blocks' with their expansion (lower.schedule.halo), and the logits are the
+    layer-by-layer program's."""
     from stagec import zoo
     model, args, kwargs = zoo.build("mobilenet_v2", reduced=True)
     program = stagec.compile(model, args, kwargs=kwargs)
     unfused = stagec.compile(model, args, kwargs=kwargs, fuse_layers=False)
     assert not any(layer.op == "pad" and "1x1" in layer.name for layer in program.layers)
     cascades = program.metadata["cascades"]
-    assert sum("conv_3x3" in c["layers"][0] and "reduce_1x1" in c["layers"][1] for c in cascades) >= 10
+    pairs = [(a, b) for c in cascades for a, b in zip(c["layers"], c["layers"][1:], strict=False)]
+    assert sum("conv_3x3" in a and "reduce_1x1" in b for a, b in pairs) >= 10
+    assert sum("expand_1x1" in a and "conv_3x3" in b for a, b in pairs) >= 5
     y, _ = stagec.simulate(program, *args, **kwargs)
     y_alone, _ = stagec.simulate(unfused, *args, **kwargs)
     assert rel_err(y.logits, y_alone.logits) <= 1e-5

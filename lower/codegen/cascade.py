@@ -5,19 +5,23 @@ lower.schedule.cascade.cascade_buffers).  Per spatial tile, the first member LOA
 DRAM; each member's output-channel tiles land in its intermediate (the epilogue writes a tile of
 every channel there itself, else a COPY puts each tile at its channels), which is the next
 member's input, read in place as its halo; the last member STOREs.  Each member's instructions
-belong to its own layer.
+belong to its own layer.  Members after a depthwise one tile its output, the ones ahead its input
+windows (lower.codegen.halo).  The tiles are emitted software-pipelined (emit_cascade).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..schedule.buffers import EpilogueLayout
 from ..schedule.cascade import cascade_buffers, member_buffers
+from ..schedule.halo import MASK, depthwise_at
 from ..schedule.nest import ConvProblem, LayerShape, TileMapping, tiles
 from ..schedule.tensors import DramTensor, local_type
+from .halo import apply_mask, load_mask, padded, window
 from .matrix import OUT_AXES, _ConvNest
 from .window import WindowNest
 
@@ -42,32 +46,51 @@ class Member:
 def emit_cascade(em, members: list[Member], fill) -> None:
     Ls = [LayerShape.of(mb.kind, mb.problem, mb.epilogue.extras if mb.epilogue else ()) for mb in members]
     ms = [mb.mapping for mb in members]
+    d = depthwise_at(Ls)
+    dw = members[d].problem
+    # members ahead of a depthwise one compute its padded input windows (lower.codegen.halo)
+    members = [dataclasses.replace(mb, problem=padded(mb.problem, dw, ms[d].tile_oh, ms[d].tile_ow)) if i < d else mb
+               for i, mb in enumerate(members)]
     em.layer, em.layer_name = members[0].layer, members[0].name
     bases = em.allocate(cascade_buffers(Ls, ms, np))
-    nests, epis, inter = [], [], []
+    nests, epis, inter, masks = [], [], [], []
     for i, (mb, bufs) in enumerate(zip(members, member_buffers(Ls, ms, np), strict=True)):
         em.layer, em.layer_name = mb.layer, mb.name
         own = {b.name: bases[f"{i}:{b.name}"] for b in bufs}
         inter.append(own.pop("intermediate", None))
+        masks = own.pop(MASK, masks)
         if mb.kind == "depthwise":
             nest = WindowNest(em, "depthwise", mb.problem, mb.mapping, mb.x, mb.w, mb.epilogue, fill, own)
         else:
             nest = _ConvNest(em, mb.problem, mb.mapping, mb.x if i == 0 else None, mb.w, mb.epilogue, fill, own)
         nests.append(nest)
         epis.append(nest.start(mb.extras))
-    first, last = members[0], members[-1]
-    p, (th_, tw_) = first.problem, (ms[0].tile_oh, ms[0].tile_ow)
-    k = 0
-    for n in range(p.n):
-        for oh0, th in tiles(p.oh, th_):
-            for ow0, tw in tiles(p.ow, tw_):
-                inside = None
-                for i, (mb, nest, epi) in enumerate(zip(members, nests, epis, strict=True)):
-                    em.layer, em.layer_name = mb.layer, mb.name
-                    into = None if mb is last else (inter[i][k % len(inter[i])], local_type(members[i + 1].w.dtype))
-                    nest.spatial_tile(epi, n, oh0, th, ow0, tw, _store(em, last.out), inside, into)
-                    inside = into and into[0]
-                k += 1
+    last = members[-1]
+    spatial = [(n, oh0, th, ow0, tw) for n in range(dw.n) for oh0, th in tiles(dw.oh, ms[d].tile_oh)
+               for ow0, tw in tiles(dw.ow, ms[d].tile_ow)]
+
+    def run(i: int, k: int) -> None:
+        """Member i's spatial tile k."""
+        mb, (n, oh0, th, ow0, tw) = members[i], spatial[k]
+        em.layer, em.layer_name = mb.layer, mb.name
+        into = None if mb is last else (inter[i][k % len(inter[i])], local_type(members[i + 1].w.dtype))
+        inside = inter[i - 1][k % len(inter[i - 1])] if i else None
+        at = window(dw, oh0, th, ow0, tw) if i < d else (oh0, ow0, th, tw)
+        nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3], _store(em, last.out), inside, into)
+        if i == d - 1:
+            mask = masks[k % len(masks)]
+            load_mask(em, dw, mask, oh0, th, ow0, tw)
+            apply_mask(em, into[0], mask, dw, th, tw, mb.problem.o, mb.mapping.tile_o)
+
+    # Software-pipelined: step s runs member i on tile s - i, the later members first, so that each
+    # unit's in-order queue finds the next tile's work behind a tile that waits on the other unit (an
+    # expand's next tile on the array while the depthwise runs on the vector unit).  Member i writes
+    # tile k's intermediate while member i + 1 reads tile k - 1's: the other of its two buffers.
+    skew = int(all(len(b) > 1 for b in inter[:-1]))
+    for s in range(len(spatial) + skew * (len(members) - 1)):
+        for i in reversed(range(len(members))):
+            if 0 <= s - skew * i < len(spatial):
+                run(i, s - skew * i)
 
 
 def _store(em, out: DramTensor):

@@ -81,13 +81,14 @@ class WindowNest:
     def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None) -> None:
         """A spatial tile's channel tiles, as lower.codegen.matrix's nest runs them in a cascade: each written
         by write(n, c0, oh0, ow0, counts, result), or, `into` = (base, type), by its epilogue into the
-        scratchpad there, channel tiles one after another (the input is in DRAM: `inside` is None)."""
+        scratchpad there, channel tiles one after another.  `inside`: the scratchpad base of the input
+        windows, padding included, channel tiles one after another (lower.codegen.halo), or None: DRAM."""
         for c0, tc in tiles(self.p.o, self.m.tile_o):
             final = None
             if into is not None:
                 base, dtype = into
                 final = tile_expr.LocalTile(Space.SPAD, base + c0 * th * tw * dtype.itemsize, (th, tw, tc), dtype)
-            result = self.tile(epi, n, oh0, th, ow0, tw, c0, tc, self.w_bases[c0], final)
+            result = self.tile(epi, n, oh0, th, ow0, tw, c0, tc, self.w_bases[c0], final, inside)
             if into is None:
                 write(n, c0, oh0, ow0, (th, tw, tc), result)
 
@@ -102,31 +103,35 @@ class WindowNest:
         em.load_box(w, (c0, 0, 0, 0), (2, 3, 0), (p.kh, p.kw, tc), Space.SPAD, w_base, local=w.dtype)
         return w_base
 
-    def tile(self, epi: Epilogue, n, oh0, th, ow0, tw, c0, tc, w_base, final=None) -> tile_expr.LocalTile:
-        """An output tile: its halo LOADed (padding by the DMA), a VECTOR per tap, the epilogue; the result
-        tile (`final`, a scratchpad tile, where given)."""
+    def tile(self, epi: Epilogue, n, oh0, th, ow0, tw, c0, tc, w_base, final=None, inside=None) -> tile_expr.LocalTile:
+        """An output tile: its halo LOADed (padding by the DMA; read in place at `inside`, padding included,
+        where a cascade computed it), a VECTOR per tap, the epilogue; the result tile (`final`, a
+        scratchpad tile, where given)."""
         p, em, cb = self.p, self.em, self.x.dtype.itemsize
         (pt, _), (pl, _) = p.padding
         (sh, sw), (dh, dw) = p.stride, p.dilation
         buf = self.k % self.bufs
         self.k += 1
-        halo_buf = self.bases["halo"]
+        halo_buf = self.bases.get("halo")
         acc_buf = self.bases["accumulator"]
         ih, iw = p.halo(th, tw)
         r0, q0 = oh0 * sh - pt, ow0 * sw - pl
         top, left = max(0, -r0), max(0, -q0)
         bottom, right = max(0, r0 + ih - p.h), max(0, q0 + iw - p.w)
         dst = Operand(Space.ACC, acc_buf[buf], (tw * tc, tc, 1))
-        if ih - top - bottom <= 0 or iw - left - right <= 0:
+        base = None if inside is None else inside + c0 * ih * iw * cb
+        if base is None and (ih - top - bottom <= 0 or iw - left - right <= 0):
             self.fill(dst, (th, tw, tc), 0.0 if self.pad_value == PadValue.ZERO else float("-inf"), self.acc_type)
         else:
-            if max(top, bottom, left, right) > 255:
-                raise LoweringError(f"{em.layer_name}: padding exceeds the DMA's 255")
-            em.load(self.x, (n, c0, r0 + top, q0 + left), (2, 3, 1), (ih - top - bottom, iw - left - right, tc),
-                    Operand(Space.SPAD, halo_buf[buf], (iw * tc, tc, 1)),
-                    pad=(top, bottom, left, right, 0, 0), pad_value=self.pad_value, local=self.x.dtype)
+            if base is None:
+                if max(top, bottom, left, right) > 255:
+                    raise LoweringError(f"{em.layer_name}: padding exceeds the DMA's 255")
+                base = halo_buf[buf]
+                em.load(self.x, (n, c0, r0 + top, q0 + left), (2, 3, 1), (ih - top - bottom, iw - left - right, tc),
+                        Operand(Space.SPAD, base, (iw * tc, tc, 1)),
+                        pad=(top, bottom, left, right, 0, 0), pad_value=self.pad_value, local=self.x.dtype)
             for t, (kh, kw) in enumerate((a, b) for a in range(p.kh) for b in range(p.kw)):
-                src = Operand(Space.SPAD, halo_buf[buf] + (kh * dh * iw * tc + kw * dw * tc) * cb,
+                src = Operand(Space.SPAD, base + (kh * dh * iw * tc + kw * dw * tc) * cb,
                               (sh * iw * tc, sw * tc, 1))
                 weight = Operand(Space.SPAD, w_base + t * tc * cb, (0, 0, 1)) if self.w is not None else None
                 em.vector(self.func, dst, src, weight, (th, tw, tc),

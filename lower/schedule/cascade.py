@@ -2,7 +2,9 @@
 
 A cascade is a chain of pointwise layers (a matmul, a 1x1 convolution of stride 1 without padding),
 each feeding the next alone, possibly led by a depthwise convolution (an inverted residual block's
-depthwise -> 1x1 projection; its halo comes from DRAM, so it needs no overlap).  Its nest walks
+depthwise -> 1x1 projection; its halo comes from DRAM, so it needs no overlap), or with a depthwise
+member after 1x1 ones, which then compute its input windows (lower.schedule.halo: the spatial tiles
+are the depthwise's output's, the members ahead tile its windows).  Its nest walks
 spatial tiles of the common output (`Cascade.tile`: rows x columns; a matmul's rows are its M); per
 spatial tile each member runs its own nest's output-channel tiles (its TileMapping, whose spatial
 tile is the cascade's), the first reading its halo from DRAM, the others the previous member's whole
@@ -30,6 +32,7 @@ from typing import NamedTuple
 from stagec.isa.instructions import Space
 from stagec.sim.energy import ActionCounts
 
+from . import halo
 from .buffers import Buffer, local_bytes, words
 from .nest import MATRIX, LayerShape, TileMapping
 from .nest_cost import dma_cycles
@@ -74,16 +77,19 @@ def intermediate(L: LayerShape, m: TileMapping) -> Buffer:
 
 def member_buffers(Ls, ms, xp) -> list[list[Buffer]]:
     """Each member's buffers: its nest's (the first member's halo; the others read the intermediate;
-    a depthwise first member holds every channel tile's weights) and, but for the last, its
-    intermediate."""
+    a depthwise member holds every channel tile's weights) and, but for the last, its intermediate; the
+    member just ahead of a depthwise one, its masks (lower.schedule.halo)."""
     out = []
-    for i, (L, m) in enumerate(zip(Ls, ms, strict=True)):
+    d = halo.depthwise_at(Ls)
+    for i, (L, m) in enumerate(zip(halo.ahead_shapes(Ls, ms, xp), ms, strict=True)):
         if L.kind == MATRIX:
-            own = [b for b in matrix_buffers(L, m, xp) if i == 0 or b.name != "halo"]
+            own = matrix_buffers(L, m, xp)
         else:
             resident = Buffer("weights", Space.SPAD, words(L.kh * L.kw * L.o * L.itemsize, L.itemsize))
             own = [resident if b.name == "weights" else b for b in window_buffers(L, m, xp)]
-        out.append(own + ([intermediate(L, m)] if i < len(Ls) - 1 else []))
+        own = [b for b in own if i == 0 or b.name != "halo"]
+        out.append(own + ([intermediate(L, m)] if i < len(Ls) - 1 else [])
+                   + ([halo.mask_buffer(m)] if i == d - 1 else []))
     return out
 
 
@@ -110,18 +116,21 @@ def cascade_cost(Ls, ms, hw, ops) -> CascadeCost:
     spatial tile) on `hw` (module doc)."""
     xp = ops.xp
     last = len(Ls) - 1
+    Ls = halo.ahead_shapes(Ls, ms, xp)
     works = [(matrix_work if L.kind == MATRIX else window_work)(L, m, hw, ops)
              for L, m in zip(Ls, ms, strict=True)]
-    loads, store, startup, matrix, vector, instructions = (0, 0), works[-1].store, (0, 0), 0, 0, 0
-    acts = []
+    d = halo.depthwise_at(Ls)
+    masks, (muls, mul_cycles, _) = halo.mask_work(Ls[d - 1], works[d - 1]) if d else ((0, 0), (0, 0, 0))
+    loads, store, startup, matrix, vector, instructions = masks, works[-1].store, (0, 0), 0, 0, masks[0] + muls
+    acts = [halo.mask_actions(Ls[d - 1], works[d - 1])] if d else []
     for i, (L, m, w) in enumerate(zip(Ls, ms, works, strict=True)):
-        on_array = (L.kind == MATRIX) * 1      # else a depthwise first member: taps on the vector unit,
-        halo = w.halo if i == 0 else (0, 0)     # every weight loaded before the first tile
+        on_array = (L.kind == MATRIX) * 1      # else a depthwise member: taps on the vector unit,
+        window = w.halo if i == 0 else (0, 0)   # every weight loaded before the first tile
         weights = tuple(on_array * v for v in w.weights)
-        loads = tuple(a + h + wt + e for a, h, wt, e in zip(loads, halo, weights, w.extra, strict=True))
+        loads = tuple(a + h + wt + e for a, h, wt, e in zip(loads, window, weights, w.extra, strict=True))
         startup = tuple(a + b + (1 - on_array) * c for a, b, c in zip(startup, w.startup, w.weights, strict=True))
         copy = copies(L) * (i < last)
-        vec = w.epilogue + copy * w.groups + (1 - on_array) * w.compute
+        vec = w.epilogue + copy * w.groups + (1 - on_array) * w.compute + (i == d - 1) * mul_cycles
         tiles = xp.maximum(w.tiles, 1)
         # the next member's first MATMUL waits for this member's last output tile's vector work
         matrix = matrix + on_array * w.compute + (i < last) * L.n * w.dims.n_h * w.dims.n_w * vec / tiles
@@ -136,14 +145,14 @@ def cascade_cost(Ls, ms, hw, ops) -> CascadeCost:
     drain = (end.epilogue + dma_cycles(*end.store, hw)) / xp.maximum(end.tiles, 1)
     busiest = ops.smax(*units.values())
     spad, acc = local_bytes(cascade_buffers(Ls, ms, xp))
-    total = ActionCounts(**{k: sum(a[k] for a in acts) for k in acts[0]})
+    total = ActionCounts(**{k: sum(a.get(k, 0) for a in acts) for k in acts[-1]})
     return CascadeCost(dma_cycles(*startup, hw) + fill + busiest + drain, instructions, total, units, spad, acc)
 
 
 def _member_actions(L: LayerShape, m: TileMapping, w, hw, ops, reads_intermediate, writes_intermediate,
                     copy) -> dict:
     """A member's actions as its own nest's, less the intermediate's DRAM LOAD (and the scratchpad write
-    it makes) and STORE; the intermediate written to the scratchpad, by a COPY out of the accumulator
+    it makes, padding included) and STORE; the intermediate written to the scratchpad, by a COPY out of the accumulator
     (in the STORE's place: its vector ops) or by the epilogue's last step (which then writes no
     accumulator, and no STORE reads it).  (An epilogue with temporaries moves some more bytes between
     the two memories than this counts: a GELU's, about 3 intermediates' worth each way.)"""
@@ -151,7 +160,7 @@ def _member_actions(L: LayerShape, m: TileMapping, w, hw, ops, reads_intermediat
     out = L.n * L.oh * L.ow * L.o
     stored = w.store[1]
     a["dram_read_bytes"] = a["dram_read_bytes"] - reads_intermediate * w.halo[1]
-    a["scratchpad_write_bytes"] = (a["scratchpad_write_bytes"] - reads_intermediate * w.halo[1]
+    a["scratchpad_write_bytes"] = (a["scratchpad_write_bytes"] - reads_intermediate * w.halo_padded
                                    + writes_intermediate * stored)
     a["dram_write_bytes"] = a["dram_write_bytes"] - writes_intermediate * stored
     a["vector_ops"] = a["vector_ops"] + writes_intermediate * copy * out

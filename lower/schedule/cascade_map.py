@@ -1,11 +1,12 @@
 """Which layers run as cascades (lower.schedule.cascade), and their tiles: decided by the cost.
 
-A chain is a run of consecutive emitted pointwise layers (`member`), each one's result read by the
-next alone (not a graph output, no other reader).  Each segment of a chain of up to MAX_MEMBERS
-layers gets its best cascade tiling (`map_cascade`: a grid of spatial tiles crossed with each
-member's output-channel tile and weight residency, what fits the scratchpad and accumulator,
-ranked by compile's objective of the cascade's cost); a chain is then cut into the segments of
-least total objective, a segment of one layer being the layer as the default mapper tiled it.
+A chain is a run of consecutive emitted pointwise layers (`member`; a depthwise one too, `follows`),
+each one's result read by the next alone (not a graph output, no other reader).  Each segment of a
+chain of up to MAX_MEMBERS layers gets its best cascade tiling (`map_cascade`: a grid of spatial
+tiles crossed with each member's output-channel tile and weight residency, what fits the
+scratchpad and accumulator, ranked by compile's objective of the cascade's cost); a chain is then
+cut into the segments of least total objective, a segment of one layer being the layer as the
+default mapper tiled it.
 A cascade that does not fit, or costs more, is thus split, never emitted illegally.
 """
 
@@ -20,6 +21,7 @@ from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..graph.graph_ir import OpKind
 from .cascade import MAX_MEMBERS, Cascade, cascade_cost
+from .halo import depthwise_at, window_tile
 from .nest import MATRIX, Exact, LayerShape, TileMapping
 from .nest_cost import nest_cost
 from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
@@ -31,7 +33,8 @@ FUSED_DTYPES = ("float32", "int8")   # intermediates the scratchpad holds as the
 def member(node, graph, nest) -> bool:
     """Whether a node (its first nest `nest`, the mapper's) can be a cascade's member: a matrix-unit
     matmul of constant weights and no batch, or a 1x1 convolution of stride 1, no padding, one group,
-    on float32 or int8 operands; or, to lead one, a float32 depthwise convolution."""
+    on float32 or int8 operands; or a float32 depthwise convolution (leading one, or after 1x1 ones
+    that compute its input windows: lower.schedule.halo)."""
     kind = getattr(nest, "kind", None)
     if kind == "depthwise":
         # float32 in and out (an int8 graph's float depthwise conv may requantize its result)
@@ -62,17 +65,13 @@ def chains(graph, layout, tilings: dict, excluded) -> list[list]:
             p = producer.get(v.id)
         return v
 
-    def spatial(node):
-        p = tilings[node.name].nests[0].problem
-        return p.n, p.oh, p.ow
-
     runs, run = [], []
     for node in (n for n in graph.nodes if layout.emits(n)):
         ok = member(node, graph, tilings[node.name].nests[0]) and node.name not in excluded
         last = run[-1].output if run else None
-        linked = (ok and run and tilings[node.name].nests[0].kind == "matrix" and alone(node.inputs[0])
-                  and source(node.inputs[0]).id == last.id and alone(last) and node.inputs[0].dtype == last.dtype
-                  and spatial(run[-1]) == spatial(node))
+        linked = (ok and run and alone(node.inputs[0]) and source(node.inputs[0]).id == last.id and alone(last)
+                  and node.inputs[0].dtype == last.dtype
+                  and follows(tilings[run[-1].name].nests[0], tilings[node.name].nests[0]))
         if linked:
             run.append(node)
             continue
@@ -80,6 +79,16 @@ def chains(graph, layout, tilings: dict, excluded) -> list[list]:
             runs.append(run)
         run = [node] if ok else []
     return runs + ([run] if len(run) > 1 else [])
+
+
+def follows(before, nest) -> bool:
+    """Whether nest `nest` can follow nest `before` in a cascade: a matrix-unit one over the same pixels,
+    or a depthwise one over a 1x1 convolution's result (lower.schedule.halo: the 1x1 recomputes the
+    depthwise's input windows)."""
+    p, q = before.problem, nest.problem
+    if nest.kind == "matrix":
+        return (p.n, p.oh, p.ow) == (q.n, q.oh, q.ow)
+    return nest.kind == "depthwise" and before.kind == "matrix" and (p.n, p.oh, p.ow) == (q.n, q.h, q.w)
 
 
 def _options(dim: int, cols: int) -> np.ndarray:
@@ -94,21 +103,34 @@ def _charged(cycles, instructions, actions: ActionCounts, hw, objective: str):
     return charged, energy, objective_of(charged, energy, objective)
 
 
+def _mappings(Ls, axes, double) -> list[TileMapping]:
+    """Each member's mapping from `axes` (spatial tile, then per member its output-channel tile and
+    weight residency; arrays of the grid, or the picked numbers).  A member's channel tiles are the
+    one before's output-channel tiles (lower.schedule.cascade), a depthwise member's one (its nest's)
+    and its output-channel tiles the one before's; a member ahead of a depthwise one tiles its input
+    windows (lower.schedule.halo)."""
+    th, tw = axes[0], axes[1]
+    d = depthwise_at(Ls)
+    outs = [axes[2 + 2 * (i - 1)] if d and i == d else axes[2 + 2 * i] for i in range(len(Ls))]
+    return [TileMapping(*(window_tile(Ls[d], th, tw) if i < d else (th, tw)), outs[i],
+                        outs[i - 1] if i else L.c if L.kind == MATRIX else 1, double, axes[3 + 2 * i])
+            for i, L in enumerate(Ls)]
+
+
 def map_cascade(nests, hw, objective: str):
     """The cheapest cascade tiling of members `nests` (the mapper's ConvNests): (spatial tile, member
     mappings, charged cycles, energy, objective), or None when no tiling fits."""
     Ls = [LayerShape.of(nest.kind, nest.problem, nest.extras) for nest in nests]
-    if max(L.c for L in Ls) > MAX_COUNT:
+    d = depthwise_at(Ls)
+    if max(L.c for L in Ls) > MAX_COUNT or sum(L.kind != MATRIX for L in Ls) > 1:   # one halo at most
         return None
-    axes = [tile_sizes(Ls[0].oh), tile_sizes(Ls[0].ow)]
-    for L in Ls:   # output-channel tiles, weight residency (a depthwise member's are whole, held throughout)
-        axes += [_options(L.o, hw.array_cols), np.array([1, 0] if L.kind == MATRIX else [0])]
+    axes = [tile_sizes(Ls[d].oh), tile_sizes(Ls[d].ow)]
+    for i, L in enumerate(Ls):   # output-channel tiles (a depthwise member's after the first: the one
+        # ahead's), weight residency (a depthwise member's are whole, held throughout)
+        axes += [np.array([0]) if d and i == d else _options(L.o, hw.array_cols),
+                 np.array([1, 0] if L.kind == MATRIX else [0])]
     grid = [np.asarray(a).reshape([1] * i + [-1] + [1] * (len(axes) - 1 - i)) for i, a in enumerate(axes)]
-    th, tw = grid[0], grid[1]
-    # a member's channel tiles are the last one's output-channel tiles (lower.schedule.cascade); a
-    # depthwise member's, one (its nest's)
-    ms = [TileMapping(th, tw, grid[2 + 2 * i], grid[2 * i] if i else L.c if L.kind == MATRIX else 1, 1,
-                      grid[3 + 2 * i], 0, 0, 0) for i, L in enumerate(Ls)]
+    ms = _mappings(Ls, grid, 1)
     cost = cascade_cost(Ls, ms, hw, Exact)
     charged, energy, value = _charged(cost.cycles, cost.instructions, cost.actions, hw, objective)
     shape = np.broadcast_shapes(*(np.shape(g) for g in grid))
@@ -118,8 +140,8 @@ def map_cascade(nests, hw, objective: str):
     value = np.where(fit, np.broadcast_to(value, shape), np.inf)
     at = np.unravel_index(int(np.argmin(value)), shape)
     pick = [int(axes[i][at[i]]) for i in range(len(axes))]
-    mappings = tuple(TileMapping(pick[0], pick[1], pick[2 + 2 * i], pick[2 * i] if i else L.c if L.kind == MATRIX
-                                 else 1, True, bool(pick[3 + 2 * i])) for i, L in enumerate(Ls))
+    pick = [bool(v) if i > 2 and i % 2 else v for i, v in enumerate(pick)]    # the weights' residency
+    mappings = tuple(_mappings(Ls, pick, True))
     return ((pick[0], pick[1]), mappings, float(np.broadcast_to(charged, shape)[at]),
             float(np.broadcast_to(energy, shape)[at]), float(value[at]))
 

@@ -22,8 +22,10 @@ from stagec.isa.config import HardwareConfig
 
 from ..graph.graph_ir import Graph, Node, OpKind, Value
 from ..graph.passes import dce
+from . import cascade_map
 from .mapper import layer_label, map_conv, map_window, node_problem
 from .nest import ConvProblem
+from .search import objective_of
 
 
 def packing(p: ConvProblem, extras, hw: HardwareConfig, layer: str) -> int:
@@ -59,13 +61,48 @@ def block_diagonal(w: np.ndarray, g: int) -> np.ndarray:
     return out
 
 
-def pack_depthwise(graph: Graph, hw: HardwareConfig, keep=frozenset()) -> Graph:
+def fuses_instead(graph: Graph, node: Node, g: int, hw: HardwareConfig, objective: str, links) -> bool:
+    """Whether depthwise conv `node`, packed by `g`, is better left on the vector unit to run in one
+    cascade with the 1x1 convolution it alone reads and, where there is one, the 1x1 that alone reads
+    it (an inverted residual block, lower.schedule.halo; with a squeeze-excite between the depthwise
+    and the projection, the first two): by `objective` of the summed cycles and energy of the block's
+    layers alone, the depthwise packed, against the cascade's.  `links`: (producer, consumers, outputs)."""
+    producer, consumers, outputs = links
+
+    def alone(v: Value) -> bool:
+        return len(consumers.get(v.id, ())) == 1 and v.id not in outputs
+
+    def joins(n: Node | None) -> bool:
+        return n is not None and n.op == OpKind.CONV and cascade_map.member(n, graph, node_problem(n))
+
+    ahead = producer.get(node.inputs[0].id)
+    if not (joins(ahead) and alone(node.inputs[0]) and joins(node)):
+        return False
+    after = consumers[node.output.id][0] if alone(node.output) else None
+    block = [ahead, node] + ([after] if joins(after) else [])
+    nests = [node_problem(n) for n in block]
+    fused = cascade_map.map_cascade(nests, hw, objective)
+    if fused is None:
+        return False
+    dw = nests[1]
+    nests[1] = dw._replace(kind="matrix", problem=replace(dw.problem, c=g, o=g))
+    cycles = energy = 0.0
+    for nest, times in zip(nests, (1, dw.problem.c // g, 1), strict=False):
+        c, e, _ = cascade_map.layer_cost(nest, map_conv(nest.problem, hw, nest.extras, objective=objective), hw,
+                                         objective)
+        cycles, energy = cycles + times * c, energy + times * e
+    return fused[4] < objective_of(cycles, energy, objective)
+
+
+def pack_depthwise(graph: Graph, hw: HardwareConfig, keep=frozenset(), fuse: str | None = None) -> Graph:
     """Every fp32, bf16 or int8 depthwise conv with constant weights that packs cheaper than it runs on the
     vector unit, as its packed grouped conv (same name, same epilogue); the layers named in `keep`
-    (those the caller maps itself) stay as they are."""
+    (those the caller maps itself) stay as they are, and with `fuse` (compile's objective, where
+    cascades are on) those that run cheaper unpacked in their block's cascade (fuses_instead)."""
     consts = dict(graph.constants)
     ids = graph.fresh_ids()
     nodes = []
+    links = graph.producer(), graph.consumers(), {v.id for v in graph.outputs}
     for node in graph.nodes:
         found = node_problem(node) if node.op == OpKind.CONV else None
         g = 0
@@ -73,6 +110,8 @@ def pack_depthwise(graph: Graph, hw: HardwareConfig, keep=frozenset()) -> Graph:
                 and node.inputs[0].dtype in ("float32", "bfloat16", "int8")
                 and node.name not in keep):
             g = packing(found[1], found[2], hw, layer_label(node))
+            if g and fuse and fuses_instead(graph, node, g, hw, fuse, links):
+                g = 0
         if not g:
             nodes.append(node)
             continue

@@ -1,0 +1,89 @@
+"""Halos in a cascade (lower.schedule.cascade): pointwise layers ahead of a depthwise convolution
+recompute its input window, so that an inverted residual block (1x1 expand -> depthwise -> 1x1
+project) runs as one cascade and its expanded activation never leaves the chip.
+
+The cascade's spatial tiles are then tiles of the depthwise's output.  Per tile, every member ahead
+of the depthwise (1x1 convolutions of stride 1) computes the depthwise's whole input window (its
+halo: the rows and columns the neighbouring tiles need too, computed again there: the recompute
+strategy) over the depthwise's padded input, so the depthwise reads the window in place from the
+intermediate, padding included.  A 1x1 layer's result at a padding position is its bias through its
+activation, not zero, so the member just ahead multiplies each result tile by a mask (`MASK`: 1
+inside the input, 0 in the padding), LOADed per spatial tile as a constant 1.0 the DMA pads with
+zeros; the scratchpad only ever receives dense writes.
+
+Priced as the nest prices a layer: a member ahead runs as a 1x1 layer over its windows laid side by
+side (`ahead_shape`), the window being its mapping's tile (`window_tile`): rows, the sum of every row
+tile's window rows, of which padding the first window's rows above the input and the last one's
+below it (so the halo bytes it LOADs from DRAM are the nest's own count); columns alike.  Written
+over an ops namespace like the nest (lower.schedule.nest.Exact; costmodel.smooth.Relaxed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from stagec.isa.instructions import Space
+
+from .buffers import FP32, Buffer
+from .nest import DEPTHWISE, LayerShape, halo
+
+MASK = "mask"      # the member just ahead of the depthwise: a mask per spatial tile (double-buffered)
+
+
+def depthwise_at(Ls) -> int:
+    """The index of a cascade's depthwise member after its first, 0 if it has none."""
+    return next((i for i, L in enumerate(Ls) if i and int(L.kind) == DEPTHWISE), 0)
+
+
+def window_tile(dw: LayerShape, th, tw) -> tuple:
+    """The tile of a member ahead of depthwise `dw` for an output tile of th x tw: its input window."""
+    return halo(dw, th, tw)
+
+
+def extent(out, tile, stride, ext, pad_lo, dim, xp):
+    """(The windows' total extent along one dim, the padding the first one reads before the input, the
+    padding the last one reads past it), for tiles of `tile` over an output dim of `out` (integer
+    arithmetic: the tile counts of the nest's exact namespace)."""
+    full = out // tile
+    rem = out - full * tile
+    total = full * ((tile - 1) * stride + ext) + (rem > 0) * ((rem - 1) * stride + ext)
+    last = out - (-(-out // tile) - 1) * tile
+    end = (out - last) * stride + (last - 1) * stride + ext       # padded coordinates
+    return total, pad_lo, xp.maximum(end - pad_lo - dim, 0)
+
+
+def ahead_shape(L: LayerShape, dw: LayerShape, th, tw, xp) -> LayerShape:
+    """A 1x1 member ahead of depthwise `dw` as the nest prices it (module doc), the cascade's tile th x tw."""
+    rows, top, bottom = extent(dw.oh, th, dw.stride_h, (dw.kh - 1) * dw.dilation_h + 1, dw.pad_top, dw.h, xp)
+    cols, left, right = extent(dw.ow, tw, dw.stride_w, (dw.kw - 1) * dw.dilation_w + 1, dw.pad_left, dw.w, xp)
+    return dataclasses.replace(L, h=rows - top - bottom, w=cols - left - right, pad_top=top, pad_bottom=bottom,
+                               pad_left=left, pad_right=right)
+
+
+def ahead_shapes(Ls, ms, xp) -> list:
+    """`Ls` with the members ahead of a depthwise (if any) as ahead_shape prices them (idempotent)."""
+    d = depthwise_at(Ls)
+    return [ahead_shape(L, Ls[d], ms[d].tile_oh, ms[d].tile_ow, xp) if i < d else L for i, L in enumerate(Ls)]
+
+
+def mask_buffer(m) -> Buffer:
+    """The member just ahead's masks: one window (its tile) of float32, per buffer set."""
+    return Buffer(MASK, Space.SPAD, m.tile_oh * m.tile_ow * FP32, 1 + m.double_buffer)
+
+
+def mask_work(L: LayerShape, w) -> tuple:
+    """(LOADs, bytes) of the masks and the MULs' (instructions, vector cycles, elements) of the member
+    just ahead (`L` its ahead_shape, `w` its Work): a LOAD per spatial tile of the mask's inside, a MUL
+    per output tile."""
+    spatial = L.n * w.dims.n_h * w.dims.n_w
+    return (spatial, L.n * L.h * L.w * FP32), (w.tiles, w.groups, L.n * L.oh * L.ow * L.o)
+
+
+def mask_actions(L: LayerShape, w) -> dict:
+    """The masks' action counts (sim.energy's): their LOADs (the inside from DRAM, the window written),
+    the MULs (the result tile read and written back, the mask, broadcast over the channels, read once
+    per channel tile)."""
+    (_, inside), (_, _, elements) = mask_work(L, w)
+    windows = L.n * L.oh * L.ow * FP32
+    return {"dram_read_bytes": inside, "vector_ops": elements, "scratchpad_write_bytes": windows + elements * FP32,
+            "scratchpad_read_bytes": elements * FP32 + w.dims.n_o * windows}
