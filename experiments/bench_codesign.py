@@ -20,7 +20,10 @@ For each model and space:
                                 with their own mappings;
   TPE, equal evaluations / time optuna's TPE over the same grid (an index per field, the dataflow
                                 categorical), over-budget draws told a penalty without an evaluation;
-                                stopped at codesign's evaluations, or at codesign's wall time;
+                                stopped at as many samples under the budget as codesign's evaluations
+                                (a config TPE draws again counts: it converges and redraws, and
+                                counting distinct configs ran for tens of minutes), or at codesign's
+                                wall time (which includes its descent's one XLA compilation, ~30 s);
   exhaustive sweep              (small only) stagec.sweep in cost-model mode over every config under the
                                 budget (the exact model, each layer on the default mapper's mapping), its
                                 best `confirm` simulated: every point simulated would take about an hour
@@ -165,12 +168,13 @@ def dosa_random(graph, work: Workloads, space: Space, objective: str, evaluation
 
 def tpe_search(graph, work: Workloads, space: Space, objective: str, simulate: int, seed: int,
                evaluations: int | None = None, seconds: float | None = None) -> dict:
-    """optuna's TPE over the grid's indices and the dataflow until `evaluations` exact-model
-    evaluations (or `seconds` of wall time), then its best `simulate` timed."""
+    """optuna's TPE over the grid's indices and the dataflow until `evaluations` samples under the
+    budget (each scored by the exact model; a config drawn again counts, as a sample it spent) or
+    `seconds` of wall time, then its best `simulate` timed."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    t0, grid = time.perf_counter(), space.settings.grid()
+    t0, grid, samples = time.perf_counter(), space.settings.grid(), []
     search = Search(work.evaluate, Constraints(space.budget), objective)
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
 
@@ -180,20 +184,21 @@ def tpe_search(graph, work: Workloads, space: Space, objective: str, simulate: i
                                          for n in SIZED}))
         if area_of(hw) > space.budget:
             return PENALTY + area_of(hw) / space.budget    # no model needed: told how far over
+        samples.append(hw)
         scored = search.score(hw)
         return PENALTY if scored is None else scored.value
 
     def more() -> bool:
         if evaluations is not None:
-            return len(search.scored) < evaluations and len(study.trials) < 100 * evaluations
+            return len(samples) < evaluations and len(study.trials) < 20 * evaluations
         return time.perf_counter() - t0 < seconds
 
     while more():
         trial = study.ask()
         study.tell(trial, value(trial))
     best, count = best_simulated(graph, work, [(s.hw, None) for s in search.ranked()], objective, simulate)
-    return {**best, "evaluated": len(search.scored), "simulated": count, "trials": len(study.trials),
-            "seconds": time.perf_counter() - t0}
+    return {**best, "evaluated": len(samples), "distinct": len(search.scored), "simulated": count,
+            "trials": len(study.trials), "seconds": time.perf_counter() - t0}
 
 
 def exhaustive(title: str, graph, work: Workloads, space: Space, space_name: str, objective: str,
