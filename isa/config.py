@@ -12,14 +12,19 @@ multiply 3.7 pJ + add 0.9 pJ; 32 KiB SRAM 64-bit read 20 pJ (2.5 pJ/byte);
 DRAM 1.3-2.6 nJ per 64-bit access (the low end, 162.5 pJ/byte, is used).
 The DRAM interface is priced per byte/cycle of bandwidth it provides: JEDEC's LPDDR4
 (JESD209-4) runs a x16 channel at 3200-4266 MT/s, 6.4-8.5 GB/s, and LPDDR5 (JESD209-5) at
-6400 MT/s, 12.8 GB/s, so at the 1 GHz default clock one x32 LPDDR4 interface gives about
-12.8-17 B/cycle.  Published LPDDR4/4X PHY IP in 28-16 nm takes about 1-2 mm^2 per x32 interface
-(controller included) and an LPDDR5 PHY in 7 nm about 0.5-1 mm^2 per x32 at twice the rate, so
-about 0.1 mm^2 per B/cycle in this table's 45 nm style (interface area scales poorly with the
-process: pads, ESD, analog).  Its static power (DLL/PLL, receivers, termination when active)
-is some 20-40 mW per x32 LPDDR4 interface, about 2 mW per B/cycle, added to the leakage; the
-bytes moved are charged energy_pj_per_dram_byte as before.  These are rounded, order-of-
-magnitude figures, meant so that bandwidth has a price; set the two fields for a real PHY.
+6400 MT/s, 12.8 GB/s, so at the 1 GHz default clock 1 B/cycle is 8 Gb/s, about one lane of a
+fast LPDDR interface.  Area: G.-S. Byun et al., "An energy-efficient and high-speed mobile memory
+I/O interface using simultaneous bi-directional dual (base+RF)-band signaling", IEEE JSSC 47(1),
+2012, measure a 65 nm 8.4 Gb/s mobile-memory baseband transceiver at 0.06 mm^2 (and 11 mW); an
+LPDDR4 channel adds to its 16 DQ lanes strobes, command/address, clock and the controller, about
+half as many pins again, so 0.1 mm^2 per B/cycle.  Energy per bit moved: M. Kim et al., "A 4266
+Mb/s/pin LPDDR4 interface with an asynchronous feedback CTLE ...", IEEE TCAS-II 65(12), 2018,
+measure 5.68 pJ/bit for burst writes and 1.83 pJ/bit for reads (65 nm, controller side): inside
+energy_pj_per_dram_byte's 162.5 pJ/byte (20 pJ/bit), which charges every byte moved.  The static
+power of an idle but ready interface (DLL/PLL, clock tree, receiver bias), 2 mW per B/cycle and
+added to the leakage, is the one figure here with no published source found: it is about a
+sixth of the 11-15 mW a lane burns at full rate in the two papers above.  Set the two fields for
+a real PHY.
 Area defaults are in the style of Accelergy's 45 nm tables (a 6T bitcell of
 0.35 um^2 plus periphery gives about 0.005 mm^2 per KiB; an fp32-capable MAC PE
 about 0.006 mm^2).

@@ -148,6 +148,7 @@ class Workloads:
                 index.append((w, list(unique).index(key)))
         firsts, pairs = list(unique.values()), sorted(set(index))
         self.rows = [firsts[u] for _, u in pairs]
+        self.row_of = [[pairs.index(p) for p in index if p[0] == w] for w in range(len(graphs))]   # per model layer
         self.counts = np.array([index.count(p) for p in pairs], np.float32)
         self.workload = np.array([w for w, _ in pairs], np.int32)
         self.shapes = stack([layer.shape() for layer in self.rows])
@@ -163,14 +164,22 @@ class Workloads:
             maps = [self.mapping(u, hw) for u in self.rows]
         except TilingError:
             return None
+        return self.cost(hw, maps)
+
+    def cost(self, hw: HardwareConfig, maps) -> tuple:
+        """(cycles, energy pJ) per model by the exact model, `rows[k]` on `maps[k]`."""
         cost = exact_cost(self.shapes, stack([mapping_arrays(m) for m in maps]), hardware_point(hw), self.constants)
         n = len(self.graphs)
         return tuple(np.bincount(self.workload, np.asarray(v, np.float64) * self.counts, minlength=n)
                      for v in (cost.cycles, cost.energy_pj))
 
-    def model_mappings(self, hw: HardwareConfig) -> list[dict]:
-        """Per model, the compiler's mapping of each conv-shaped layer by name."""
-        return [{layer.name: self.mapping(layer, hw) for layer in layers} for layers in self.per_model]
+    def model_mappings(self, hw: HardwareConfig, maps=None) -> list[dict]:
+        """Per model, each conv-shaped layer's mapping by name: the compiler's, or its row's in `maps`
+        (one per row, as `cost` takes them)."""
+        if maps is None:
+            return [{layer.name: self.mapping(layer, hw) for layer in layers} for layers in self.per_model]
+        return [{layer.name: maps[r] for layer, r in zip(layers, rows, strict=True)}
+                for layers, rows in zip(self.per_model, self.row_of, strict=True)]
 
 
 def _simulate(workloads: Workloads, hw: HardwareConfig, mappings: list[dict]) -> list[Report]:

@@ -240,6 +240,29 @@ def test_the_mapper_minimizes_its_objective_over_every_candidate_that_fits():
         assert _objectives(chosen)[o] == pytest.approx(best[o], rel=1e-9), o
 
 
+def test_random_mappings_are_legal_candidates_drawn_across_the_space():
+    """DOSA-style random search's mappings (mapper.random_mapping): each a point of the mapper's grid
+    that is a candidate and fits the config, the draws spread over many of them, seeded; a config
+    nothing fits is the mapper's own TilingError."""
+    from stagec.errors import TilingError
+    from stagec.lower.schedule.mapper import candidates, footprint, random_mapping
+    p = ConvProblem(1, 24, 10, 10, 40, 3, 3, padding=((1, 1), (1, 1)))
+    hw = HardwareConfig(scratchpad_bytes=8192, accumulator_bytes=4096)
+    grid, ok = candidates(LayerShape.of("matrix", p))
+    shape = np.broadcast_shapes(ok.shape, *(np.shape(getattr(grid, f.name)) for f in dataclasses.fields(grid)))
+    legal = {tuple(np.broadcast_to(getattr(grid, f.name), shape)[idx].item() for f in dataclasses.fields(grid))
+             for idx in zip(*np.nonzero(np.broadcast_to(ok, shape)), strict=True)}
+    draws = [random_mapping("matrix", p, hw, np.random.default_rng(k)) for k in range(30)]
+    for m in draws:
+        assert tuple(int(getattr(m, f.name)) for f in dataclasses.fields(m)) in legal
+        spad, acc = footprint("matrix", p, m)
+        assert fits(p, spad, acc, m.tile_oh, m.tile_ow, hw)
+    assert len(set(draws)) > 20
+    assert random_mapping("matrix", p, hw, np.random.default_rng(3)) == draws[3]
+    with pytest.raises(TilingError, match="conv7: no tiling fits the scratchpad"):
+        random_mapping("matrix", p, hw.replace(scratchpad_bytes=64), np.random.default_rng(0), layer="conv7")
+
+
 @pytest.mark.parametrize("objective", ["latency", "energy", "edp"])
 def test_the_mappers_pruned_search_picks_what_composing_every_candidate_picks(objective):
     """On grids of thousands of candidates (the test above has fewer than the mapper composes before it

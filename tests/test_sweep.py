@@ -169,6 +169,13 @@ def test_spaces_grid_and_sample_and_reject_unknown_names():
     assert len(option_grid({"quantize": [None, "int8"], "objective": ["latency", "edp"]})) == 4
     with pytest.raises(InputError, match="array_row"):
         hardware_grid({"array_row": [4]})
+    listed = [{"array_rows": 4, "scratchpad_bytes": 2048}, {"array_rows": 12}, {"dataflow": "output_stationary"}]
+    assert hardware_grid(listed) == listed                  # a space no product describes, as given
+    drawn = hardware_grid(listed, samples=2, seed=1)
+    assert len(drawn) == 2 and drawn[0] != drawn[1] and all(c in listed for c in drawn)
+    for bad in ([{"array_row": 4}], [], [4], "array_rows"):
+        with pytest.raises(InputError, match="array_row|hardware space"):
+            hardware_grid(bad)
     with pytest.raises(InputError, match="precision"):
         option_grid({"precision": ["int8"]})
     with pytest.raises(InputError, match="quantize"):

@@ -216,6 +216,19 @@ def _map_nest(kind: str, p: ConvProblem, hw: HardwareConfig, extras: Extras, obj
     return grid.candidate(int(first[best])), float(est[best])
 
 
+def random_mapping(kind: str, p: ConvProblem, hw: HardwareConfig, rng: np.random.Generator, extras=NO_EXTRAS,
+                   layer: str = "conv") -> TileMapping:
+    """A mapping drawn uniformly from the candidates of map_nest's grid that fit `hw`: the legal
+    mapping space a random search samples (DOSA's random baseline draws hardware and mappings both)."""
+    L = LayerShape.of(kind, p, Extras(*extras))
+    m, ok = candidates(L)
+    grid = _Candidates(p, m, ok, *nest_footprint(L, m, np))
+    fit = np.flatnonzero(grid.fit(hw))
+    if not fit.size:
+        raise TilingError(f"{layer}: {grid.nothing_fits(hw, None)}")
+    return grid.candidate(int(rng.choice(fit)))
+
+
 def _value(charged, energy, footprint, objective: str):
     """What _map_nest ranks by: compile's objective of the charged cycles and energy, or for "size"
     the charged cycles times the local footprint (bytes)."""

@@ -34,7 +34,7 @@ __all__ = ["METRICS", "MODES", "OPTIONS", "TIMING_FIELDS", "Range", "SweepResult
 COSTMODEL_CHUNK = 256     # points per task in mode="costmodel": one batched cost-model call each
 
 
-def sweep(models, hw: Mapping, *, options: Mapping | None = None, samples: int | None = None, seed: int = 0,
+def sweep(models, hw, *, options: Mapping | None = None, samples: int | None = None, seed: int = 0,
           base: HardwareConfig | None = None, mode: str = "simulate", out: str | Path = "sweep.jsonl",
           executor: str | None = None, address: str | None = None, workers: int | None = None,
           max_retries: int = 3, reduced: bool = False, tune_settings=None, measure: Callable | None = None,
@@ -45,7 +45,8 @@ def sweep(models, hw: Mapping, *, options: Mapping | None = None, samples: int |
         (model, args, kwargs) examples, or stagec graphs (stagec.pipeline.build_graph), or a dict
         of name -> any of those (the rows' `model` column).
     hw: HardwareConfig field -> a list of values or a `Range`; every combination (a grid), or with
-        `samples`, that many random draws (seeded).  Fields not named are `base`'s.
+        `samples`, that many random draws (seeded).  Or a list of configs (each field -> value).
+        Fields not named are `base`'s.
     options: quantize (None, "int8", "bf16"), objective ("latency", "energy", "edp": what the mapper
         minimizes), tune (False, True: stagec.tune's mappings, with `tune_settings`): a value or a
         list of values each.

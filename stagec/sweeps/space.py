@@ -72,20 +72,34 @@ def point_id(model: str, config: dict, options: dict, mode: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def hardware_grid(space: Mapping, samples: int | None = None, seed: int = 0) -> list[dict]:
+def hardware_grid(space, samples: int | None = None, seed: int = 0) -> list[dict]:
     """The field settings of a sweep: every combination of `space`'s values, or `samples` random
-    draws (each field independently) when given."""
-    for name in space:
-        if name not in _FIELDS:
-            raise InputError(f"unknown hardware field {name!r} in the sweep space; fields are {', '.join(_FIELDS)}")
+    draws (each field independently) when given.  `space` may instead be a list of field settings
+    (each a mapping, one config): a space no product describes, such as a grid under an area
+    budget; `samples` then draws that many of them (seeded, without repeats)."""
+    if samples is not None and samples < 1:
+        raise InputError(f"samples must be at least 1, not {samples}")
+    if not isinstance(space, Mapping):
+        configs = [dict(c) for c in space] if isinstance(space, (list, tuple)) and \
+            all(isinstance(c, Mapping) for c in space) else None
+        if not configs:
+            raise InputError("a sweep's hardware space is a mapping of field -> values or a non-empty list of "
+                             f"mappings of field -> value, not {space!r:.80}")
+        _known({name for c in configs for name in c})
+        return configs if samples is None else random.Random(seed).sample(configs, min(samples, len(configs)))
+    _known(space)
     names = list(space)
     if samples is None:
         values = [_values(name, space[name]) for name in names]
         return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*values)]
-    if samples < 1:
-        raise InputError(f"samples must be at least 1, not {samples}")
     rng = random.Random(seed)
     return [{name: _draw(name, space[name], rng) for name in names} for _ in range(samples)]
+
+
+def _known(names) -> None:
+    for name in names:
+        if name not in _FIELDS:
+            raise InputError(f"unknown hardware field {name!r} in the sweep space; fields are {', '.join(_FIELDS)}")
 
 
 def option_grid(options: Mapping | None) -> list[dict]:
