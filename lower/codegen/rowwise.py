@@ -25,6 +25,7 @@ def emit_rows(ctx, cascade, p: RowPlan, layers: list[int]) -> None:
     em = ctx.em
     rows, c = p.dims
     r = cascade.tile[0]
+    em.layer, em.layer_name = layers[0], p.members[0].node.name
     bases = em.allocate(row_buffers(p, r))
     # block-sized buffers: (kind, id) -> its two bases; columns and scalars: id -> tile
     slots, free = {}, {"full": list(bases["full"]), "row": list(bases["row"])}

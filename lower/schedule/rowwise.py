@@ -161,7 +161,8 @@ def row_cost(p: RowPlan, r: int, hw) -> RowCost:
     fill = dma_cycles(len(first["loads"]), sum(first["loads"]) * F32 + once * F32, hw)
     drain = dma_cycles(len(first["stores"]), sum(first["stores"]) * F32, hw)
     spad, _ = local_bytes(row_buffers(p, r))
-    return RowCost(fill + max(units.values()) + drain, int(loads + t["instructions"]), acts, units, int(spad))
+    return RowCost(fill + max(units.values()) + drain, int(loads - t["loads"] + t["instructions"]), acts, units,
+                   int(spad))
 
 
 # --- which layers ---------------------------------------------------------------------------------
