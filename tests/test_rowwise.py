@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import stagec
+from stagec import zoo
 from stagec.isa import HardwareConfig
 from stagec.lower.schedule.rowwise import RowCascade, row_cost
 from stagec.lower.schedule.rowwise import plans as row_plans
@@ -160,6 +161,35 @@ def test_int8_and_unfused_programs_have_no_row_cascades():
     args = inputs(model, width=32)
     assert not rows_of(compiled(model, args, quantize="int8", calibration=[args]))
     assert not rows_of(compiled(model, args, fuse_layers=False))
+
+
+@pytest.mark.parametrize("name", ["whisper_tiny_encoder", "bert_base"])
+def test_zoo_layer_norms_run_as_row_cascades(name):
+    """Every layer norm of the reduced zoo Whisper encoder and BERT runs in one row cascade with the
+    residual (or embedding) add before it; the model's outputs are the unfused program's and PyTorch's."""
+    model, args, kwargs = zoo.build(name, reduced=True)
+    c = compiled(model, args, kwargs=kwargs)
+    norms = sum(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
+    assert len(rows_of(c)) == norms and all(len(x.layers) == 7 for x in rows_of(c))
+    y, _ = stagec.simulate(c.program, *args, **kwargs)
+    y_alone, _ = stagec.simulate(stagec.compile(model, args, kwargs=kwargs, fuse_layers=False), *args, **kwargs)
+    assert rel_err(y.last_hidden_state, y_alone.last_hidden_state) < 1e-5
+    assert rel_err(y.last_hidden_state, model(*args, **kwargs).last_hidden_state.detach().numpy()) < 1e-5
+
+
+class Softmax(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.softmax(x + y, -1)
+
+
+def test_a_softmax_outside_attention_is_a_row_chain():
+    """A softmax that no attention holds (row max, exp, row sum, recip, scale) is a chain of the same kind."""
+    args = inputs(Softmax())
+    c = compiled(Softmax(), args)
+    (cascade,) = rows_of(c)
+    assert len(cascade.layers) == 6
+    y, _ = stagec.simulate(c.program, *args)
+    assert rel_err(y, Softmax()(*args).numpy()) < 1e-5
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -272,7 +272,8 @@ def plans(graph, layout, excluded=frozenset()) -> list[RowPlan]:
 def _dims(node) -> tuple[int, int] | None:
     """(rows, columns) of the space a node would lead: its input's (a reduce) or its result's."""
     shape = node.inputs[0].shape if node.op == OpKind.REDUCE else node.output.shape
-    return (math.prod(shape[:-1]), shape[-1]) if len(shape) and shape[-1] > 1 else None
+    # a row is one vector instruction's innermost count (16 bits)
+    return (math.prod(shape[:-1]), shape[-1]) if len(shape) and 1 < shape[-1] <= MAX_COUNT else None
 
 
 def views_fit(p: RowPlan, tensor) -> bool:
