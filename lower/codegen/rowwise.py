@@ -27,22 +27,25 @@ def emit_rows(ctx, cascade, p: RowPlan, layers: list[int]) -> None:
     r = cascade.tile[0]
     em.layer, em.layer_name = layers[0], p.members[0].node.name
     bases = em.allocate(row_buffers(p, r))
-    # block-sized buffers: (kind, id) -> its two bases; columns and scalars: id -> tile
+    # the block-sized values (outside ones, then the results): id -> (kind, its two bases); the rest temporaries
     slots, free = {}, {"full": list(bases["full"]), "row": list(bases["row"])}
     for key in [(k, vid) for vid, (k, _) in p.externals.items() if k in ("full", "row")] + [
             (m.out, m.node.output.id) for m in p.members]:
         slots[key[1]] = (key[0], [free[key[0]].pop(0), free[key[0]].pop(0)])
     temps = [free["full"][i::2] for i in range(2)]
-    where = {}
+    where = {}     # the columns and scalars, each LOADed once, by the first member that reads it
+    for kind, extent in (("col", (1, 1, c)), ("scalar", (1, 1, 1))):
+        ids = [vid for vid, (k, _) in p.externals.items() if k == kind]
+        where |= {vid: tile_expr.LocalTile(Space.SPAD, base, extent)
+                  for vid, base in zip(ids, bases[kind], strict=True)}
+    once = set()
     for member, layer in zip(p.members, layers, strict=True):
         em.layer, em.layer_name = layer, member.node.name
         for a in member.args:
-            if a.kind in ("col", "scalar") and a.value.id not in where:
-                base = bases[a.kind][sum(k == a.kind for k, _ in (p.externals[i] for i in where))]
-                extent = (1, 1, c) if a.kind == "col" else (1, 1, 1)
-                tile = tile_expr.LocalTile(Space.SPAD, base, extent)
-                em.load(flat(ctx.tensor(a.value), a.kind, p.dims), (0, 0), (None, 0, 1), extent, tile.operand(extent))
-                where[a.value.id] = tile
+            if a.kind in ("col", "scalar") and a.value.id not in once:
+                once.add(a.value.id)
+                t = where[a.value.id]
+                em.load(flat(ctx.tensor(a.value), a.kind, p.dims), (0, 0), (None, 0, 1), t.extent, t.operand(t.extent))
     for block, row0 in enumerate(range(0, rows, r)):
         q, parity = min(r, rows - row0), block % 2
 
