@@ -183,7 +183,8 @@ def _shape_kind(shape, out_shape) -> str | None:
 
 def _member(node, dims, source, internal: dict) -> Member | None:
     """`node` as a member of a cascade over `dims` whose results so far are `internal` (id -> 'full'
-    or 'row'), `source(v)` the value v views (through views that emit nothing); else None."""
+    or 'row'), `source(v)` the value v views (through views that emit nothing) and every value it
+    depends on through ops that emit nothing; else None."""
     if any(v.dtype != "float32" for v in (*node.inputs, node.output)):
         return None
     rows, c = dims
@@ -212,10 +213,12 @@ def _member(node, dims, source, internal: dict) -> Member | None:
 
 def _arg(v, out_shape, source, internal: dict) -> Arg | None:
     kind = _shape_kind(v.shape, out_shape)
-    s = source(v)
+    s, upstream = source(v)
     if s.id in internal:     # an earlier member's result, viewed as it is (not broadcast to more elements)
         return Arg("member", s.id) if kind in ("full", "row") and math.prod(s.shape) == math.prod(v.shape) else None
-    return None if kind is None else Arg(kind, v)
+    # an outside value is loaded block by block: one that views a member's result otherwise (a
+    # transpose) would read rows of blocks not yet computed
+    return None if kind is None or upstream & internal.keys() else Arg(kind, v)
 
 
 def plans(graph, layout, excluded=frozenset()) -> list[RowPlan]:
@@ -230,10 +233,18 @@ def plans(graph, layout, excluded=frozenset()) -> list[RowPlan]:
         return n is not None and n.op in (OpKind.RESHAPE, OpKind.BROADCAST) and not layout.emits(n)
 
     def source(v):
+        """(the value `v` views through reshapes and broadcasts, every value it views through any op
+        that emits nothing)."""
+        seen, todo = set(), [v]
+        while todo:
+            u = todo.pop()
+            p = producer.get(u.id)
+            seen.add(u.id)
+            todo += [] if p is None or layout.emits(p) else [w for w in p.inputs if w.id not in seen]
         p = producer.get(v.id)
         while view(p):
             v, p = p.inputs[0], producer.get(p.inputs[0].id)
-        return v
+        return v, seen
 
     def readers(v) -> set:
         """The emitted nodes reading `v` through views ('' for a graph output)."""
