@@ -25,12 +25,14 @@ from ..schedule.buffers import epilogue_layout
 from ..schedule.flash import FlashAttention
 from ..schedule.layout import Layout
 from ..schedule.mapper import Schedule, node_problem
+from ..schedule.rowwise import RowCascade, plans
 from ..schedule.tensors import DTYPE_OF, DramRegion, DramTensor
 from .cascade import Member, emit_cascade
 from .emitter import Emitter
 from .flash import emit_flash
 from .matrix import as_conv, emit_conv
 from .memory import Interval, align, allocate_by_liveness
+from .rowwise import emit_rows
 from .tokens import insert_tokens
 from .vector import VECTOR_JOBS, vector_jobs
 from .window import emit_window
@@ -166,6 +168,15 @@ def _member(ctx: LowerContext, node: Node, layer: int) -> Member:
                   extras)
 
 
+def _emit_rows(ctx: LowerContext, cascade: RowCascade, layers: list[int]) -> None:
+    """A row cascade, its plan found again as the schedule found it (lower.schedule.rowwise.plans), the
+    layers around it left out."""
+    others = frozenset(n.name for n in ctx.graph.nodes) - set(cascade.layers)
+    (plan,) = [p for p in plans(ctx.graph, ctx.layout, others)
+               if tuple(m.node.name for m in p.members) == cascade.layers]
+    emit_rows(ctx, cascade, plan, layers)
+
+
 # --- the driver -------------------------------------------------------------------------------
 
 def plan_dram(graph: Graph, layout: Layout, schedule: Schedule):
@@ -226,6 +237,9 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
             if cascade.layers[-1] == node.name:    # by its last layer, V (its last input) is computed
                 emit_flash(ctx, cascade, [emitted[index[name]] for name in cascade.layers],
                            [index[name] for name in cascade.layers])
+        elif isinstance(cascade, RowCascade):
+            if cascade.layers[-1] == node.name:
+                _emit_rows(ctx, cascade, [index[name] for name in cascade.layers])
         elif cascade.layers[0] == node.name:
             emit_cascade(em, [_member(ctx, emitted[index[name]], index[name]) for name in cascade.layers], ctx.fill)
         mapping = str(schedule[node.name].mapping) if node_problem(node) else ""

@@ -47,6 +47,7 @@ from .nest import (
 from .nest_cost import bound, dma_cycles, nest_cost
 from .nest_work import footprint as nest_footprint
 from .nest_work import matmul_k
+from .rowwise import choose_rows
 from .search import INSTRUCTION_CHARGE, OBJECTIVES, objective_of, tile_sizes
 from .tensors import DTYPE_OF
 
@@ -473,4 +474,6 @@ def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | No
         for name, m in zip(c.layers, c.mappings, strict=True):
             tilings[name] = Tiling(tilings[name].nests, (m,))
     flash = choose_flash(graph, layout, tilings, hw, objective, given)   # its members keep their tilings
-    return Schedule(tuple((name, tilings[name]) for name, _ in out), tuple(cascades) + tuple(flash))
+    taken = given | {name for c in (*cascades, *flash) for name in c.layers}
+    rows = choose_rows(graph, layout, tilings, views, hw, objective, taken, lambda n, m: _vector_estimate(n, m, hw)[2])
+    return Schedule(tuple((name, tilings[name]) for name, _ in out), tuple(cascades) + tuple(flash) + tuple(rows))
