@@ -25,6 +25,27 @@ def evaluate(traced, args, kwargs=None):
 
 
 
+def simulated(model, args, **options):
+    """(program, output, report) of `model` compiled with `options` and simulated on `args` (a tensor
+    or a tuple of them)."""
+    import stagec
+    args = args if isinstance(args, tuple) else (args,)
+    program = stagec.compile(model, args, **options)
+    y, report = stagec.simulate(program, *args)
+    return program, np.asarray(y), report
+
+
+def check_fused_against_unfused(model, x, hw):
+    """A model fused (split where it must be) and layer by layer on `hw`: the outputs agree within 1e-5
+    and with PyTorch, and every cascade fits the memories."""
+    program, y, _ = simulated(model, x, hw=hw)
+    _, y_alone, _ = simulated(model, x, hw=hw, fuse_layers=False)
+    assert rel_err(y, y_alone) <= 1e-5 and rel_err(y, model(x).detach().numpy()) < 1e-5
+    for cascade in program.metadata.get("cascades", ()):
+        spad, acc = program.metadata["local_peak_bytes"][cascade["layers"][0]]
+        assert spad <= hw.scratchpad_bytes and acc <= hw.accumulator_bytes
+
+
 def linear_across_a_rounding_tie():
     """(int8 Linear model, its calibration, its quantized graph, x_below, x_above): x_below[0, 1] lies
     just below a rounding boundary of the QUANTIZE of the model's input, x_above one fp32 ulp above it --

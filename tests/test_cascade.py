@@ -5,7 +5,7 @@ cascade's cost against the simulator."""
 import numpy as np
 import pytest
 import torch
-from helpers import rel_err
+from helpers import check_fused_against_unfused, rel_err, simulated
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -47,12 +47,6 @@ def inverted(seed=0):
 
 
 KINDS = {"ffn": ffn, "pointwise": pointwise, "inverted": inverted}
-
-
-def simulated(model, x, **options):
-    program = stagec.compile(model, (x,), **options)
-    y, report = stagec.simulate(program, x)
-    return program, np.asarray(y), report
 
 
 def dram(report) -> float:
@@ -195,12 +189,7 @@ def test_random_chains_on_random_hardware(widths, rows, gelu, array, spad_kib, a
     x = torch.randn(rows, widths[0])
     hw = HardwareConfig(array_rows=array, array_cols=array, scratchpad_bytes=spad_kib * 1024,
                         accumulator_bytes=acc_kib * 1024)
-    program, y, _ = simulated(model, x, hw=hw)
-    _, y_alone, _ = simulated(model, x, hw=hw, fuse_layers=False)
-    assert rel_err(y, y_alone) <= 1e-5 and rel_err(y, model(x).detach().numpy()) < 1e-5
-    for c in program.metadata.get("cascades", ()):
-        spad, acc = program.metadata["local_peak_bytes"][c["layers"][0]]
-        assert spad <= hw.scratchpad_bytes and acc <= hw.accumulator_bytes
+    check_fused_against_unfused(model, x, hw)
 
 
 def test_bert_feed_forward_blocks_run_as_cascades():

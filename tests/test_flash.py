@@ -5,7 +5,7 @@ layer, its cost against the simulator, refused where it does not fit."""
 import numpy as np
 import pytest
 import torch
-from helpers import rel_err
+from helpers import rel_err, simulated
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,12 +36,6 @@ def inputs(heads=2, queries=100, keys=72, dim=16, seed=0, lead=(1,)):
     """Q, K, V of `heads` heads (a batch of `lead` before them)."""
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(*lead, heads, n, dim, generator=g) * 2 for n in (queries, keys, keys))
-
-
-def simulated(model, args, **options):
-    program = stagec.compile(model, args, **options)
-    y, report = stagec.simulate(program, *args)
-    return program, np.asarray(y), report
 
 
 def flash_of(program) -> list[dict]:

@@ -7,11 +7,10 @@ against the simulator."""
 import numpy as np
 import pytest
 import torch
-from helpers import rel_err
+from helpers import check_fused_against_unfused, rel_err, simulated
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import stagec
 from stagec.isa import HardwareConfig
 from stagec.lower.schedule import cascade_map
 from stagec.lower.schedule.cascade import cascade_cost
@@ -46,12 +45,6 @@ class Inverted(torch.nn.Module):
 def block(stride, size=28, **kwargs):
     torch.manual_seed(stride)
     return Inverted(stride=stride, **kwargs).eval(), torch.randn(1, kwargs.get("c", 16), size, size)
-
-
-def simulated(model, x, **options):
-    program = stagec.compile(model, (x,), **options)
-    y, report = stagec.simulate(program, x)
-    return program, np.asarray(y), report
 
 
 def dram(report) -> float:
@@ -143,12 +136,7 @@ def test_random_inverted_blocks_on_random_hardware(c, expand, size, kernel, stri
     model, x = block(stride, size=max(size, k), c=c, expand=expand, out=c, k=k, padding=padding)
     hw = HardwareConfig(array_rows=array, array_cols=array, scratchpad_bytes=spad_kib * 1024,
                         accumulator_bytes=acc_kib * 1024)
-    program, y, _ = simulated(model, x, hw=hw)
-    _, y_alone, _ = simulated(model, x, hw=hw, fuse_layers=False)
-    assert rel_err(y, y_alone) <= 1e-5 and rel_err(y, model(x).detach().numpy()) < 1e-5
-    for cascade in program.metadata.get("cascades", ()):
-        spad, acc = program.metadata["local_peak_bytes"][cascade["layers"][0]]
-        assert spad <= hw.scratchpad_bytes and acc <= hw.accumulator_bytes
+    check_fused_against_unfused(model, x, hw)
 
 
 def test_a_depthwise_conv_that_packs_alone_stays_on_the_vector_unit_for_its_cascade():

@@ -41,11 +41,7 @@ def emit_rows(ctx, cascade, p: RowPlan, layers: list[int]) -> None:
     once = set()
     for member, layer in zip(p.members, layers, strict=True):
         em.layer, em.layer_name = layer, member.node.name
-        for a in member.args:
-            if a.kind in ("col", "scalar") and a.value.id not in once:
-                once.add(a.value.id)
-                t = where[a.value.id]
-                em.load(flat(ctx.tensor(a.value), a.kind, p.dims), (0, 0), (None, 0, 1), t.extent, t.operand(t.extent))
+        _load_first_reads(ctx, member, ("col", "scalar"), once, where.__getitem__, 0, p.dims)
     for block, row0 in enumerate(range(0, rows, r)):
         q, parity = min(r, rows - row0), block % 2
 
@@ -56,12 +52,7 @@ def emit_rows(ctx, cascade, p: RowPlan, layers: list[int]) -> None:
         loaded = set()
         for member, layer in zip(p.members, layers, strict=True):
             em.layer, em.layer_name = layer, member.node.name
-            for a in member.args:
-                if a.kind in ("full", "row") and a.value.id not in loaded:
-                    loaded.add(a.value.id)
-                    t = tile(a.value.id)
-                    em.load(flat(ctx.tensor(a.value), a.kind, p.dims), (row0, 0), (None, 0, 1), t.extent,
-                            t.operand(t.extent))
+            _load_first_reads(ctx, member, ("full", "row"), loaded, tile, row0, p.dims)
             args = [tile(a.value) if a.kind == "member" else tile(a.value.id) if a.kind in ("full", "row")
                     else where[a.value.id] for a in member.args]
             out = tile(member.node.output.id)
@@ -77,3 +68,13 @@ def emit_rows(ctx, cascade, p: RowPlan, layers: list[int]) -> None:
             if member.node.output.id in p.stored:
                 em.store(flat(ctx.tensor(member.node.output), member.out, p.dims), (row0, 0), (None, 0, 1),
                          out.extent, out.operand(out.extent))
+
+
+def _load_first_reads(ctx, member, kinds: tuple[str, ...], loaded: set, tile_of, row0: int, dims) -> None:
+    """LOAD, from row `row0`, each outside value of `kinds` that `member` reads and no member before it
+    LOADed (`loaded`, updated) into its tile (`tile_of(value id)`)."""
+    for a in member.args:
+        if a.kind in kinds and a.value.id not in loaded:
+            loaded.add(a.value.id)
+            t = tile_of(a.value.id)
+            ctx.em.load(flat(ctx.tensor(a.value), a.kind, dims), (row0, 0), (None, 0, 1), t.extent, t.operand(t.extent))
