@@ -113,3 +113,26 @@ def test_an_elementwise_consumers_chain_moves_into_a_foldable_producer(epilogue,
     assert [s.func for s in bn.attr("expr")] == (["tanh"] if moves else ["mul", "add", "sub", "tanh"])
     assert [s.func for s in conv.attr("epilogue") or ()] == [s.func for s in epilogue or ()] + \
         ["mul", "add", "sub"] * moves
+
+
+class ConvReadTwice(nn.Module):
+    """A conv's result read by a depthwise conv twice: as its input and, shifted by a constant and
+    through a ReLU, in its epilogue (fuse_epilogues puts the difference there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.depthwise = nn.Conv2d(2, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1, groups=8)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.depthwise(y) - torch.relu(y + 0.5)
+
+
+def test_a_value_its_reader_takes_twice_keeps_its_chain():
+    """One reader node counted as one use: the shift moved into the conv's epilogue, and the depthwise
+    conv's input was left naming a value no node produced (found by the fuzzing campaign, seed 940044,
+    as a KeyError in DRAM planning)."""
+    torch.manual_seed(0)
+    model, x = ConvReadTwice().eval(), torch.randn(1, 2, 6, 6)
+    y, _ = stagec.simulate(stagec.compile(model, (x,)), x)
+    assert rel_err(y, model(x).detach().numpy()) < 1e-5

@@ -40,8 +40,11 @@ def hoist_affine(graph: Graph) -> Graph:
             for a in range(first, len(node.inputs) - first):
                 v = node.inputs[a + first]
                 p = producer.get(v.id)
+                # read once in all (a node reading it twice, as a conv's input and in its epilogue,
+                # counts as one use): the hoisted chain replaces the value everywhere it is read
                 if (p is None or p.op not in MATRIX_OPS or uses.get(v.id) != 1 or v.id in outputs
-                        or v.shape != node.output.shape or v.dtype != "float32" or not _foldable(p, graph)):
+                        or node.inputs.count(v) != 1 or v.shape != node.output.shape or v.dtype != "float32"
+                        or not _foldable(p, graph)):
                     continue
                 chain = _chain(node, expr, a, graph.constants, _axis(p))
                 if not chain or chain[-1] == len(expr) - 1:
