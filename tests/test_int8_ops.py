@@ -373,3 +373,27 @@ def test_a_value_several_views_take_is_quantized_once():
     np.testing.assert_allclose(y, int8_reference.run(graph, [x.numpy()])[0], rtol=1e-6, atol=1e-6)
     ref = model(x).detach().numpy()
     assert float(np.ravel(y) @ np.ravel(ref) / np.linalg.norm(y) / np.linalg.norm(ref)) > 0.999
+
+
+class SumThenLinear(nn.Module):
+    """A conv's result summed whole (an int32 sum of int8 values) and read by a Linear, which takes int8."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.linear = nn.Conv2d(3, 6, 3), nn.Linear(1, 4)
+
+    def forward(self, x):
+        return self.linear(self.conv(x).sum(dim=(1, 2, 3), keepdim=True))
+
+
+def test_an_int32_sum_read_as_int8_is_quantized_from_its_dequantized_value():
+    """The sum had no fp32 version for the Linear's QUANTIZE to read: the quantized graph named a value
+    nothing produced (a KeyError in lowering; found by the fuzzing campaign, seed 950147)."""
+    torch.manual_seed(0)
+    model, x = SumThenLinear().eval(), torch.randn(1, 3, 8, 8)
+    calibration = [(x,)] + [(torch.randn(x.shape),) for _ in range(3)]
+    program, graph = compile_int8(model, (x,), calibration)
+    y, _ = stagec.simulate(program, x)
+    np.testing.assert_array_equal(y, int8_reference.run(graph, [x.numpy()])[0])
+    ref = model(x).detach().numpy()
+    assert np.abs(y - ref).max() <= 0.05 * np.abs(ref).max()

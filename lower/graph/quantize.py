@@ -149,7 +149,9 @@ class _Rewriter:
             scale = self.scale_of(v)
             gain = self.const(np.array(2**QUANTIZE_FRACTION_BITS / scale, np.float32))
             q = self.fresh(v.shape, "int8")
-            self.emit(OpKind.ELEMENTWISE, (self.fp32.get(v.id, v), gain, self.const(QUANTIZE_RECORD.copy())), q,
+            # an int32 sum of int8 values (a reduce's) has no fp32 version until it is dequantized
+            source = self.as_fp32(v) if v.id in self.sums else self.fp32.get(v.id, v)
+            self.emit(OpKind.ELEMENTWISE, (source, gain, self.const(QUANTIZE_RECORD.copy())), q,
                       f"{self.names.get(v.id, 'input')}/quantize", expr=QUANTIZE_EXPR)
             self.int8[v.id], self.scales[q.id] = q, scale
         return self.int8[v.id]
