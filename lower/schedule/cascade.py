@@ -42,8 +42,16 @@ from .nest_work import matrix_buffers, matrix_work, window_buffers, window_work
 MAX_MEMBERS = 3     # layers per cascade the mapper considers (its grid grows with each one's tile choices)
 
 
+class CascadeRecord:
+    """What a program's metadata records of a cascade of any kind (the report shows it): its layers,
+    tile and the DRAM bytes it saves."""
+
+    def to_dict(self) -> dict:
+        return {"layers": list(self.layers), "tile": list(self.tile), "saved_bytes": self.saved_bytes}
+
+
 @dataclass(frozen=True)
-class Cascade:
+class Cascade(CascadeRecord):
     """Layers (node names, in order) run depth-first over spatial tiles of `tile` (rows, cols), each
     member's nest as `mappings` says; `saved_bytes`: the DRAM traffic of the intermediates (a STORE
     and a LOAD each) that layer-by-layer would move."""
@@ -52,10 +60,6 @@ class Cascade:
     tile: tuple[int, int]
     mappings: tuple[TileMapping, ...]
     saved_bytes: int
-
-    def to_dict(self) -> dict:
-        """What a program's metadata records of it (the report shows it)."""
-        return {"layers": list(self.layers), "tile": list(self.tile), "saved_bytes": self.saved_bytes}
 
     def __str__(self) -> str:
         return (f"cascade {' -> '.join(self.layers)}: tile {self.tile[0]}x{self.tile[1]}, "

@@ -36,6 +36,7 @@ from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..graph.graph_ir import OpKind, Step
 from .buffers import Buffer, local_bytes
+from .cascade import CascadeRecord
 from .cascade_map import layer_cost
 from .nest_cost import dma_cycles
 from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
@@ -47,7 +48,7 @@ CONSTS = ("scale", "fill", "zero")                  # scalars the vector unit re
 
 
 @dataclass(frozen=True)
-class FlashAttention:
+class FlashAttention(CascadeRecord):
     """Attention's layers (node names: S's matmul, the mask's select if any, the max, the exp, the sum,
     the recip, the P·V matmul) run flash-style over query blocks of tile[0] rows and key blocks of tile[1];
     `dims`: (batch, queries M, keys N, head dim D); `saved_bytes`: the DRAM bytes of S, E and their
@@ -65,9 +66,6 @@ class FlashAttention:
     def roles(self) -> tuple[str, ...]:
         """What each of `layers` is (lower.codegen.flash attributes each instruction to its layer)."""
         return ROLES if self.fill is not None else tuple(r for r in ROLES if r != "mask")
-
-    def to_dict(self) -> dict:
-        return {"layers": list(self.layers), "tile": list(self.tile), "saved_bytes": self.saved_bytes}
 
     def __str__(self) -> str:
         return (f"cascade {' -> '.join(self.layers)}: flash attention, query block {self.tile[0]}, key block "

@@ -32,6 +32,7 @@ from stagec.sim.energy import ActionCounts, energy_pj
 from ..codegen import tile_expr  # the emitter's own expression plan, so both count the same temporaries
 from ..graph.graph_ir import RECORDS, OpKind
 from .buffers import Buffer, local_bytes
+from .cascade import CascadeRecord
 from .nest_cost import dma_cycles
 from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
 
@@ -41,7 +42,7 @@ EXTERNAL = ("full", "row", "col", "scalar")   # how an outside value is read: pe
 
 
 @dataclass(frozen=True)
-class RowCascade:
+class RowCascade(CascadeRecord):
     """Vector layers (`layers`, node names) over `dims` (rows R, columns C) run per block of tile[0] rows."""
 
     layers: tuple[str, ...]
@@ -49,9 +50,6 @@ class RowCascade:
     dims: tuple[int, int]
     saved_bytes: int
     mappings: tuple = ()          # its members keep their own tilings: the cascade's tile is its own
-
-    def to_dict(self) -> dict:
-        return {"layers": list(self.layers), "tile": list(self.tile), "saved_bytes": self.saved_bytes}
 
     def __str__(self) -> str:
         return (f"cascade {' -> '.join(self.layers)}: rows, block {self.tile[0]} x {self.tile[1]}, saves "
