@@ -40,7 +40,7 @@ from stagec.lower.graph.activations import split_activations
 from stagec.lower.graph.bfloat16 import to_bfloat16
 from stagec.lower.graph.calibrate import calibrate, channel_ranges
 from stagec.lower.graph.canonicalize import canonicalize
-from stagec.lower.graph.graph_ir import Graph
+from stagec.lower.graph.graph_ir import Graph, check_graph
 from stagec.lower.graph.hoist_affine import hoist_affine
 from stagec.lower.graph.integer_ops import integer_op_set
 from stagec.lower.graph.mixed_precision import (
@@ -404,8 +404,11 @@ def run(stages: Sequence[Stage], c: Compilation, dump=None, progress: bool = Fal
         for stage in stages:
             shown.set_postfix_str(stage.name)
             if stage.when is None or stage.when(c.request):
+                graph = c.graph
                 with garbage_collection(stage.collects):
                     c = stage.run(c)
+                if c.graph is not graph and c.graph is not None:
+                    check_graph(c.graph, stage.name)
                 out(stage, c)
             shown.update()
     return c

@@ -1,5 +1,7 @@
 """Graph IR: canonicalization and every pass preserve the reference semantics."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +18,7 @@ from stagec.errors import LoweringError
 from stagec.frontend import from_torch
 from stagec.lower.graph.canonicalize import canonicalize
 from stagec.lower.graph.evaluate import evaluate
-from stagec.lower.graph.graph_ir import MOVEMENT_OPS, OpKind
+from stagec.lower.graph.graph_ir import MOVEMENT_OPS, Graph, Node, OpKind, Step, Value, check_graph
 from stagec.models import hand_keypoint_net
 from stagec.pipeline import PIPELINE, GraphPass, position
 
@@ -237,3 +239,23 @@ def test_a_zero_pad_of_a_convs_rows_and_columns_becomes_its_padding():
     assert [n.attr("value") for n in g.nodes if n.op == OpKind.PAD] == [0.5, 0.0]
     assert rel_err(evaluate(g, x.numpy())[0], model(x).detach().numpy()) < 1e-5
     assert rel_err(evaluate(g, x.numpy())[0], ref) < 1e-5
+
+
+def test_check_graph_names_the_pass_that_broke_the_graph():
+    a, b, c = Value(0, (2,)), Value(1, (2,)), Value(2, (2,))
+    relu = (Step("relu", (0,)),)
+    good = Graph((a,), (c,), (Node(OpKind.ELEMENTWISE, (a,), b, (("expr", relu),), "f"),
+                             Node(OpKind.ELEMENTWISE, (b,), c, (("expr", relu),), "g")))
+    check_graph(good, "pass")
+    undefined = Graph((a,), (c,), good.nodes[1:])
+    with pytest.raises(AssertionError, match="after fold, g reads %1, which nothing before it defines"):
+        check_graph(undefined, "fold")
+    twins = Graph((a,), (c,), (good.nodes[0], dataclasses.replace(good.nodes[1], name="f")))
+    with pytest.raises(AssertionError, match="after quantize, two nodes are named f"):
+        check_graph(twins, "quantize")
+    redefined = Graph((a,), (b,), (good.nodes[0], dataclasses.replace(good.nodes[1], output=b)))
+    with pytest.raises(AssertionError, match="g defines %1 a second time"):
+        check_graph(redefined, "dce")
+    lost = Graph((a,), (Value(9, (2,)),), good.nodes)
+    with pytest.raises(AssertionError, match="returns %9, which nothing defines"):
+        check_graph(lost, "dce")

@@ -46,9 +46,9 @@ def amax_scale(*arrays) -> float:
     return max(float(np.abs(np.asarray(a, np.float32)).max()) for a in arrays) / 127
 
 
-def compile_int8(model, args, calibration):
-    program = stagec.compile(model, args, quantize="int8", calibration=calibration)
-    _, graph = build_graph(model, args, quantize="int8", calibration=calibration)
+def compile_int8(model, args, calibration, hw=None, **options):
+    program = stagec.compile(model, args, quantize="int8", calibration=calibration, hw=hw, **options)
+    _, graph = build_graph(model, args, quantize="int8", calibration=calibration, **options)
     return program, graph
 
 
@@ -397,3 +397,39 @@ def test_an_int32_sum_read_as_int8_is_quantized_from_its_dequantized_value():
     np.testing.assert_array_equal(y, int8_reference.run(graph, [x.numpy()])[0])
     ref = model(x).detach().numpy()
     assert np.abs(y - ref).max() <= 0.05 * np.abs(ref).max()
+
+
+class View(nn.Module):
+    def forward(self, x):
+        return x.permute(0, 3, 2, 1).reshape(2, 6, 52)
+
+
+class ViewReadTwice(nn.Module):
+    """A copying reshape (of a permute) that an ELU reads in fp32 and a Linear as int8."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(52, 8)
+        self.view = View()
+
+    def forward(self, x):
+        v = self.view(torch.relu(x))
+        return torch.cat([nn.functional.elu(v), self.linear(v)], dim=-1)
+
+
+def test_a_view_read_in_fp32_and_as_int8_is_two_layers_named_apart():
+    """The int8 copy of the view kept its fp32 twin's name, so one schedule entry served both: the fp32
+    copy ran the int8 copy's tiling, four times the bytes (an internal scratchpad overflow on a small
+    scratchpad; found by the fuzzing campaign, seed 950142)."""
+    torch.manual_seed(0)
+    model, x = ViewReadTwice().eval(), torch.randn(2, 2, 13, 12)
+    calibration = [(x,)] + [(torch.randn(x.shape),) for _ in range(3)]
+    hw = stagec.HardwareConfig(array_rows=4, array_cols=4, scratchpad_bytes=592, accumulator_bytes=603,
+                                 accumulator_banks=1, vector_lanes=1, dataflow="output_stationary")
+    program, graph = compile_int8(model, (x,), calibration, hw=hw, fallback="fp32")
+    names = [n.name for n in graph.nodes]
+    assert len(names) == len(set(names))
+    copies = {n.name: n.output.dtype for n in graph.nodes if n.op == OpKind.RESHAPE and n.inputs[0].dtype != "int32"}
+    assert copies["view/reshape"] == "float32" and copies["view/reshape/int8"] == "int8", copies
+    y, _ = stagec.simulate(program, x)
+    np.testing.assert_array_equal(y, int8_reference.run(graph, [x.numpy()])[0])

@@ -144,6 +144,29 @@ class Graph:
         return {n.output.id: n for n in self.nodes}
 
 
+def check_graph(graph: Graph, after: str) -> None:
+    """That `graph` is well formed after pass `after`: every value defined once, before its readers (an
+    input, a constant or an earlier node's result), and every node named apart (the schedule and the
+    program key layers by name).  A pass that breaks this is a compiler bug: an internal error naming
+    the pass, rather than a KeyError or a wrong layer's tiling several stages later."""
+    defined = {v.id for v in graph.inputs} | set(graph.constants)
+    names = set()
+    for n in graph.nodes:
+        missing = [v for v in n.inputs if v.id not in defined]
+        if missing:
+            raise AssertionError(f"internal error: after {after}, {n.name} reads {missing[0]}, which nothing "
+                                 f"before it defines")
+        if n.output.id in defined:
+            raise AssertionError(f"internal error: after {after}, {n.name} defines {n.output} a second time")
+        if n.name in names:
+            raise AssertionError(f"internal error: after {after}, two nodes are named {n.name}")
+        defined.add(n.output.id)
+        names.add(n.name)
+    missing = [v for v in graph.outputs if v.id not in defined]
+    if missing:
+        raise AssertionError(f"internal error: after {after}, the graph returns {missing[0]}, which nothing defines")
+
+
 def _graph_of(inputs, outputs, nodes, constants: dict) -> Graph:
     return Graph(inputs, outputs, nodes, MappingProxyType(constants))
 

@@ -144,7 +144,9 @@ class _Rewriter:
         view = self.producers.get(v.id)
         if v.id not in self.int8 and view is not None and view.op in INT8_VIEWS and view.inputs[0].id in self.amax:
             q = self.as_int8(view.inputs[0])
-            self.int8_result(view, (q, *view.inputs[1:]), self.scales[q.id])
+            # the view may already run in fp32 for other readers: the int8 one is a second node
+            self.int8_result(view, (q, *view.inputs[1:]), self.scales[q.id],
+                             name=f"{view.name}/int8" if v.id in self.fp32 else view.name)
         if v.id not in self.int8:
             scale = self.scale_of(v)
             gain = self.const(np.array(2**QUANTIZE_FRACTION_BITS / scale, np.float32))
@@ -170,11 +172,13 @@ class _Rewriter:
         self.nodes.append(Node(node.op, tuple(inputs), node.output, node.attrs, node.name))
         self.fp32[node.output.id] = node.output
 
-    def int8_result(self, node: Node, inputs, scale: float, dtype: str = "int8", **attrs) -> None:
-        """Emit `node` over int8 `inputs` with a result of `dtype` (int8 at `scale`, or int32 sums)."""
+    def int8_result(self, node: Node, inputs, scale: float, dtype: str = "int8", name: str | None = None,
+                    **attrs) -> None:
+        """Emit `node` (as `name`, its own by default) over int8 `inputs` with a result of `dtype` (int8 at
+        `scale`, or int32 sums)."""
         out = self.fresh(node.output.shape, dtype)
         self.nodes.append(Node(node.op, tuple(inputs), out, tuple(sorted({**dict(node.attrs), **attrs}.items())),
-                               node.name))
+                               name or node.name))
         if dtype == "int8":
             self.int8[node.output.id], self.scales[out.id] = out, scale
         else:   # an int32 sum of int8 values at `scale`: an average requantizes it, anything else dequantizes it
