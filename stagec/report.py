@@ -308,12 +308,14 @@ def make_report(program: Program) -> Report:
 def model_limit(program: Program) -> dict:
     """The model's physical limit: max(total MACs / peak MACs per cycle, compulsory bytes / DRAM bandwidth).
 
-    Compulsory bytes are what no schedule avoids moving: the weights (the constant blob) read once, the
-    model's inputs read once and its outputs written once; every intermediate stays on chip.
+    Compulsory bytes are what no schedule avoids moving: the weights (the constant blob, less the zeros
+    that packing depthwise convs adds) read once, the model's inputs read once and its outputs written
+    once; every intermediate stays on chip.  MACs are the useful ones (a packed conv's zeros are not).
     """
     hw = program.hw
     macs = sum(layer.macs for layer in program.layers)
-    compulsory = len(program.constants) + sum(t.nbytes for t in (*program.inputs, *program.outputs))
+    weights = len(program.constants) - program.metadata.get("packed_weight_zeros", 0)
+    compulsory = weights + sum(t.nbytes for t in (*program.inputs, *program.outputs))
     compute, memory = macs / hw.peak_macs_per_cycle, compulsory / hw.dma_bandwidth_bytes_per_cycle
     return {"macs": macs, "compute_cycles": compute, "compulsory_bytes": compulsory, "memory_cycles": memory,
             "bound_cycles": max(compute, memory), "bound": "compute" if compute >= memory else "memory"}

@@ -13,6 +13,7 @@ from stagec.layers import model_graph
 from stagec.lower.schedule.mapper import map_window, node_problem
 from stagec.lower.schedule.pack import block_diagonal
 from stagec.pipeline import build_graph
+from stagec.report import model_limit
 
 NARROW_VECTOR = stagec.HardwareConfig(vector_lanes=4)   # a 16x16 array beside 4 lanes: packing pays
 
@@ -80,3 +81,18 @@ def test_an_int8_depthwise_conv_packs_and_keeps_its_integer_sums(c, k, stride, d
     y, _ = stagec.simulate(program, x)
     # int32 sums of int8 products are exact: the block-diagonal zeros add nothing, bit for bit
     np.testing.assert_array_equal(y, int8_reference.run(graph, [x.numpy()])[0])
+
+
+def test_a_packed_layer_counts_its_useful_macs_and_weights():
+    """The report's MACs and the model-level limit's compulsory bytes leave out the block-diagonal zeros
+    (counted, a packed layer's G-fold MACs and weights inflated the limit the cycles are measured against)."""
+    c, size = 32, 14
+    model, x = depthwise(c, 3), torch.randn(1, c, size, size)
+    packed, _ = cycles_and_check(model, x, NARROW_VECTOR)
+    on_vector, _ = cycles_and_check(model, x, NARROW_VECTOR, vector_mapping(model, x, NARROW_VECTOR))
+    assert (packed.code["opcode"] == Opcode.MATMUL).any()
+    conv = next(layer for layer in packed.layers if layer.op == "conv")
+    assert conv.macs == c * size * size * 9
+    assert len(packed.constants) > len(on_vector.constants) and packed.metadata["packed_weight_zeros"] > 0
+    limit, unpacked = model_limit(packed), model_limit(on_vector)
+    assert (limit["macs"], limit["compulsory_bytes"]) == (unpacked["macs"], unpacked["compulsory_bytes"])

@@ -265,6 +265,7 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
             regions.append(Region(ref.name, kind, ref.offset, ref.nbytes))
     regions.append(Region("activations", RegionKind.INTERMEDIATE, data_base + arena, peak))
     meta = {"peak_activation_bytes": peak, "activation_bytes": total, "local_peak_bytes": em.local_peaks,
+            "packed_weight_zeros": packed_weight_zeros(graph),
             **({"cascades": [c.to_dict() for c in schedule.cascades]} if schedule.cascades else {}),
             **(metadata or {})}
     program = Program(code=code, layer_ids=np.array(em.layer_ids, np.int32), layers=tuple(layers),
@@ -273,11 +274,18 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
     return insert_tokens(program)
 
 
+def packed_weight_zeros(graph) -> int:
+    """Bytes of the zeros that packing depthwise convs (lower.schedule.pack) added to the weights."""
+    return sum(graph.constants[n.inputs[1].id].nbytes * (n.attr("packed") - 1) // n.attr("packed")
+               for n in graph.nodes if n.attr("packed"))
+
+
 def node_macs(node: Node) -> int:
-    """Multiply-accumulates of a CONV or MATMUL node (0 for the rest)."""
+    """Useful multiply-accumulates of a CONV or MATMUL node (0 for the rest): a packed depthwise conv's
+    (lower.schedule.pack) without the block-diagonal weights' zeros."""
     if node.op == OpKind.CONV:
         _, cg, kh, kw = node.inputs[1].shape
-        return math.prod(node.output.shape) * cg * kh * kw
+        return math.prod(node.output.shape) * cg * kh * kw // node.attr("packed", 1)
     if node.op == OpKind.MATMUL:
         return math.prod(node.output.shape) * node.inputs[0].shape[-1]
     return 0

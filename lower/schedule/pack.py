@@ -119,7 +119,9 @@ def pack_depthwise(graph: Graph, hw: HardwareConfig, keep=frozenset(), fuse: str
         packed = Value(next(ids), (w.shape[0], g) + w.shape[2:], w.dtype)
         consts[packed.id] = block_diagonal(np.asarray(consts[w.id]), g)
         inputs = (node.inputs[0], packed) + node.inputs[2:]
-        nodes.append(Node(node.op, inputs, node.output, node.attrs, node.name).with_attrs(groups=w.shape[0] // g))
+        # `packed`: the block-diagonal factor, so the report counts the layer's useful MACs and weights
+        nodes.append(Node(node.op, inputs, node.output, node.attrs, node.name).with_attrs(groups=w.shape[0] // g,
+                                                                                         packed=g))
     if len(consts) == len(graph.constants):   # nothing packed: each packing adds its weights
         return graph
     return dce(Graph(graph.inputs, graph.outputs, tuple(nodes), MappingProxyType(consts)))
