@@ -269,7 +269,7 @@ def timing_rows(folder: Path, names: list[str], sizes: list[int], deadline: floa
                        first - warm, f"{'ok' if ok else 'MISMATCH'}: config 0 {float(cycles[0]):.0f} cycles")
 
         share = time.perf_counter() + (deadline - time.perf_counter()) / (len(names) - k)
-        rows += sized("timing", sizes, measure, share)
+        rows += sized("timing", sizes, measure, share, lambda n, name=name: f"{name} x {n} configs")
     return rows
 
 
@@ -319,7 +319,11 @@ def costmodel_rows(folder: Path, sets: list[str], sizes: list[int], deadline: fl
                    f"{'ok' if finite and faster else 'MISMATCH'}: finite {finite}, mean d/d(bandwidth) < 0 {faster}")
 
     half = time.perf_counter() + (deadline - time.perf_counter()) / 2
-    return sized("costmodel evaluate", sizes, measure, half) + sized("costmodel grad", sizes, measure_grad, deadline)
+    def label(n: int) -> str:
+        return f"~{n} pairs"
+
+    return (sized("costmodel evaluate", sizes, measure, half, label)
+            + sized("costmodel grad", sizes, measure_grad, deadline, label))
 
 
 def tuner_rows(folder: Path, layer_set: str, starts: list[int], deadline: float) -> list[Row]:
@@ -335,7 +339,7 @@ def tuner_rows(folder: Path, layer_set: str, starts: list[int], deadline: float)
                    out.gradient_steps / warm, "point-steps/s", first - warm,
                    f"{'ok' if ok else 'MISMATCH'}: tuned/default cycles {ratio:.3f}")
 
-    return sized("tuner", starts, measure, deadline)
+    return sized("tuner", starts, measure, deadline, lambda n: f"{n} starts")
 
 
 def run(folder: Path, budget_s: float, timing_sizes, costmodel_sizes, tuner_starts) -> dict:
