@@ -27,6 +27,15 @@ def _to_program_dtype(array: np.ndarray, dtype: DType) -> np.ndarray:
     return array.astype(dtype.numpy, copy=False)
 
 
+def program_inputs(program: Program, args, kwargs) -> list[np.ndarray]:
+    """A model's inputs as the arrays `sim.executor.execute` takes: flattened in the traced order, each
+    checked against the program's input and held in its element type (InputError naming one that is not)."""
+    dtypes = program.metadata.get("in_dtypes") or [_MODEL_DTYPE[ref.dtype] for ref in program.inputs]
+    inputs = flatten_inputs(program.metadata.get("in_tree"), args, kwargs,
+                            [(dt, ref.shape) for dt, ref in zip(dtypes, program.inputs, strict=True)])
+    return [_to_program_dtype(x, ref.dtype) for x, ref in zip(inputs, program.inputs, strict=True)]
+
+
 def simulate(program: Program, *args, **kwargs) -> tuple[object, Report]:
     """Execute `program` on the simulated accelerator: (outputs, report).
 
@@ -49,10 +58,7 @@ def simulate(program: Program, *args, **kwargs) -> tuple[object, Report]:
         raise InputError(f"simulate takes a Program (from stagec.compile or stagec.load), not {type(program).__name__}")
     check_metadata(program)
     meta = program.metadata
-    dtypes = meta.get("in_dtypes") or [_MODEL_DTYPE[ref.dtype] for ref in program.inputs]
-    inputs = flatten_inputs(meta.get("in_tree"), args, kwargs,
-                            [(dt, ref.shape) for dt, ref in zip(dtypes, program.inputs, strict=True)])
-    host = [_to_program_dtype(x, ref.dtype) for x, ref in zip(inputs, program.inputs, strict=True)]
+    host = program_inputs(program, args, kwargs)
     if "out_tree" in meta:
         read_out_tree(meta["out_tree"])   # a structure torch cannot rebuild fails before the run, not after
     with garbage_collection(False):   # a first run's verifier walk, plan and timing allocate as compiling does
