@@ -195,6 +195,34 @@ def test_a_concat_stays_int8_and_requantizes_an_input_at_another_scale():
     assert np.abs(ys[0] - expect).max() <= 1.5 * amax_scale(*[model(c[0])[0].detach() for c in calibration])
 
 
+class ConcatOfShared(nn.Module):
+    """Two concat inputs used elsewhere too: each is requantized to the concat's scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 5, 1), nn.Conv2d(3, 2, 3, padding=1)
+
+    def forward(self, x):
+        y, z = self.b(x), self.c(x)
+        return torch.cat([self.a(x), y, z], 1), torch.relu(y), torch.relu(z)
+
+
+def test_each_requantized_concat_input_is_a_layer_of_its_own():
+    """Both requantizations were named <concat>/requantize, so one schedule entry (one tiling) served two
+    layers of different shapes (found by the fuzzing campaign, seed 960014, caught by the graph check)."""
+    torch.manual_seed(3)
+    model, x = ConcatOfShared().eval(), torch.randn(1, 3, 6, 6)
+    with torch.no_grad():
+        model.a.weight.mul_(8)
+    calibration = [(x,)] + [(torch.randn(x.shape),) for _ in range(3)]
+    program, graph = compile_int8(model, (x,), calibration)
+    requantized = sorted(n.name for n in graph.nodes if n.name.endswith("/requantize"))
+    assert requantized == ["cat/concat/input1/requantize", "cat/concat/input2/requantize"]
+    ys, _ = stagec.simulate(program, x)
+    for y, ref in zip(ys, int8_reference.run(graph, [x.numpy()]), strict=True):
+        np.testing.assert_array_equal(y, ref)
+
+
 def conv_then(pool):
     torch.manual_seed(2)
     return nn.Sequential(nn.Conv2d(4, 4, 1), pool).eval()

@@ -325,7 +325,8 @@ def _concat(rw: _Rewriter, node: Node) -> None:
     if any(v.id not in rw.int8 for v in node.inputs):
         return rw.keep_fp32(node)
     scale = rw.scale_of(node.output)
-    rw.int8_result(node, [rw.requantized(rw.int8[v.id], scale, node.name) for v in node.inputs], scale)
+    rw.int8_result(node, [rw.requantized(rw.int8[v.id], scale, f"{node.name}/input{i}")
+                          for i, v in enumerate(node.inputs)], scale)
 
 
 @register(OpKind.ELEMENTWISE)
