@@ -7,6 +7,8 @@ program and PyTorch, and both cascades' cost against the simulator."""
 import numpy as np
 import pytest
 from helpers import rel_err, simulated
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_cascade import KINDS
 from test_halo_cascade import block
 
@@ -62,6 +64,20 @@ def test_int8_blocks_on_small_hardware_keep_their_integers(k, padding, size, hw)
     model, x = block(1, size=size, c=8, expand=6, out=8, k=k, padding=padding)
     fused, y, y_alone, y_ref = int8_programs(model, x, hw=hw)
     assert any(len(c["layers"]) > 1 for c in fused.metadata["cascades"])
+    np.testing.assert_array_equal(y, y_alone)
+    np.testing.assert_array_equal(y, y_ref)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=st.sampled_from([4, 8]), size=st.integers(3, 16), kernel=st.sampled_from([(3, 1), (5, 2), (3, 0)]),
+       stride=st.sampled_from([1, 2]), array=st.sampled_from([4, 8, 16]), spad_kib=st.sampled_from([16, 32, 128]))
+def test_random_int8_blocks_on_random_hardware_keep_their_integers(c, size, kernel, stride, array, spad_kib):
+    """Fused or split, an int8 block's output is the unfused program's and the reference's, bit for bit."""
+    k, padding = kernel
+    model, x = block(stride, size=max(size, k), c=c, expand=6, out=c, k=k, padding=padding)
+    hw = HardwareConfig(array_rows=array, array_cols=array, scratchpad_bytes=spad_kib * 1024,
+                        accumulator_bytes=16 * 1024)
+    _, y, y_alone, y_ref = int8_programs(model, x, hw=hw)
     np.testing.assert_array_equal(y, y_alone)
     np.testing.assert_array_equal(y, y_ref)
 

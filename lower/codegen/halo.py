@@ -4,8 +4,9 @@ padded input window per spatial tile, and the one just ahead zeroes the window's
 The mask is LOADed per spatial tile, of the window's own type (int8, bf16 or float32): a constant 1
 over the window's inside, the DMA's padding zeros around it, one dense write of [rows][cols]; each
 of the member's result tiles (a channel tile of the window, dense in the intermediate) is then
-multiplied by it in place, the mask broadcast over the channels.  So the scratchpad only ever receives dense writes, as the batched simulator
-requires, and the depthwise reads the whole window, padding included, where it lies.
+multiplied by it in place, the mask broadcast over the channels.  So the scratchpad only ever
+receives dense writes, as the batched simulator requires, and the depthwise reads the whole window,
+padding included, where it lies.
 """
 
 from __future__ import annotations
