@@ -70,7 +70,7 @@ def test_cascade_matches_pytorch_and_the_unfused_program(kind):
     assert f"cascade {' -> '.join(cascade['layers'])}" in report.summary()
 
 
-@pytest.mark.parametrize("kind", ["ffn", "pointwise"])    # an int8 depthwise conv leads no cascade
+@pytest.mark.parametrize("kind", sorted(KINDS))
 def test_int8_cascades_equal_the_unfused_program_bit_for_bit(kind):
     model, x = KINDS[kind]()
     fused, y, _ = simulated(model, x, quantize="int8")

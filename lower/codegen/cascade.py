@@ -20,7 +20,7 @@ from ..schedule.buffers import EpilogueLayout
 from ..schedule.cascade import cascade_buffers, member_buffers
 from ..schedule.halo import MASK, depthwise_at
 from ..schedule.nest import ConvProblem, LayerShape, TileMapping, tiles
-from ..schedule.tensors import DramTensor, local_type
+from ..schedule.tensors import DramTensor
 from .halo import apply_mask, load_mask, padded, window
 from .matrix import OUT_AXES, _ConvNest
 from .window import WindowNest
@@ -73,14 +73,15 @@ def emit_cascade(em, members: list[Member], fill) -> None:
         """Member i's spatial tile k."""
         mb, (n, oh0, th, ow0, tw) = members[i], spatial[k]
         em.layer, em.layer_name = mb.layer, mb.name
-        into = None if mb is last else (inter[i][k % len(inter[i])], local_type(members[i + 1].w.dtype))
+        # the next member reads its input as its weights' type (bf16 too: the array's and a depthwise's taps)
+        into = None if mb is last else (inter[i][k % len(inter[i])], members[i + 1].w.dtype)
         inside = inter[i - 1][k % len(inter[i - 1])] if i else None
         at = window(dw, oh0, th, ow0, tw) if i < d else (oh0, ow0, th, tw)
         nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3], _store(em, last.out), inside, into)
         if i == d - 1:
             mask = masks[k % len(masks)]
-            load_mask(em, dw, mask, oh0, th, ow0, tw)
-            apply_mask(em, into[0], mask, dw, th, tw, mb.problem.o, mb.mapping.tile_o)
+            load_mask(em, dw, mask, oh0, th, ow0, tw, into[1])
+            apply_mask(em, into[0], mask, dw, th, tw, mb.problem.o, mb.mapping.tile_o, into[1])
 
     # Software-pipelined: step s runs member i on tile s - i, the later members first, so that each
     # unit's in-order queue finds the next tile's work behind a tile that waits on the other unit (an

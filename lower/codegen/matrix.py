@@ -65,16 +65,14 @@ class Epilogue:
         self.temp_buf = [at[len(owned):] for at in slots]
 
     def emit(self, em, acc_tile: tile_expr.LocalTile, n: int, o0: int, h0: int, w0: int, counts, buf: int,
-             final: tile_expr.LocalTile | None = None):
+             final: tile_expr.LocalTile | None = None, typed: bool = False):
         """Run the epilogue on `acc_tile` (holding output box counts at (n, o0, h0, w0)); return the result
-        tile: `final` (a scratchpad tile) when given, which frees the accumulator tile before the store."""
+        tile: `final` (a scratchpad tile) when given, which frees the accumulator tile before the store.
+        `typed`: the result in `final` as final's type (a cascade's intermediate, lower.codegen.cascade):
+        one of another type (a bf16 intermediate's float32, which a STORE would round) is put there by
+        a converting COPY."""
         if not self.layout:
-            if final is None:
-                return acc_tile
-            out = tile_expr.LocalTile(final.space, final.base, tuple(counts), acc_tile.dtype)
-            em.vector(VectorFunc.COPY, out.operand(counts), acc_tile.operand(counts), None, counts,
-                      dtype=acc_tile.dtype)
-            return out
+            return acc_tile if final is None else _copy(em, acc_tile, final, counts, typed)
         args = [acc_tile]
         for k, (e, i) in enumerate(zip(self.extras, self.layout.inputs, strict=True)):
             if i.kind == "tile":
@@ -93,7 +91,18 @@ class Epilogue:
                 tile = tile_expr.LocalTile(Space.SPAD, self.vectors[k][0] + o0 * per, (1, 1, counts[2]), held)
             args.append(tile)
         temps = [tile_expr.LocalTile(Space.SPAD, b, tuple(counts)) for b in self.temp_buf[buf]]
-        return tile_expr.emit(em, self.layout.expr, self.layout.plan, args, temps, counts, final)
+        expr, plan = self.layout.expr, self.layout.plan
+        if typed and tile_expr.value_dtypes(expr, [a.dtype for a in args])[-1] != final.dtype:
+            return _copy(em, tile_expr.emit(em, expr, plan, args, temps, counts), final, counts, typed)
+        return tile_expr.emit(em, expr, plan, args, temps, counts, final)
+
+
+def _copy(em, tile: tile_expr.LocalTile, final: tile_expr.LocalTile, counts, typed: bool) -> tile_expr.LocalTile:
+    """COPY `tile` to `final`'s place, converted to final's type where `typed`."""
+    out = tile_expr.LocalTile(final.space, final.base, tuple(counts), final.dtype if typed else tile.dtype)
+    em.vector(VectorFunc.COPY, out.operand(counts), tile.operand(counts), None, counts, dtype=tile.dtype,
+              out_dtype=out.dtype)
+    return out
 
 
 def _load_channels(em, e: DramTensor, record: bool, o0: int, count: int, base: int) -> None:
@@ -190,7 +199,8 @@ class _ConvNest:
             if into is not None:
                 base, dtype = into
                 final = tile_expr.LocalTile(Space.SPAD, base + o0 * th * tw * dtype.itemsize, (th, tw, to), dtype)
-            result = epi.emit(self.em, acc_tile, n, o0, oh0, ow0, (th, tw, to), self.n_out % self.bufs, final)
+            result = epi.emit(self.em, acc_tile, n, o0, oh0, ow0, (th, tw, to), self.n_out % self.bufs, final,
+                              typed=into is not None)
             if into is None:
                 write(n, o0, oh0, ow0, (th, tw, to), result)
             self.n_out += 1

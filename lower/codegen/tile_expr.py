@@ -84,15 +84,22 @@ def result_dtype(step: Step, args: list[DType]) -> DType:
     return args[-1 if step.func == "select" else 0]
 
 
+def value_dtypes(expr: Expr, dtypes) -> list[DType]:
+    """The element type of every value of `expr`: its inputs' (`dtypes`), then each step's result's."""
+    values = list(dtypes)
+    for step in expr:
+        values.append(result_dtype(step, [values[a] for a in step.args]))
+    return values
+
+
 def slot_itemsizes(expr: Expr, p: ExprPlan, dtypes, owned) -> list[int]:
     """Bytes per element of each tile buffer of `p`'s slots: of the arguments in `owned` (the inputs
     loaded into a tile buffer of their own), in that order, then of each temporary; given the
     element type of every input (`dtypes`).  A slot is as wide as the widest value it holds: a
     to_f32 over an int8 tile widens it in place, so that tile's buffer takes four bytes an element."""
-    values, widths = list(dtypes), {("arg", k): dtypes[k].itemsize for k in owned}
-    for step, slot in zip(expr, p.dst, strict=True):
-        values.append(result_dtype(step, [values[a] for a in step.args]))
-        widths[slot] = max(widths.get(slot, 0), values[-1].itemsize)
+    values, widths = value_dtypes(expr, dtypes), {("arg", k): dtypes[k].itemsize for k in owned}
+    for slot, dtype in zip(p.dst, values[len(dtypes):], strict=True):
+        widths[slot] = max(widths.get(slot, 0), dtype.itemsize)
     return [widths[("arg", k)] for k in owned] + [widths.get(("tmp", t), 0) for t in range(p.temps)]
 
 

@@ -138,5 +138,5 @@ class WindowNest:
                           acc=AccMode.OVERWRITE if t == 0 else self.acc_mode, dtype=self.x.dtype,
                           out_dtype=self.acc_type)
         acc_tile = tile_expr.LocalTile(Space.ACC, acc_buf[buf], (th, tw, tc), self.acc_type)
-        return epi.emit(em, acc_tile, n, c0, oh0, ow0, (th, tw, tc), buf, final)
+        return epi.emit(em, acc_tile, n, c0, oh0, ow0, (th, tw, tc), buf, final, typed=final is not None)
 

@@ -29,7 +29,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from stagec.isa.instructions import Space
+from stagec.isa.instructions import DType, Space
 from stagec.sim.energy import ActionCounts
 
 from . import halo
@@ -67,10 +67,11 @@ class Cascade(CascadeRecord):
 
 
 def copies(L: LayerShape):
-    """1 where a non-last member's output tiles reach the intermediate by a COPY out of the accumulator,
-    0 where its epilogue writes them there (lower.schedule.nest_work.epilogue_ops)."""
+    """1 where a non-last member's output tiles reach the intermediate by a COPY out of the accumulator
+    (it has no epilogue, or a bf16 output: the COPY rounds the epilogue's float32 result, as a STORE
+    would), 0 where its epilogue writes them there (lower.schedule.nest_work.epilogue_ops)."""
     e = L.epilogue
-    return (e.plain + e.hard == 0) * 1
+    return ((e.plain + e.hard == 0) | (L.out_itemsize == DType.BF16.itemsize)) * 1
 
 
 def intermediate(L: LayerShape, m: TileMapping) -> Buffer:
@@ -93,7 +94,7 @@ def member_buffers(Ls, ms, xp) -> list[list[Buffer]]:
             own = [resident if b.name == "weights" else b for b in window_buffers(L, m, xp)]
         own = [b for b in own if i == 0 or b.name != "halo"]
         out.append(own + ([intermediate(L, m)] if i < len(Ls) - 1 else [])
-                   + ([halo.mask_buffer(m)] if i == d - 1 else []))
+                   + ([halo.mask_buffer(L, m)] if i == d - 1 else []))
     return out
 
 

@@ -27,18 +27,18 @@ from .nest_cost import nest_cost
 from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
 from .tensors import DTYPE_OF
 
-FUSED_DTYPES = ("float32", "int8")   # intermediates the scratchpad holds as the next layer reads them
+FUSED_DTYPES = ("float32", "int8", "bfloat16")   # intermediates the scratchpad holds as the next layer reads them
 
 
 def member(node, graph, nest) -> bool:
     """Whether a node (its first nest `nest`, the mapper's) can be a cascade's member: a matrix-unit
     matmul of constant weights and no batch, or a 1x1 convolution of stride 1, no padding, one group,
-    on float32 or int8 operands; or a float32 depthwise convolution (leading one, or after 1x1 ones
-    that compute its input windows: lower.schedule.halo)."""
+    on FUSED_DTYPES operands; or a depthwise convolution of one such type in and out (leading one, or
+    after 1x1 ones that compute its input windows: lower.schedule.halo)."""
     kind = getattr(nest, "kind", None)
     if kind == "depthwise":
-        # float32 in and out (an int8 graph's float depthwise conv may requantize its result)
-        return node.inputs[0].dtype == node.output.dtype == "float32" and not nest.problem.widened
+        # its type in and out (an int8 graph's float depthwise conv may requantize its result: not a member)
+        return node.inputs[0].dtype == node.output.dtype in FUSED_DTYPES
     if kind != "matrix" or node.inputs[0].dtype not in FUSED_DTYPES:
         return False
     p = nest.problem

@@ -24,7 +24,7 @@ import dataclasses
 
 from stagec.isa.instructions import Space
 
-from .buffers import FP32, Buffer
+from .buffers import Buffer, words
 from .nest import DEPTHWISE, LayerShape, halo
 
 MASK = "mask"      # the member just ahead of the depthwise: a mask per spatial tile (double-buffered)
@@ -66,9 +66,11 @@ def ahead_shapes(Ls, ms, xp) -> list:
     return [ahead_shape(L, Ls[d], ms[d].tile_oh, ms[d].tile_ow, xp) if i < d else L for i, L in enumerate(Ls)]
 
 
-def mask_buffer(m) -> Buffer:
-    """The member just ahead's masks: one window (its tile) of float32, per buffer set."""
-    return Buffer(MASK, Space.SPAD, m.tile_oh * m.tile_ow * FP32, 1 + m.double_buffer)
+def mask_buffer(L: LayerShape, m) -> Buffer:
+    """The member just ahead's masks (`L` that member): one window (its tile) of its result's elements
+    (the MUL's operands share one type), per buffer set."""
+    item = L.out_itemsize
+    return Buffer(MASK, Space.SPAD, words(m.tile_oh * m.tile_ow * item, item), 1 + m.double_buffer)
 
 
 def mask_work(L: LayerShape, w) -> tuple:
@@ -76,7 +78,7 @@ def mask_work(L: LayerShape, w) -> tuple:
     just ahead (`L` its ahead_shape, `w` its Work): a LOAD per spatial tile of the mask's inside, a MUL
     per output tile."""
     spatial = L.n * w.dims.n_h * w.dims.n_w
-    return (spatial, L.n * L.h * L.w * FP32), (w.tiles, w.groups, L.n * L.oh * L.ow * L.o)
+    return (spatial, L.n * L.h * L.w * L.out_itemsize), (w.tiles, w.groups, L.n * L.oh * L.ow * L.o)
 
 
 def mask_actions(L: LayerShape, w) -> dict:
@@ -84,6 +86,7 @@ def mask_actions(L: LayerShape, w) -> dict:
     the MULs (the result tile read and written back, the mask, broadcast over the channels, read once
     per channel tile)."""
     (_, inside), (_, _, elements) = mask_work(L, w)
-    windows = L.n * L.oh * L.ow * FP32
-    return {"dram_read_bytes": inside, "vector_ops": elements, "scratchpad_write_bytes": windows + elements * FP32,
-            "scratchpad_read_bytes": elements * FP32 + w.dims.n_o * windows}
+    item = L.out_itemsize
+    windows = L.n * L.oh * L.ow * item
+    return {"dram_read_bytes": inside, "vector_ops": elements, "scratchpad_write_bytes": windows + elements * item,
+            "scratchpad_read_bytes": elements * item + w.dims.n_o * windows}
