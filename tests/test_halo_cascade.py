@@ -85,7 +85,7 @@ def test_the_halo_cascade_cost_predicts_the_simulator(stride, hw, cycles):
     (cascade,) = c.schedule.cascades
     shapes = [LayerShape.of(*c.schedule[name].nests[0]) for name in cascade.layers]
     assert depthwise_at(shapes) == 1
-    cost = cascade_cost(shapes, list(cascade.mappings), hw, Exact)
+    cost = cascade_cost(shapes, list(cascade.mappings), hw, Exact, cascade.chunk is not None)
     report = make_report(c.program)
     for action in ("dram_read_bytes", "dram_write_bytes", "vector_ops", "macs_fp32"):
         assert getattr(cost.actions, action) == getattr(report.actions, action), action
@@ -112,10 +112,12 @@ def test_the_windows_the_expand_recomputes_are_counted_row_by_row():
 
 
 def test_a_halo_cascade_that_does_not_fit_is_split():
-    """A 24 KiB scratchpad holds each layer alone, not the block's windows and intermediates with its
-    weights: map_cascade finds no tiling of the three, the chain is cut, and the output is still right."""
+    """A 12 KiB scratchpad holds each layer alone, not the block's windows and intermediates with its
+    weights, even a chunk of channels at a time (the depthwise's weights, 7 KiB, are held whole; 24 KiB
+    holds a chunked cascade, tests/test_chunked_cascade.py): map_cascade finds no tiling of the three,
+    the chain is cut, and the output is still right."""
     model, x = block(1, size=16, c=32, out=32)
-    hw = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=24 * 1024, accumulator_bytes=16 * 1024)
+    hw = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=12 * 1024, accumulator_bytes=16 * 1024)
     c = run(PIPELINE[:[s.name for s in PIPELINE].index("schedule") + 1], Compilation(Request(model, (x,), hw=hw)))
     (chain,) = cascade_map.chains(c.graph, c.layout, dict(c.schedule.tilings), ())
     assert len(chain) == 3

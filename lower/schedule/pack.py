@@ -91,7 +91,7 @@ def fuses_instead(graph: Graph, node: Node, g: int, hw: HardwareConfig, objectiv
         c, e, _ = cascade_map.layer_cost(nest, map_conv(nest.problem, hw, nest.extras, objective=objective), hw,
                                          objective)
         cycles, energy = cycles + times * c, energy + times * e
-    return fused[4] < objective_of(cycles, energy, objective)
+    return fused.value < objective_of(cycles, energy, objective)
 
 
 def pack_depthwise(graph: Graph, hw: HardwareConfig, keep=frozenset(), fuse: str | None = None) -> Graph:
