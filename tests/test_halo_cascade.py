@@ -164,3 +164,31 @@ def test_a_depthwise_conv_that_packs_alone_stays_on_the_vector_unit_for_its_casc
     assert len(cascade["layers"]) == 3
     assert rel_err(y, y_alone) <= 1e-5 and rel_err(y, model(x).detach().numpy()) < 1e-5
     assert dram(report) < dram(alone) and report.cycles < alone.cycles
+
+
+def test_a_stems_depthwise_conv_after_a_full_conv_stays_on_the_vector_unit_for_its_cascade():
+    """MobileNetV2's stem (3x3 conv, depthwise, 1x1): the depthwise packs alone, but with no 1x1 ahead of
+    it its cascade is the depthwise leading the 1x1 (lower.schedule.pack.fuses_instead), cheaper: fused it
+    stays depthwise, in that cascade; layer by layer it packs; the outputs agree."""
+    from stagec.lower.graph.graph_ir import OpKind
+    from stagec.lower.schedule.pack import pack_depthwise
+    from stagec.pipeline import build_graph
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, stride=2, padding=1), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(32, 32, 3, padding=1, groups=32), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(32, 16, 1)).eval()
+    x = torch.randn(1, 3, 112, 112)
+    _, graph = build_graph(model, (x,))
+
+    def groups(g):
+        return [n.attr("groups") for n in g.nodes if n.op == OpKind.CONV]
+
+    hw = HardwareConfig()
+    assert groups(pack_depthwise(graph, hw)) == [1, 2, 1] and groups(pack_depthwise(graph, hw, fuse="edp")) == [1, 32, 1]
+    fused, y, report = simulated(model, x)
+    _, y_alone, alone = simulated(model, x, fuse_layers=False)
+    (cascade,) = fused.metadata["cascades"]
+    assert cascade["layers"] == [layer.name for layer in fused.layers[1:]]
+    assert rel_err(y, y_alone) <= 1e-5 and rel_err(y, model(x).detach().numpy()) < 1e-5
+    assert dram(report) < dram(alone) and report.cycles < alone.cycles
