@@ -185,7 +185,8 @@ def test_a_stems_depthwise_conv_after_a_full_conv_stays_on_the_vector_unit_for_i
         return [n.attr("groups") for n in g.nodes if n.op == OpKind.CONV]
 
     hw = HardwareConfig()
-    assert groups(pack_depthwise(graph, hw)) == [1, 2, 1] and groups(pack_depthwise(graph, hw, fuse="edp")) == [1, 32, 1]
+    assert groups(pack_depthwise(graph, hw)) == [1, 2, 1]
+    assert groups(pack_depthwise(graph, hw, fuse="edp")) == [1, 32, 1]
     fused, y, report = simulated(model, x)
     _, y_alone, alone = simulated(model, x, fuse_layers=False)
     (cascade,) = fused.metadata["cascades"]
