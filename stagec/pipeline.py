@@ -63,6 +63,7 @@ from stagec.lower.graph.passes import (
 )
 from stagec.lower.graph.quantize import QuantParams, split_residuals
 from stagec.lower.graph.quantize import quantize as quantize_graph
+from stagec.lower.graph.scale_weights import scale_weights
 from stagec.lower.schedule.layout import Layout, assign_layout
 from stagec.lower.schedule.mapper import Schedule, make_schedule
 from stagec.lower.schedule.pack import pack_depthwise
@@ -322,6 +323,9 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("hoist_affine", GraphPass(hoist_affine, fusion=True)),
     # per-channel scale and shift (batch norm) -> weights and bias
     Stage("fold_affine", GraphPass(fold_affine)),
+    # float32, layers fused: a run-time per-channel scale of a 1x1 conv's input (squeeze-excite) -> its weights,
+    # where they are smaller (the scaled input never goes to DRAM)
+    Stage("scale_weights", GraphPass(scale_weights, fusion=True), when=lambda r: r.quantize is None and r.fuse_layers),
     # int8: residual adds out of conv/matmul epilogues, so the conv's own result is calibrated
     Stage("split_residuals", GraphPass(split_residuals), when=_quantizing),
     # int8: a conv/matmul's activation function (not a clamp) -> an elementwise node, calibrated apart

@@ -160,7 +160,7 @@ def test_the_cascade_cost_predicts_the_simulator(kind, hw):
     (cascade,) = c.schedule.cascades
     assert f"  {cascade}\n" in str(c.schedule)       # the schedule dump shows it
     shapes = [LayerShape.of(*c.schedule[name].nests[0]) for name in cascade.layers]
-    cost = cascade_cost(shapes, list(cascade.mappings), hw, Exact)
+    cost = cascade_cost(shapes, list(cascade.mappings), hw, Exact, cascade.chunk is not None)
     report = make_report(c.program)
     assert cost.actions.dram_read_bytes == report.actions.dram_read_bytes
     assert cost.actions.dram_write_bytes == report.actions.dram_write_bytes
@@ -221,8 +221,8 @@ def test_the_cascade_cost_is_written_over_the_nest_namespace():
     (cascade,) = c.schedule.cascades
     shapes = [LayerShape.of(*c.schedule[name].nests[0]) for name in cascade.layers]
     hw = c.request.hw
-    exact = cascade_cost(shapes, list(cascade.mappings), hw, Exact)
-    relaxed = cascade_cost(shapes, list(cascade.mappings), hw, Relaxed(0.0))
+    exact = cascade_cost(shapes, list(cascade.mappings), hw, Exact, cascade.chunk is not None)
+    relaxed = cascade_cost(shapes, list(cascade.mappings), hw, Relaxed(0.0), cascade.chunk is not None)
     assert float(relaxed.cycles) == pytest.approx(float(exact.cycles), rel=1e-6)
     assert float(relaxed.actions.dram_read_bytes) == pytest.approx(float(exact.actions.dram_read_bytes))
 
@@ -230,7 +230,7 @@ def test_the_cascade_cost_is_written_over_the_nest_namespace():
         ms = [m.__class__(rows, jnp.float32(m.tile_ow), *(getattr(m, f) for f in ("tile_o", "tile_c",
               "double_buffer", "weights_resident", "single_acc", "transposed", "stacked")))
               for m in cascade.mappings]
-        return cascade_cost(shapes, ms, hw, Relaxed(0.1)).cycles
+        return cascade_cost(shapes, ms, hw, Relaxed(0.1), cascade.chunk is not None).cycles
 
     grad = jax.grad(cycles)(jnp.float32(cascade.tile[0]))
     assert np.isfinite(float(grad)) and float(grad) != 0.0

@@ -85,7 +85,7 @@ def test_the_halo_cascade_cost_predicts_the_simulator(stride, hw, cycles):
     (cascade,) = c.schedule.cascades
     shapes = [LayerShape.of(*c.schedule[name].nests[0]) for name in cascade.layers]
     assert depthwise_at(shapes) == 1
-    cost = cascade_cost(shapes, list(cascade.mappings), hw, Exact)
+    cost = cascade_cost(shapes, list(cascade.mappings), hw, Exact, cascade.chunk is not None)
     report = make_report(c.program)
     for action in ("dram_read_bytes", "dram_write_bytes", "vector_ops", "macs_fp32"):
         assert getattr(cost.actions, action) == getattr(report.actions, action), action
@@ -112,10 +112,12 @@ def test_the_windows_the_expand_recomputes_are_counted_row_by_row():
 
 
 def test_a_halo_cascade_that_does_not_fit_is_split():
-    """A 24 KiB scratchpad holds each layer alone, not the block's windows and intermediates with its
-    weights: map_cascade finds no tiling of the three, the chain is cut, and the output is still right."""
+    """A 12 KiB scratchpad holds each layer alone, not the block's windows and intermediates with its
+    weights, even a chunk of channels at a time (the depthwise's weights, 7 KiB, are held whole; 24 KiB
+    holds a chunked cascade, tests/test_chunked_cascade.py): map_cascade finds no tiling of the three,
+    the chain is cut, and the output is still right."""
     model, x = block(1, size=16, c=32, out=32)
-    hw = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=24 * 1024, accumulator_bytes=16 * 1024)
+    hw = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=12 * 1024, accumulator_bytes=16 * 1024)
     c = run(PIPELINE[:[s.name for s in PIPELINE].index("schedule") + 1], Compilation(Request(model, (x,), hw=hw)))
     (chain,) = cascade_map.chains(c.graph, c.layout, dict(c.schedule.tilings), ())
     assert len(chain) == 3
@@ -160,5 +162,34 @@ def test_a_depthwise_conv_that_packs_alone_stays_on_the_vector_unit_for_its_casc
     _, y_alone, alone = simulated(model, x, fuse_layers=False)
     (cascade,) = fused.metadata["cascades"]
     assert len(cascade["layers"]) == 3
+    assert rel_err(y, y_alone) <= 1e-5 and rel_err(y, model(x).detach().numpy()) < 1e-5
+    assert dram(report) < dram(alone) and report.cycles < alone.cycles
+
+
+def test_a_stems_depthwise_conv_after_a_full_conv_stays_on_the_vector_unit_for_its_cascade():
+    """MobileNetV2's stem (3x3 conv, depthwise, 1x1): the depthwise packs alone, but with no 1x1 ahead of
+    it its cascade is the depthwise leading the 1x1 (lower.schedule.pack.fuses_instead), cheaper: fused it
+    stays depthwise, in that cascade; layer by layer it packs; the outputs agree."""
+    from stagec.lower.graph.graph_ir import OpKind
+    from stagec.lower.schedule.pack import pack_depthwise
+    from stagec.pipeline import build_graph
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, stride=2, padding=1), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(32, 32, 3, padding=1, groups=32), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(32, 16, 1)).eval()
+    x = torch.randn(1, 3, 112, 112)
+    _, graph = build_graph(model, (x,))
+
+    def groups(g):
+        return [n.attr("groups") for n in g.nodes if n.op == OpKind.CONV]
+
+    hw = HardwareConfig()
+    assert groups(pack_depthwise(graph, hw)) == [1, 2, 1]
+    assert groups(pack_depthwise(graph, hw, fuse="edp")) == [1, 32, 1]
+    fused, y, report = simulated(model, x)
+    _, y_alone, alone = simulated(model, x, fuse_layers=False)
+    (cascade,) = fused.metadata["cascades"]
+    assert cascade["layers"] == [layer.name for layer in fused.layers[1:]]
     assert rel_err(y, y_alone) <= 1e-5 and rel_err(y, model(x).detach().numpy()) < 1e-5
     assert dram(report) < dram(alone) and report.cycles < alone.cycles

@@ -6,7 +6,10 @@ DRAM; each member's output-channel tiles land in its intermediate (the epilogue 
 every channel there itself, else a COPY puts each tile at its channels), which is the next
 member's input, read in place as its halo; the last member STOREs.  Each member's instructions
 belong to its own layer.  Members after a depthwise one tile its output, the ones ahead its input
-windows (lower.codegen.halo).  The tiles are emitted software-pipelined (emit_cascade).
+windows (lower.codegen.halo).  A chunked cascade's steps are its spatial tiles' chunks: per chunk,
+the chunked member computes one output-channel tile, the members after it take it on, the last
+adding it to its sums (lower.schedule.cascade).  The steps are emitted software-pipelined
+(emit_cascade).
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ class Member:
     extras: list
 
 
-def emit_cascade(em, members: list[Member], fill) -> None:
+def emit_cascade(em, members: list[Member], fill, chunk: int | None = None) -> None:
+    """Emit a cascade of `members`, chunked at member `chunk` where given (lower.schedule.cascade)."""
     Ls = [LayerShape.of(mb.kind, mb.problem, mb.epilogue.extras if mb.epilogue else ()) for mb in members]
     ms = [mb.mapping for mb in members]
     d = depthwise_at(Ls)
@@ -52,9 +56,10 @@ def emit_cascade(em, members: list[Member], fill) -> None:
     members = [dataclasses.replace(mb, problem=padded(mb.problem, dw, ms[d].tile_oh, ms[d].tile_ow)) if i < d else mb
                for i, mb in enumerate(members)]
     em.layer, em.layer_name = members[0].layer, members[0].name
-    bases = em.allocate(cascade_buffers(Ls, ms, np))
+    chunked = chunk is not None
+    bases = em.allocate(cascade_buffers(Ls, ms, np, chunked))
     nests, epis, inter, masks = [], [], [], []
-    for i, (mb, bufs) in enumerate(zip(members, member_buffers(Ls, ms, np), strict=True)):
+    for i, (mb, bufs) in enumerate(zip(members, member_buffers(Ls, ms, np, chunked), strict=True)):
         em.layer, em.layer_name = mb.layer, mb.name
         own = {b.name: bases[f"{i}:{b.name}"] for b in bufs}
         inter.append(own.pop("intermediate", None))
@@ -68,29 +73,45 @@ def emit_cascade(em, members: list[Member], fill) -> None:
     last = members[-1]
     spatial = [(n, oh0, th, ow0, tw) for n in range(dw.n) for oh0, th in tiles(dw.oh, ms[d].tile_oh)
                for ow0, tw in tiles(dw.ow, ms[d].tile_ow)]
+    parts = tiles(members[chunk].problem.o, ms[chunk].tile_o) if chunked else [None]
+    steps = [(k, j) for k in range(len(spatial)) for j in range(len(parts))]
 
-    def run(i: int, k: int) -> None:
-        """Member i's spatial tile k."""
-        mb, (n, oh0, th, ow0, tw) = members[i], spatial[k]
+    def buffer(i: int, step: int) -> int:
+        """Member i's intermediate at a step: one per chunk from the chunked member on, else per spatial tile."""
+        return inter[i][(step if chunked and i >= chunk else steps[step][0]) % len(inter[i])]
+
+    def run(i: int, step: int) -> None:
+        """Member i's part of a step: its spatial tile, or of the tile's chunk only its share."""
+        (k, j), mb = steps[step], members[i]
+        if chunked and i < chunk and j:   # members ahead of the chunked one run once per spatial tile
+            return
+        n, oh0, th, ow0, tw = spatial[k]
         em.layer, em.layer_name = mb.layer, mb.name
         # the next member reads its input as its weights' type (bf16 too: the array's and a depthwise's taps)
-        into = None if mb is last else (inter[i][k % len(inter[i])], members[i + 1].w.dtype)
-        inside = inter[i - 1][k % len(inter[i - 1])] if i else None
+        into = None if mb is last else (buffer(i, step), members[i + 1].w.dtype)
+        inside = buffer(i - 1, step) if i else None
         at = window(dw, oh0, th, ow0, tw) if i < d else (oh0, ow0, th, tw)
-        nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3], _store(em, last.out), inside, into)
+        share = {} if not chunked or i < chunk else \
+            {"ins": [parts[j]]} if mb is last and mb.kind == "matrix" else {"outs": [parts[j]]}
+        nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3], _store(em, last.out), inside, into, **share)
         if i == d - 1:
             mask = masks[k % len(masks)]
-            load_mask(em, dw, mask, oh0, th, ow0, tw, into[1])
-            apply_mask(em, into[0], mask, dw, th, tw, mb.problem.o, mb.mapping.tile_o, into[1])
+            if not j:
+                load_mask(em, dw, mask, oh0, th, ow0, tw, into[1])
+            o, tile_o = (parts[j][1],) * 2 if chunked else (mb.problem.o, mb.mapping.tile_o)
+            apply_mask(em, into[0], mask, dw, th, tw, o, tile_o, into[1])
 
-    # Software-pipelined: step s runs member i on tile s - i, the later members first, so that each
-    # unit's in-order queue finds the next tile's work behind a tile that waits on the other unit (an
+    # Software-pipelined: step s runs member i on step s - i, the later members first, so that each
+    # unit's in-order queue finds the next step's work behind a step that waits on the other unit (an
     # expand's next tile on the array while the depthwise runs on the vector unit).  Member i writes
-    # tile k's intermediate while member i + 1 reads tile k - 1's: the other of its two buffers.
-    skew = int(all(len(b) > 1 for b in inter[:-1]))
-    for s in range(len(spatial) + skew * (len(members) - 1)):
+    # step k's intermediate while member i + 1 reads step k - 1's: the other of its two buffers.
+    # Chunked, member i runs step s - 2i: a chunk's vector work (a GELU, the depthwise) then runs while
+    # the array computes the next chunk and takes in the one before, and no MATMUL waits on it; the
+    # buffer member i writes was read by member i + 1 earlier in the same step.
+    skew = int(all(len(b) > 1 for b in inter[:-1])) * (1 + chunked)
+    for s in range(len(steps) + skew * (len(members) - 1)):
         for i in reversed(range(len(members))):
-            if 0 <= s - skew * i < len(spatial):
+            if 0 <= s - skew * i < len(steps):
                 run(i, s - skew * i)
 
 

@@ -241,7 +241,8 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
             if cascade.layers[-1] == node.name:
                 _emit_rows(ctx, cascade, [index[name] for name in cascade.layers])
         elif cascade.layers[0] == node.name:
-            emit_cascade(em, [_member(ctx, emitted[index[name]], index[name]) for name in cascade.layers], ctx.fill)
+            emit_cascade(em, [_member(ctx, emitted[index[name]], index[name]) for name in cascade.layers], ctx.fill,
+                         cascade.chunk)
         mapping = str(schedule[node.name].mapping) if node_problem(node) else ""
         layers.append(Layer(node.name, node.op.value, [v.shape for v in node.inputs], node.output.shape,
                             node_macs(node), mapping))

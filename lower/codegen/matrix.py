@@ -175,6 +175,7 @@ class _ConvNest:
         self.final = tile_expr.LocalTile(Space.SPAD, self.bases["result"][0], (1, 1, 1)) \
             if self.bases["result"] else None
         self.n_halo = self.n_w = self.n_out = 0
+        self.shared = None   # the spatial tile's halo, where one LOAD serves every output-channel tile
 
     def start(self, extras) -> Epilogue:
         """LOAD what the nest holds throughout (resident weights, the epilogue's whole vectors); its Epilogue."""
@@ -183,22 +184,29 @@ class _ConvNest:
         return Epilogue(self.em, self.epilogue, list(extras), self.bases, m.tile_o, self.p.o, self.bufs,
                         m.tile_oh * m.tile_ow * m.tile_o, self.one)
 
-    def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None) -> None:
+    def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None, outs=None,
+                     ins=None) -> None:
         """A spatial tile's output-channel tiles: their sums, epilogue, and write(n, o0, oh0, ow0, counts,
         result).  In a cascade (lower.codegen.cascade), `inside`: the scratchpad base of the tile's input,
         channel tiles one after another, each [rows][cols][its channels]; `into`: (base, type) of
-        where the output goes in that form instead, the epilogue writing each tile there."""
+        where the output goes in that form instead, the epilogue writing each tile there.  A chunked
+        cascade's: `outs`, the output-channel tiles to run now (the halo LOADed with the first), or
+        `ins`, the input-channel tiles to add to the sums now (the epilogue and write after the last);
+        `inside` and `into` then hold those tiles alone."""
         p, m = self.p, self.m
-        shared = None
-        if inside is None and len(self.c_tiles) == 1:
-            shared = self.load_halo(n, oh0, th, ow0, tw, 0, p.c)
+        o_tiles = tiles(p.o, m.tile_o) if outs is None else outs
+        if inside is None and len(self.c_tiles) == 1 and o_tiles[0][0] == 0:
+            self.shared = self.load_halo(n, oh0, th, ow0, tw, 0, p.c)
         line, pitch = tile_line(self.shape, th, tw)   # transposed: C[o][line position], else C[row][col][o]
-        for o0, to in tiles(p.o, m.tile_o):
-            acc_tile = self.accumulate(n, oh0, th, ow0, tw, o0, to, shared, line, pitch, inside)
+        for o0, to in o_tiles:
+            acc_tile = self.accumulate(n, oh0, th, ow0, tw, o0, to, self.shared, line, pitch, inside, ins)
+            if ins is not None and ins[-1] != self.c_tiles[-1]:   # later chunks add to the sums
+                continue
             final = self.final
             if into is not None:
                 base, dtype = into
-                final = tile_expr.LocalTile(Space.SPAD, base + o0 * th * tw * dtype.itemsize, (th, tw, to), dtype)
+                at = (o0 - o_tiles[0][0]) * th * tw * dtype.itemsize
+                final = tile_expr.LocalTile(Space.SPAD, base + at, (th, tw, to), dtype)
             result = epi.emit(self.em, acc_tile, n, o0, oh0, ow0, (th, tw, to), self.n_out % self.bufs, final,
                               typed=into is not None)
             if into is None:
@@ -252,17 +260,20 @@ class _ConvNest:
                          Operand(Space.SPAD, row, (p.kh * tc, tc, 1)), pad=(left, right, above, below, 0, 0),
                          local=x.dtype)
 
-    def accumulate(self, n, oh0, th, ow0, tw, o0, to, shared, line, pitch, inside=None) -> tile_expr.LocalTile:
-        """An output tile's sums over every input-channel tile, zero where its whole receptive field is
-        padding, as a (rows, cols, channels) tile: the accumulator tile, or a transposed nest's COPY
-        of it out of C[o][line position].  `inside`: a cascade's input in the scratchpad (spatial_tile)."""
+    def accumulate(self, n, oh0, th, ow0, tw, o0, to, shared, line, pitch, inside=None,
+                   ins=None) -> tile_expr.LocalTile:
+        """An output tile's sums over every input-channel tile (those of `ins`, added to the sums of the
+        ones before, where given), zero where its whole receptive field is padding, as a (rows, cols,
+        channels) tile: the accumulator tile, or a transposed nest's COPY of it out of C[o][line
+        position].  `inside`: a cascade's input in the scratchpad (spatial_tile)."""
         m, acc_type = self.m, self.acc_type
         c_base = self.bases["accumulator"][self.n_out % m.acc_buffers]
         c_op = Operand(Space.ACC, c_base, (0, line, 1) if m.transposed else (tw * to, to, 1))
-        first = True
-        for c0, tc in self.c_tiles:
+        c_tiles = self.c_tiles if ins is None else ins
+        first = c_tiles[0] == self.c_tiles[0]
+        for c0, tc in c_tiles:
             if inside is not None:
-                halo = inside + c0 * th * tw * self.w.dtype.itemsize, tw
+                halo = inside + (c0 - c_tiles[0][0]) * th * tw * self.w.dtype.itemsize, tw
             else:
                 halo = shared if len(self.c_tiles) == 1 else self.load_halo(n, oh0, th, ow0, tw, c0, tc)
             if halo is None:

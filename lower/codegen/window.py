@@ -78,17 +78,21 @@ class WindowNest:
         self.w_bases = {c0: self.load_weights(c0, tc) for c0, tc in tiles(self.p.o, self.m.tile_o)}
         return self.epilogue(extras)
 
-    def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None) -> None:
-        """A spatial tile's channel tiles, as lower.codegen.matrix's nest runs them in a cascade: each written
-        by write(n, c0, oh0, ow0, counts, result), or, `into` = (base, type), by its epilogue into the
-        scratchpad there, channel tiles one after another.  `inside`: the scratchpad base of the input
-        windows, padding included, channel tiles one after another (lower.codegen.halo), or None: DRAM."""
-        for c0, tc in tiles(self.p.o, self.m.tile_o):
-            final = None
+    def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None, outs=None) -> None:
+        """A spatial tile's channel tiles (those of `outs` where given: a chunked cascade's chunk), as
+        lower.codegen.matrix's nest runs them in a cascade: each written by write(n, c0, oh0, ow0, counts,
+        result), or, `into` = (base, type), by its epilogue into the scratchpad there, channel tiles one
+        after another.  `inside`: the scratchpad base of the input windows, padding included, channel
+        tiles one after another (lower.codegen.halo), or None: DRAM."""
+        c_tiles = tiles(self.p.o, self.m.tile_o) if outs is None else outs
+        ih, iw = self.p.halo(th, tw)
+        for c0, tc in c_tiles:
+            final, at = None, c0 - c_tiles[0][0]
             if into is not None:
                 base, dtype = into
-                final = tile_expr.LocalTile(Space.SPAD, base + c0 * th * tw * dtype.itemsize, (th, tw, tc), dtype)
-            result = self.tile(epi, n, oh0, th, ow0, tw, c0, tc, self.w_bases[c0], final, inside)
+                final = tile_expr.LocalTile(Space.SPAD, base + at * th * tw * dtype.itemsize, (th, tw, tc), dtype)
+            window = None if inside is None else inside + at * ih * iw * self.x.dtype.itemsize
+            result = self.tile(epi, n, oh0, th, ow0, tw, c0, tc, self.w_bases[c0], final, window)
             if into is None:
                 write(n, c0, oh0, ow0, (th, tw, tc), result)
 
@@ -105,8 +109,8 @@ class WindowNest:
 
     def tile(self, epi: Epilogue, n, oh0, th, ow0, tw, c0, tc, w_base, final=None, inside=None) -> tile_expr.LocalTile:
         """An output tile: its halo LOADed (padding by the DMA; read in place at `inside`, padding included,
-        where a cascade computed it), a VECTOR per tap, the epilogue; the result tile (`final`, a
-        scratchpad tile, where given)."""
+        where a cascade computed it: the base of this channel tile's window), a VECTOR per tap, the
+        epilogue; the result tile (`final`, a scratchpad tile, where given)."""
         p, em, cb = self.p, self.em, self.x.dtype.itemsize
         (pt, _), (pl, _) = p.padding
         (sh, sw), (dh, dw) = p.stride, p.dilation
@@ -119,7 +123,7 @@ class WindowNest:
         top, left = max(0, -r0), max(0, -q0)
         bottom, right = max(0, r0 + ih - p.h), max(0, q0 + iw - p.w)
         dst = Operand(Space.ACC, acc_buf[buf], (tw * tc, tc, 1))
-        base = None if inside is None else inside + c0 * ih * iw * cb
+        base = inside
         if base is None and (ih - top - bottom <= 0 or iw - left - right <= 0):
             self.fill(dst, (th, tw, tc), 0.0 if self.pad_value == PadValue.ZERO else float("-inf"), self.acc_type)
         else:

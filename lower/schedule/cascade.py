@@ -15,6 +15,16 @@ output-channel tiles one after another, each a dense [rows][cols][its channels] 
 writes it there; a COPY where it has none), so the consumer's channel tiles are the producer's
 output-channel tiles.
 
+A *chunked* cascade (DeFiNES' and Stream's channel-tiled depth-first) never holds an intermediate
+whole: the `chunk_at` member's output-channel tiles (chunks) each pass through the members after it
+before the next is computed, every depthwise one on that chunk's channels, and the last, a matrix
+member of one output-channel tile (all its channels), accumulates its sums over the chunks as over
+its input-channel tiles (a last depthwise member stores the chunk).  So an inverted residual block
+whose expanded activation does not fit per spatial tile (14x14 and 7x7 blocks of 576 to 1152
+channels) still runs depth-first, its intermediates one chunk wide; members before `chunk_at` run
+once per spatial tile.  The same nest work prices it: only the intermediates' sizes and the last
+member's output tile differ.
+
 The cost is the members' nest work (lower.schedule.nest_work's matrix_work, window_work) with the
 intermediate's STORE and LOAD taken out and the COPYs put in, composed into a latency as a pipeline
 over spatial tiles: the busiest unit (LOAD and STORE queues, the DRAM channel, the vector unit, or
@@ -34,10 +44,10 @@ from stagec.sim.energy import ActionCounts
 
 from . import halo
 from .buffers import Buffer, local_bytes, words
-from .nest import MATRIX, LayerShape, TileMapping
+from .nest import DEPTHWISE, MATRIX, LayerShape, TileMapping
 from .nest_cost import dma_cycles
 from .nest_energy import actions
-from .nest_work import matrix_buffers, matrix_work, window_buffers, window_work
+from .nest_work import matrix_buffers, matrix_work, waits, window_buffers, window_work
 
 MAX_MEMBERS = 3     # layers per cascade the mapper considers (its grid grows with each one's tile choices)
 
@@ -53,17 +63,37 @@ class CascadeRecord:
 @dataclass(frozen=True)
 class Cascade(CascadeRecord):
     """Layers (node names, in order) run depth-first over spatial tiles of `tile` (rows, cols), each
-    member's nest as `mappings` says; `saved_bytes`: the DRAM traffic of the intermediates (a STORE
-    and a LOAD each) that layer-by-layer would move."""
+    member's nest as `mappings` says, `chunk` the member whose output-channel tiles it walks one at a
+    time where it is chunked (module doc), else None; `saved_bytes`: the DRAM traffic of the
+    intermediates (a STORE and a LOAD each) that layer-by-layer would move."""
 
     layers: tuple[str, ...]
     tile: tuple[int, int]
     mappings: tuple[TileMapping, ...]
     saved_bytes: int
+    chunk: int | None = None
 
     def __str__(self) -> str:
-        return (f"cascade {' -> '.join(self.layers)}: tile {self.tile[0]}x{self.tile[1]}, "
+        chunks = "" if self.chunk is None else f", chunks of {self.mappings[self.chunk].tile_o} channels"
+        return (f"cascade {' -> '.join(self.layers)}: tile {self.tile[0]}x{self.tile[1]}{chunks}, "
                 f"saves {self.saved_bytes / 1024:.1f} KiB of DRAM")
+
+
+def chunk_at(Ls) -> int:
+    """The member whose output-channel tiles a chunked cascade of members `Ls` walks one at a time: the
+    last but one, or, where depthwise members (channel-wise) come before the last, the one ahead of
+    them."""
+    i = len(Ls) - 2
+    while i > 0 and int(Ls[i].kind) == DEPTHWISE:
+        i -= 1
+    return i
+
+
+def chunk_members(Ls, chunked) -> list:
+    """Per member, 1 where a `chunked` cascade holds its intermediate one chunk at a time (from
+    `chunk_at` to the last but one), else 0 (arrays where `chunked` is one)."""
+    s = chunk_at(Ls)
+    return [chunked * (s <= i < len(Ls) - 1) for i in range(len(Ls))]
 
 
 def copies(L: LayerShape):
@@ -74,18 +104,22 @@ def copies(L: LayerShape):
     return ((e.plain + e.hard == 0) | (L.out_itemsize == DType.BF16.itemsize)) * 1
 
 
-def intermediate(L: LayerShape, m: TileMapping) -> Buffer:
-    """A non-last member's result tiles, every channel, `out_itemsize` each (int8 or float32)."""
+def intermediate(L: LayerShape, m: TileMapping, chunk=0) -> Buffer:
+    """A non-last member's result tiles, every channel (one output-channel tile where it holds a
+    `chunk`), `out_itemsize` each (int8 or float32)."""
     item = L.out_itemsize
-    return Buffer("intermediate", Space.SPAD, words(m.tile_oh * m.tile_ow * L.o * item, item), 1 + m.double_buffer)
+    channels = chunk * m.tile_o + (1 - chunk) * L.o
+    return Buffer("intermediate", Space.SPAD, words(m.tile_oh * m.tile_ow * channels * item, item),
+                  1 + m.double_buffer)
 
 
-def member_buffers(Ls, ms, xp) -> list[list[Buffer]]:
+def member_buffers(Ls, ms, xp, chunked=0) -> list[list[Buffer]]:
     """Each member's buffers: its nest's (the first member's halo; the others read the intermediate;
-    a depthwise member holds every channel tile's weights) and, but for the last, its intermediate; the
-    member just ahead of a depthwise one, its masks (lower.schedule.halo)."""
+    a depthwise member holds every channel tile's weights) and, but for the last, its intermediate (a
+    chunk's where `chunked`); the member just ahead of a depthwise one, its masks (lower.schedule.halo)."""
     out = []
     d = halo.depthwise_at(Ls)
+    chunk = chunk_members(Ls, chunked)
     for i, (L, m) in enumerate(zip(halo.ahead_shapes(Ls, ms, xp), ms, strict=True)):
         if L.kind == MATRIX:
             own = matrix_buffers(L, m, xp)
@@ -93,15 +127,15 @@ def member_buffers(Ls, ms, xp) -> list[list[Buffer]]:
             resident = Buffer("weights", Space.SPAD, words(L.kh * L.kw * L.o * L.itemsize, L.itemsize))
             own = [resident if b.name == "weights" else b for b in window_buffers(L, m, xp)]
         own = [b for b in own if i == 0 or b.name != "halo"]
-        out.append(own + ([intermediate(L, m)] if i < len(Ls) - 1 else [])
+        out.append(own + ([intermediate(L, m, chunk[i])] if i < len(Ls) - 1 else [])
                    + ([halo.mask_buffer(L, m)] if i == d - 1 else []))
     return out
 
 
-def cascade_buffers(Ls, ms, xp) -> list[Buffer]:
+def cascade_buffers(Ls, ms, xp, chunked=0) -> list[Buffer]:
     """Every buffer the cascade holds at once, named `member:buffer` (one Emitter.allocate)."""
-    return [dataclasses.replace(b, name=f"{i}:{b.name}") for i, bs in enumerate(member_buffers(Ls, ms, xp))
-            for b in bs]
+    return [dataclasses.replace(b, name=f"{i}:{b.name}")
+            for i, bs in enumerate(member_buffers(Ls, ms, xp, chunked)) for b in bs]
 
 
 class CascadeCost(NamedTuple):
@@ -116,9 +150,9 @@ class CascadeCost(NamedTuple):
     acc_bytes: object
 
 
-def cascade_cost(Ls, ms, hw, ops) -> CascadeCost:
+def cascade_cost(Ls, ms, hw, ops, chunked=0) -> CascadeCost:
     """The cost of a cascade of members `Ls` (LayerShapes) mapped by `ms` (TileMappings sharing one
-    spatial tile) on `hw` (module doc)."""
+    spatial tile) on `hw`, `chunked` or not (module doc)."""
     xp = ops.xp
     last = len(Ls) - 1
     Ls = halo.ahead_shapes(Ls, ms, xp)
@@ -138,7 +172,8 @@ def cascade_cost(Ls, ms, hw, ops) -> CascadeCost:
         vec = w.epilogue + copy * w.groups + (1 - on_array) * w.compute + (i == d - 1) * mul_cycles
         tiles = xp.maximum(w.tiles, 1)
         # the next member's first MATMUL waits for this member's last output tile's vector work
-        matrix = matrix + on_array * w.compute + (i < last) * L.n * w.dims.n_h * w.dims.n_w * vec / tiles
+        matrix = (matrix + on_array * (w.compute + waits(L, m, w, hw))
+                  + (i < last) * L.n * w.dims.n_h * w.dims.n_w * vec / tiles)
         vector = vector + vec
         instructions = instructions + w.instructions - (i > 0) * w.halo[0] - (i < last) * (w.store[0] - copy * w.tiles)
         acts.append(_member_actions(L, m, w, hw, ops, i > 0, (i < last) * 1, copy))
@@ -149,7 +184,7 @@ def cascade_cost(Ls, ms, hw, ops) -> CascadeCost:
             + (Ls[0].kind == MATRIX) * dma_cycles(*first.weights, hw) / xp.maximum(first.steps, 1))
     drain = (end.epilogue + dma_cycles(*end.store, hw)) / xp.maximum(end.tiles, 1)
     busiest = ops.smax(*units.values())
-    spad, acc = local_bytes(cascade_buffers(Ls, ms, xp))
+    spad, acc = local_bytes(cascade_buffers(Ls, ms, xp, chunked))
     total = ActionCounts(**{k: sum(a.get(k, 0) for a in acts) for k in acts[-1]})
     return CascadeCost(dma_cycles(*startup, hw) + fill + busiest + drain, instructions, total, units, spad, acc)
 

@@ -3,8 +3,9 @@
 A chain is a run of consecutive emitted pointwise layers (`member`; a depthwise one too, `follows`),
 each one's result read by the next alone (not a graph output, no other reader).  Each segment of a
 chain of up to MAX_MEMBERS layers gets its best cascade tiling (`map_cascade`: a grid of spatial
-tiles crossed with each member's output-channel tile and weight residency, what fits the
-scratchpad and accumulator, ranked by compile's objective of the cascade's cost); a chain is then
+tiles crossed with each member's output-channel tile and weight residency, and chunked or not
+(lower.schedule.cascade), what fits the scratchpad and accumulator, ranked by compile's objective
+of the cascade's cost); a chain is then
 cut into the segments of least total objective, a segment of one layer being the layer as the
 default mapper tiled it.
 A cascade that does not fit, or costs more, is thus split, never emitted illegally.
@@ -12,7 +13,9 @@ A cascade that does not fit, or costs more, is thus split, never emitted illegal
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -20,7 +23,7 @@ from stagec.isa.instructions import MAX_COUNT
 from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..graph.graph_ir import OpKind
-from .cascade import MAX_MEMBERS, Cascade, cascade_cost
+from .cascade import MAX_MEMBERS, Cascade, cascade_cost, chunk_at
 from .halo import depthwise_at, window_tile
 from .nest import MATRIX, Exact, LayerShape, TileMapping
 from .nest_cost import nest_cost
@@ -105,21 +108,36 @@ def _charged(cycles, instructions, actions: ActionCounts, hw, objective: str):
 
 def _mappings(Ls, axes, double) -> list[TileMapping]:
     """Each member's mapping from `axes` (spatial tile, then per member its output-channel tile and
-    weight residency; arrays of the grid, or the picked numbers).  A member's channel tiles are the
-    one before's output-channel tiles (lower.schedule.cascade), a depthwise member's one (its nest's)
-    and its output-channel tiles the one before's; a member ahead of a depthwise one tiles its input
-    windows (lower.schedule.halo)."""
+    weight residency, then the last member's single accumulator tile and whether chunked; arrays of
+    the grid, or the picked numbers).  A member's channel tiles are the one before's output-channel
+    tiles (lower.schedule.cascade), a depthwise member's one (its nest's) and its output-channel
+    tiles the one before's; a member ahead of a depthwise one tiles its input windows
+    (lower.schedule.halo); chunked, the last matrix member's output tile is all its channels."""
     th, tw = axes[0], axes[1]
     d = depthwise_at(Ls)
     outs = [axes[2 + 2 * (i - 1)] if d and i == d else axes[2 + 2 * i] for i in range(len(Ls))]
+    if Ls[-1].kind == MATRIX:
+        outs[-1] = np.where(axes[-1], Ls[-1].o, outs[-1])
     return [TileMapping(*(window_tile(Ls[d], th, tw) if i < d else (th, tw)), outs[i],
-                        outs[i - 1] if i else L.c if L.kind == MATRIX else 1, double, axes[3 + 2 * i])
+                        outs[i - 1] if i else L.c if L.kind == MATRIX else 1, double, axes[3 + 2 * i],
+                        axes[-2] if i == len(Ls) - 1 else 0)
             for i, L in enumerate(Ls)]
 
 
-def map_cascade(nests, hw, objective: str):
-    """The cheapest cascade tiling of members `nests` (the mapper's ConvNests): (spatial tile, member
-    mappings, charged cycles, energy, objective), or None when no tiling fits."""
+class Mapped(NamedTuple):
+    """A cascade's tiling as map_cascade picks it: spatial tile, member mappings, the chunked member (or
+    None), and its charged cycles, energy and objective."""
+
+    tile: tuple
+    mappings: tuple
+    chunk: int | None
+    cycles: float
+    energy: float
+    value: float
+
+
+def map_cascade(nests, hw, objective: str) -> Mapped | None:
+    """The cheapest cascade tiling of members `nests` (the mapper's ConvNests), or None when no tiling fits."""
     Ls = [LayerShape.of(nest.kind, nest.problem, nest.extras) for nest in nests]
     d = depthwise_at(Ls)
     if max(L.c for L in Ls) > MAX_COUNT or sum(L.kind != MATRIX for L in Ls) > 1:   # one halo at most
@@ -129,9 +147,12 @@ def map_cascade(nests, hw, objective: str):
         # ahead's), weight residency (a depthwise member's are whole, held throughout)
         axes += [np.array([0]) if d and i == d else _options(L.o, hw.array_cols),
                  np.array([1, 0] if L.kind == MATRIX else [0])]
+    # the last member's single accumulator tile (a chunked one's holds every channel); chunked (its
+    # last MATMULs' n is the o)
+    axes += [np.array([0, 1] if Ls[-1].kind == MATRIX else [0]), np.array([0, 1] if Ls[-1].o <= MAX_COUNT else [0])]
     grid = [np.asarray(a).reshape([1] * i + [-1] + [1] * (len(axes) - 1 - i)) for i, a in enumerate(axes)]
     ms = _mappings(Ls, grid, 1)
-    cost = cascade_cost(Ls, ms, hw, Exact)
+    cost = cascade_cost(Ls, ms, hw, Exact, grid[-1])
     charged, energy, value = _charged(cost.cycles, cost.instructions, cost.actions, hw, objective)
     shape = np.broadcast_shapes(*(np.shape(g) for g in grid))
     fit = np.broadcast_to((cost.spad_bytes <= hw.scratchpad_bytes) & (cost.acc_bytes <= hw.accumulator_bytes), shape)
@@ -140,10 +161,12 @@ def map_cascade(nests, hw, objective: str):
     value = np.where(fit, np.broadcast_to(value, shape), np.inf)
     at = np.unravel_index(int(np.argmin(value)), shape)
     pick = [int(axes[i][at[i]]) for i in range(len(axes))]
-    pick = [bool(v) if i > 2 and i % 2 else v for i, v in enumerate(pick)]    # the weights' residency
-    mappings = tuple(_mappings(Ls, pick, True))
-    return ((pick[0], pick[1]), mappings, float(np.broadcast_to(charged, shape)[at]),
-            float(np.broadcast_to(energy, shape)[at]), float(value[at]))
+    pick = [bool(v) if i > 2 and i % 2 or i == len(pick) - 2 else v for i, v in enumerate(pick)]   # the switches
+    mappings = tuple(dataclasses.replace(m, tile_o=int(m.tile_o), single_acc=bool(m.single_acc))
+                     for m in _mappings(Ls, pick, True))
+    return Mapped((pick[0], pick[1]), mappings, chunk_at(Ls) if pick[-1] else None,
+                  float(np.broadcast_to(charged, shape)[at]), float(np.broadcast_to(energy, shape)[at]),
+                  float(value[at]))
 
 
 def layer_cost(nest, m: TileMapping, hw, objective: str):
@@ -174,9 +197,10 @@ def choose_cascades(graph, layout, tilings: dict, hw, objective: str, excluded) 
             for i in range(max(0, j - MAX_MEMBERS), j - 1):
                 mapped = map_cascade(nests[i:j], hw, objective)
                 if mapped is not None:
-                    tile, mappings, c, e, _ = mapped
-                    cascade = Cascade(tuple(n.name for n in run[i:j]), tile, mappings, saved_bytes(run[i:j]))
-                    options.append((best[i][0] + c, best[i][1] + e, best[i][2] + [cascade]))
+                    cascade = Cascade(tuple(n.name for n in run[i:j]), mapped.tile, mapped.mappings,
+                                      saved_bytes(run[i:j]), mapped.chunk)
+                    options.append((best[i][0] + mapped.cycles, best[i][1] + mapped.energy,
+                                    best[i][2] + [cascade]))
             best.append(min(options, key=lambda o: objective_of(o[0], o[1], objective)))
         found += best[-1][2]
     return found

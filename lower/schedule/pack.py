@@ -63,10 +63,11 @@ def block_diagonal(w: np.ndarray, g: int) -> np.ndarray:
 
 def fuses_instead(graph: Graph, node: Node, g: int, hw: HardwareConfig, objective: str, links) -> bool:
     """Whether depthwise conv `node`, packed by `g`, is better left on the vector unit to run in one
-    cascade with the 1x1 convolution it alone reads and, where there is one, the 1x1 that alone reads
-    it (an inverted residual block, lower.schedule.halo; with a squeeze-excite between the depthwise
-    and the projection, the first two): by `objective` of the summed cycles and energy of the block's
-    layers alone, the depthwise packed, against the cascade's.  `links`: (producer, consumers, outputs)."""
+    cascade with the 1x1 convolution it alone reads and the 1x1 that alone reads it, where there are
+    (an inverted residual block, lower.schedule.halo; with a squeeze-excite between the depthwise
+    and the projection, the first two; a stem's depthwise after a full conv, the last two): by
+    `objective` of the summed cycles and energy of the block's layers alone, the depthwise packed,
+    against the cascade's.  `links`: (producer, consumers, outputs)."""
     producer, consumers, outputs = links
 
     def alone(v: Value) -> bool:
@@ -76,22 +77,25 @@ def fuses_instead(graph: Graph, node: Node, g: int, hw: HardwareConfig, objectiv
         return n is not None and n.op == OpKind.CONV and cascade_map.member(n, graph, node_problem(n))
 
     ahead = producer.get(node.inputs[0].id)
-    if not (joins(ahead) and alone(node.inputs[0]) and joins(node)):
-        return False
     after = consumers[node.output.id][0] if alone(node.output) else None
-    block = [ahead, node] + ([after] if joins(after) else [])
+    lead = [ahead] if joins(ahead) and alone(node.inputs[0]) else []
+    block = lead + [node] + ([after] if joins(after) else [])
+    if len(block) < 2 or not joins(node):
+        return False
     nests = [node_problem(n) for n in block]
     fused = cascade_map.map_cascade(nests, hw, objective)
     if fused is None:
         return False
-    dw = nests[1]
-    nests[1] = dw._replace(kind="matrix", problem=replace(dw.problem, c=g, o=g))
+    at = len(lead)
+    dw = nests[at]
+    nests[at] = dw._replace(kind="matrix", problem=replace(dw.problem, c=g, o=g))
     cycles = energy = 0.0
-    for nest, times in zip(nests, (1, dw.problem.c // g, 1), strict=False):
+    for i, nest in enumerate(nests):
+        times = dw.problem.c // g if i == at else 1
         c, e, _ = cascade_map.layer_cost(nest, map_conv(nest.problem, hw, nest.extras, objective=objective), hw,
                                          objective)
         cycles, energy = cycles + times * c, energy + times * e
-    return fused[4] < objective_of(cycles, energy, objective)
+    return fused.value < objective_of(cycles, energy, objective)
 
 
 def pack_depthwise(graph: Graph, hw: HardwareConfig, keep=frozenset(), fuse: str | None = None) -> Graph:
