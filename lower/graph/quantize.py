@@ -174,8 +174,7 @@ class _Rewriter:
 
     def int8_result(self, node: Node, inputs, scale: float, dtype: str = "int8", name: str | None = None,
                     **attrs) -> None:
-        """Emit `node` (as `name`, its own by default) over int8 `inputs` with a result of `dtype` (int8 at
-        `scale`, or int32 sums)."""
+        """Emit `node` (as `name`, else its own) over int8 `inputs`: a `dtype` result (int8 at `scale`, int32 sums)."""
         out = self.fresh(node.output.shape, dtype)
         self.nodes.append(Node(node.op, tuple(inputs), out, tuple(sorted({**dict(node.attrs), **attrs}.items())),
                                name or node.name))
