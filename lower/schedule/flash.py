@@ -4,9 +4,10 @@ The pattern (what a traced attention becomes after defer_row_scale): S = Q @ K^T
 epilogue none or a constant scale), optionally masked (select(pred, fill, S), fill a constant:
 BERT's padding mask), m = max(S) and l = sum(E) over S's rows (REDUCEs), E = exp(S - m) (an
 ELEMENTWISE), r = recip(l), O = (E @ V) * r (a batched MATMUL whose epilogue is the deferred row
-scale), every intermediate read by the pattern alone, float32 throughout (int8 attention keeps its layers apart:
-its softmax requantizes the scores and exp runs through a table, which an online softmax's
-rescaling does not commute with).  Views between them (reshapes, broadcasts) emit nothing.
+scale), every intermediate read by the pattern alone, float32 throughout (int8 attention requantizes
+the scores and quantizes P at a fixed scale, which an online softmax's rescaling does not commute
+with: lower.schedule.flash_int8 keeps its score rows in the scratchpad instead).  Views between them
+(reshapes, broadcasts) emit nothing.
 
 It runs per batch (head) and query block of `tq` rows: Q's block is loaded once; per key block of
 `tk` columns, K^T's and V's blocks (and the mask's) are loaded, S's block computed on the array into
@@ -233,44 +234,55 @@ def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = F
 SUB_EXP = (Step("sub", (0, 1)), Step("exp", (2,)))
 
 
-def match(graph, layout, excluded=frozenset()) -> list[Attention]:
-    """Every attention of the module doc's pattern in `graph`, its layers emitted (views between them
-    emit nothing, every intermediate read by the pattern alone), none of them in `excluded`."""
-    uses, producer = graph.consumers(), graph.producer()
-    outputs = {v.id for v in graph.outputs}
+class Walk:
+    """A graph as the attention matchers walk it: its emitted nodes, seen through the views between
+    them (reshapes and broadcasts that emit nothing)."""
 
-    def view(p) -> bool:
-        return p is not None and p.op in (OpKind.RESHAPE, OpKind.BROADCAST) and not layout.emits(p)
+    def __init__(self, graph, layout):
+        self.uses, self.producer, self.layout = graph.consumers(), graph.producer(), layout
+        self.outputs = {v.id for v in graph.outputs}
 
-    def node_of(v, op):
+    def view(self, p) -> bool:
+        return p is not None and p.op in (OpKind.RESHAPE, OpKind.BROADCAST) and not self.layout.emits(p)
+
+    def node_of(self, v, op):
         """The emitted node of `op` whose result `v` views."""
-        p = producer.get(v.id)
-        while view(p):
-            p = producer.get(p.inputs[0].id)
-        return p if p is not None and p.op == op and layout.emits(p) else None
+        p = self.producer.get(v.id)
+        while self.view(p):
+            p = self.producer.get(p.inputs[0].id)
+        return p if p is not None and p.op == op and self.layout.emits(p) else None
 
-    def constant(v) -> float | None:
-        """The value of a one-element constant that `v` views, else None."""
-        p = producer.get(v.id)
-        while view(p):
-            v, p = p.inputs[0], producer.get(p.inputs[0].id)
-        c = graph.constants.get(v.id)
-        return float(c.reshape(-1)[0]) if c is not None and c.size == 1 else None
-
-    def readers(node) -> set | None:
+    def readers(self, node) -> set | None:
         """The names of the emitted nodes that read `node`'s result (through views); None if a graph output."""
         out, todo = set(), [node.output]
         while todo:
             v = todo.pop()
-            if v.id in outputs:
+            if v.id in self.outputs:
                 return None
-            for c in uses.get(v.id, ()):
-                todo += [c.output] if view(c) else []
-                out |= set() if view(c) else {c.name}
+            for c in self.uses.get(v.id, ()):
+                todo += [c.output] if self.view(c) else []
+                out |= set() if self.view(c) else {c.name}
         return out
 
-    def row_reduce(node, func: str) -> bool:
-        return node.attr("func") == func and tuple(node.attr("axes")) == (len(node.inputs[0].shape) - 1,)
+
+def row_reduce(node, func: str) -> bool:
+    """Whether `node` (a REDUCE) takes `func` over its input's last dim."""
+    return node.attr("func") == func and tuple(node.attr("axes")) == (len(node.inputs[0].shape) - 1,)
+
+
+def match(graph, layout, excluded=frozenset()) -> list[Attention]:
+    """Every attention of the module doc's pattern in `graph`, its layers emitted (views between them
+    emit nothing, every intermediate read by the pattern alone), none of them in `excluded`."""
+    walk = Walk(graph, layout)
+    node_of, readers = walk.node_of, walk.readers
+
+    def constant(v) -> float | None:
+        """The value of a one-element constant that `v` views, else None."""
+        p = walk.producer.get(v.id)
+        while walk.view(p):
+            v, p = p.inputs[0], walk.producer.get(p.inputs[0].id)
+        c = graph.constants.get(v.id)
+        return float(c.reshape(-1)[0]) if c is not None and c.size == 1 else None
 
     found = []
     for pv in graph.nodes:
@@ -324,22 +336,41 @@ def _layers_alone(a: Attention, tilings: dict, hw, objective: str) -> tuple[floa
     return cycles + moved / hw.dma_bandwidth_bytes_per_cycle, energy + moved * hw.energy_pj_per_dram_byte
 
 
-def map_flash(dims, hw, objective: str, scale: bool = False, masked: bool = False):
-    """The (tq, tk) of least objective that fits, with its (charged cycles, energy), or None."""
-    _, m, n, d = dims
+def search_blocks(m: int, n: int, buffers, cost, hw, objective: str):
+    """The (query block, key block) of least objective whose `buffers(tq, tk)` fit the scratchpad and
+    the accumulator, with its (charged cycles, energy), or None; `cost(tq, tk)`: (charged cycles, actions)."""
     best = None
     for tq in tile_sizes(m, MAX_COUNT):
         for tk in tile_sizes(n, MAX_COUNT):
-            spad, acc = local_bytes(flash_buffers(int(tq), int(tk), d, masked))
+            spad, acc = local_bytes(buffers(int(tq), int(tk)))
             if spad > hw.scratchpad_bytes or acc > hw.accumulator_bytes:
                 continue
-            cost = flash_cost(dims, int(tq), int(tk), hw, scale, masked)
-            charged = cost.cycles + INSTRUCTION_CHARGE * cost.instructions
-            energy = sum(energy_pj(cost.actions, charged, hw).values())
+            charged, actions = cost(int(tq), int(tk))
+            energy = sum(energy_pj(actions, charged, hw).values())
             value = objective_of(charged, energy, objective)
             if best is None or value < best[0]:
                 best = (value, (int(tq), int(tk)), charged, energy)
     return best and best[1:]
+
+
+def map_flash(dims, hw, objective: str, scale: bool = False, masked: bool = False):
+    """The (tq, tk) of least objective that fits, with its (charged cycles, energy), or None."""
+    def cost(tq: int, tk: int):
+        c = flash_cost(dims, tq, tk, hw, scale, masked)
+        return c.cycles + INSTRUCTION_CHARGE * c.instructions, c.actions
+    return search_blocks(dims[1], dims[2], lambda tq, tk: flash_buffers(tq, tk, dims[3], masked), cost, hw,
+                         objective)
+
+
+def pays(a, mapped, tilings: dict, hw, objective: str):
+    """(tile, DRAM bytes saved) of attention `a` (a matched pattern: its `nodes`, the last P·V) mapped as
+    `mapped` (search_blocks'), where its objective is below a lower bound of its layers' own; else None."""
+    if mapped is None:
+        return None
+    tile, cycles, energy = mapped
+    if objective_of(cycles, energy, objective) >= objective_of(*_layers_alone(a, tilings, hw, objective), objective):
+        return None
+    return tile, sum(n.output.size * DTYPE_OF[n.output.dtype].itemsize * 2 for n in a.nodes[:-1])
 
 
 def choose_flash(graph, layout, tilings: dict, hw, objective: str, excluded) -> list[FlashAttention]:
@@ -348,13 +379,7 @@ def choose_flash(graph, layout, tilings: dict, hw, objective: str, excluded) -> 
     chosen = []
     for a in match(graph, layout, excluded):
         dims = dims_of(a)
-        mapped = map_flash(dims, hw, objective, a.scale is not None, a.fill is not None)
-        if mapped is None:
-            continue
-        tile, cycles, energy = mapped
-        if objective_of(cycles, energy, objective) >= objective_of(*_layers_alone(a, tilings, hw, objective),
-                                                                   objective):
-            continue
-        saved = sum(n.output.size * DTYPE_OF[n.output.dtype].itemsize * 2 for n in a.nodes[:-1])
-        chosen.append(FlashAttention(tuple(n.name for n in a.nodes), tile, dims, saved, a.scale, a.fill))
+        taken = pays(a, map_flash(dims, hw, objective, a.scale is not None, a.fill is not None), tilings, hw, objective)
+        if taken is not None:
+            chosen.append(FlashAttention(tuple(n.name for n in a.nodes), taken[0], dims, taken[1], a.scale, a.fill))
     return chosen
