@@ -197,21 +197,29 @@ def int8_flash_buffers(sh: Shape, tq: int, tk: int) -> list[Buffer]:
             Buffer("s", Space.ACC, tq * tk * F32, 2), Buffer("o", Space.ACC, tq * d * F32)]
 
 
-def _vectors(sh: Shape, q: int, t: int, d: int) -> tuple[list, list]:
-    """(elements, transcendental) of the vector instructions (lower.codegen.flash_int8's) of one key
-    block of t columns for q query rows: S's epilogue, the running max, E's expression and its
-    rounding, its row sums, P's expression; and of the query block's end: the max dequantized, the sum
-    rounded, r, P·V's epilogue (each value rounded where the layers keep it bf16)."""
-    def expr(role: str, elements: int) -> list:
-        return [(elements, f in HARD) for f in sh.steps.get(role, ())] + 2 * [(elements, False)] * (role in sh.rounded)
-    block = expr("scores", q * t) + [(q * t, False)] + expr("exp", q * t) + [(q * t, False)] + expr("quant", q * t)
-    return block, expr("dequant", q) + expr("sum", q) + expr("recip", q) + expr("pv", q * d)
+def _expr(sh: Shape, role: str, elements: int) -> list:
+    """(elements, transcendental) of the vector instructions of a member's expression over `elements`,
+    and of its bf16 rounding where the layers keep its value bf16."""
+    return [(elements, f in HARD) for f in sh.steps.get(role, ())] + 2 * [(elements, False)] * (role in sh.rounded)
+
+
+def _block_vectors(sh: Shape, q: int, t: int) -> list:
+    """One key block of t columns for q query rows (lower.codegen.flash_int8's): S's epilogue, the
+    running max, E's expression, its row sums, P's expression."""
+    return (_expr(sh, "scores", q * t) + [(q * t, False)] + _expr(sh, "exp", q * t) + [(q * t, False)]
+            + _expr(sh, "quant", q * t))
+
+
+def _end_vectors(sh: Shape, q: int, d: int) -> list:
+    """A query block's end: the max dequantized, the sum rounded, r, P·V's epilogue."""
+    return _expr(sh, "dequant", q) + _expr(sh, "sum", q) + _expr(sh, "recip", q) + _expr(sh, "pv", q * d)
 
 
 def int8_flash_cost(sh: Shape, tq: int, tk: int, hw) -> tuple[float, ActionCounts]:
     """(charged cycles, actions) of the cascade in blocks of tq x tk, as lower.codegen.flash_int8 emits
     it: the busiest of the load queue, the DRAM channel, the array and the vector unit, plus the first
-    block's loads.  Its DRAM bytes, MACs and vector ops are the program's exactly."""
+    block's loads.  Its DRAM bytes, MACs and vector ops are the program's exactly; its scratchpad and
+    accumulator bytes (energy only) an estimate."""
     b, m, n, d = sh.dims
     t = dict.fromkeys(("matrix", "vector", "ops", "macs", "instructions"), 0.0)
 
@@ -229,8 +237,8 @@ def int8_flash_cost(sh: Shape, tq: int, tk: int, hw) -> tuple[float, ActionCount
                                         + matmul_cycles(q, kb, d, hw.array_rows, hw.array_cols, hw.dataflow))
             t["macs"] += reps * 2 * q * kb * d
             t["instructions"] += reps * 4               # two LOADs, two MATMULs
-            add(_vectors(sh, q, kb, d)[0], reps)
-        add(_vectors(sh, q, 0, d)[1], b * q_times)
+            add(_block_vectors(sh, q, kb), reps)
+        add(_end_vectors(sh, q, d), b * q_times)
     nq, nk = -(-m // tq), -(-n // tk)
     read = b * m * d + b * nq * 2 * n * d + sh.const_read
     written = b * m * d * sh.out_itemsize
