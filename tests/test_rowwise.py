@@ -1,19 +1,23 @@
 """Row cascades (lower.schedule.rowwise, lower.codegen.rowwise): a residual add -> layer norm's vector
 layers in one pass per row block; checked against PyTorch, against the same model compiled layer by
-layer, its cost against the simulator, refused where it does not fit or the graph is int8."""
+layer, its cost against the simulator, refused where it does not fit; an int8 graph's float islands and
+a bf16 graph's norms too."""
 
+import numpy as np
 import pytest
 import torch
 from helpers import rel_err
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_int8_attention import assert_matches_reference, cosine
 
 import stagec
 from stagec import zoo
 from stagec.isa import HardwareConfig
+from stagec.lower.graph.graph_ir import Graph
 from stagec.lower.schedule.rowwise import RowCascade, row_cost
 from stagec.lower.schedule.rowwise import plans as row_plans
-from stagec.pipeline import PIPELINE, Compilation, Request, run
+from stagec.pipeline import PIPELINE, Compilation, Request, position, run
 from stagec.report import make_report
 from stagec.sim.energy import energy_pj
 
@@ -154,13 +158,77 @@ def test_rows_that_do_not_fit_run_layer_by_layer():
     assert rel_err(y, model(*args).detach().numpy()) < 1e-5
 
 
-def test_int8_and_unfused_programs_have_no_row_cascades():
-    """An int8 graph's float islands stay layer by layer (stagec.int8_reference's summation order);
-    fuse_layers=False runs every layer alone."""
+def test_unfused_programs_have_no_row_cascades():
+    """fuse_layers=False runs every layer alone."""
     model = PreNorm(32)
-    args = inputs(model, width=32)
-    assert not rows_of(compiled(model, args, quantize="int8", calibration=[args]))
-    assert not rows_of(compiled(model, args, fuse_layers=False))
+    assert not rows_of(compiled(model, inputs(model, width=32), fuse_layers=False))
+
+
+def int8_islands(model, args, fallback: str):
+    """(compilation, graph with every row cascade's int8 result an output too) of `model`, int8 with its
+    float islands in `fallback`."""
+    c = compiled(model, args, quantize="int8", calibration=[args], fallback=fallback)
+    names = {name for x in rows_of(c) for name in x.layers}
+    extra = tuple(n.output for n in c.graph.nodes if n.name in names and n.output.dtype == "int8")
+    assert extra            # the layer norm's island ends quantizing its result for the next matmul
+    return c, Graph(c.graph.inputs, c.graph.outputs + extra, c.graph.nodes, c.graph.constants)
+
+
+@pytest.mark.parametrize("fallback", ["bf16", "fp32"])
+@pytest.mark.parametrize("hw", [HardwareConfig(), TIGHT], ids=["default", "tight"])
+def test_int8_float_islands_run_as_row_cascades(fallback, hw):
+    """An int8 graph's layer norm island (int8 in, the norm's result quantized to int8 out; the residual
+    add before it an integer one) runs as a row cascade: its int8 results are the layers' within 1 LSB
+    (only a row's summation order differs), the outputs match the integer reference (up to rounding
+    ties) and PyTorch."""
+    model = PreNorm(48)
+    args = inputs(model, width=48)
+    c, graph = int8_islands(model, args, fallback)
+    assert any("reduce" in name for x in rows_of(c) for name in x.layers)
+    x = [a.numpy() for a in args]
+    fused, alone = (run(PIPELINE[position("pack"):], Compilation(Request(None, hw=hw, fuse_layers=f), graph=graph))
+                    for f in (True, False))
+    assert rows_of(fused) and not rows_of(alone)
+    got, want = (stagec.simulate(k.program, *x)[0] for k in (fused, alone))
+    for a, b in zip(got[1:], want[1:], strict=True):
+        assert np.abs(a.astype(np.int32) - b.astype(np.int32)).max() <= 1
+    assert_matches_reference(graph, x, got, fp32_tolerance=1e-5)
+    assert cosine(got[0], model(*args).detach().numpy()) >= 0.99
+    assert moved(make_report(fused.program)) < moved(make_report(alone.program))
+
+
+def test_bf16_layer_norms_run_as_row_cascades():
+    """quantize='bf16': the residual add -> layer norm runs as a row cascade, each value rounded to bf16
+    where the layers store it: the outputs are the unfused program's (within a bf16 step of the
+    outputs' scale) and PyTorch's (within bf16's precision)."""
+    model = PostNorm(48)
+    args = inputs(model)
+    c = compiled(model, args, quantize="bf16")
+    (cascade,) = rows_of(c)
+    assert len(cascade.layers) == 7
+    y, report = stagec.simulate(c.program, *args)
+    y_alone, alone = stagec.simulate(stagec.compile(model, args, quantize="bf16", fuse_layers=False), *args)
+    assert rel_err(y, y_alone) <= 2.0**-8
+    assert rel_err(y, model(*args).detach().numpy()) < 2e-2
+    assert moved(report) < moved(alone)
+
+
+@pytest.mark.parametrize("quantize", ["int8", "bf16"])
+def test_the_row_cost_counts_narrow_values(quantize):
+    """The row cost of a bf16 or int8-island cascade: its DRAM bytes and vector ops (the bf16 roundings
+    too) are the program's; the footprint it checked is the one the emitter allocated."""
+    model = PostNorm(48)
+    args = inputs(model, rows=(3, 50))
+    options = {"quantize": quantize} | ({"calibration": [args], "fallback": "bf16"} if quantize == "int8" else {})
+    c = compiled(model, args, **options)
+    (cascade,) = rows_of(c)
+    names = frozenset(n.name for n in c.graph.nodes) - set(cascade.layers)
+    (plan,) = row_plans(c.graph, c.layout, names)
+    layers = [r for r in make_report(c.program).layers if r.name in cascade.layers]
+    cost = row_cost(plan, cascade.tile[0], HardwareConfig())
+    for action in ("dram_read_bytes", "dram_write_bytes", "vector_ops"):
+        assert getattr(cost.actions, action) == sum(getattr(r.actions, action) for r in layers), action
+    assert c.program.metadata["local_peak_bytes"][cascade.layers[0]][0] == cost.spad_bytes
 
 
 @pytest.mark.parametrize("name", ["whisper_tiny_encoder", "bert_base"])

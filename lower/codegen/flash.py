@@ -6,7 +6,9 @@ softmax in the scratchpad's row statistics (`block_vectors`' order: the row max;
 block, the running max and alpha = exp(m_old - m_new); P = exp(S - m) into the scratchpad; l
 scaled by alpha and P's row sums added; the output accumulator scaled by alpha), and the array
 adds P V into the output accumulator.  Then r = 1/l, the output times r, one STORE.  The running
-max alternates between two row buffers.  Each instruction belongs to the layer it stands for
+max alternates between two row buffers.  A bf16 graph's: Q, K^T and V LOADed as bf16 for the array,
+S, P, l and r rounded to bf16 where the layers store them (lower.codegen.tile_expr.round_bf16; P's
+rounding is the array's bf16 operand).  Each instruction belongs to the layer it stands for
 (S's matmul, the max, the exp, the sum, the recip, the P·V matmul); the cascade is emitted at its
 last layer, when V, its last input, has been computed.
 """
@@ -15,9 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from stagec.isa.instructions import AccMode, Operand, Space, VectorFunc
+from stagec.isa.instructions import AccMode, DType, Operand, Space, VectorFunc
 
 from ..schedule.flash import CONSTS, ROWS, flash_buffers
+from .tile_expr import LocalTile, round_bf16
 
 
 def emit_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
@@ -32,7 +35,7 @@ def emit_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
     _, m, n, d = cascade.dims
     tq, tk = cascade.tile
     masked = cascade.fill is not None
-    bases = em.allocate(flash_buffers(tq, tk, d, masked))
+    bases = em.allocate(flash_buffers(tq, tk, d, masked, cascade.bf16))
     consts = dict(zip(CONSTS, bases["consts"], strict=True))
     # a -inf fill held as float32's lowest: a key block whose every key a row masks then gives the row
     # a finite running max, which the next block's alpha = exp(m_old - m_new) = 0 wipes out (with -inf,
@@ -62,8 +65,16 @@ def _query_block(em, at, bases: dict, cascade, head: list, q0: int, qr: int, ste
     tk = cascade.tile[1]
     rows = dict(zip(ROWS, bases["rows"], strict=True))
     qb, ob, o = bases["q"][block % 2], bases["out"][block % 2], bases["o"][0]
+    dtype = DType.BF16 if cascade.bf16 else DType.F32    # the array's operands, as LOADed
+    local = dtype if cascade.bf16 else None
+
+    def rounded(role: str, base: int, space: Space, counts) -> None:
+        if cascade.bf16:
+            at(role)
+            round_bf16(em, LocalTile(space, base, counts), bases["round"][0])
+
     at("scores")
-    em.load_box(q_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, qb)
+    em.load_box(q_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, qb, local=local)
     keys = range(0, n, tk)
 
     def scores(j: int) -> None:
@@ -71,9 +82,9 @@ def _query_block(em, at, bases: dict, cascade, head: list, q0: int, qr: int, ste
         k0, slot = keys[j], (step + j) % 2
         kb, kt = min(tk, n - k0), bases["kt"][slot]
         at("scores")
-        em.load_box(kt_t, (0, k0), (0, 1), (d, kb), Space.SPAD, kt)
+        em.load_box(kt_t, (0, k0), (0, 1), (d, kb), Space.SPAD, kt, local=local)
         em.matmul(Operand(Space.SPAD, qb, (0, d, 1)), Operand(Space.SPAD, kt, (kb, 1, 0)),
-                  Operand(Space.ACC, bases["s"][slot], (0, kb, 1)), 1, qr, d, kb, accumulate=False)
+                  Operand(Space.ACC, bases["s"][slot], (0, kb, 1)), 1, qr, d, kb, accumulate=False, dtype=dtype)
         if mask_t:
             at("mask")
             em.load_box(mask_t[0], (q0, k0), (0, 1), (qr, kb), Space.SPAD, bases["mask"][slot])
@@ -86,14 +97,18 @@ def _query_block(em, at, bases: dict, cascade, head: list, q0: int, qr: int, ste
         kb, first, slot = min(tk, n - k0), j == 0, (step + j) % 2
         v, p = bases["v"][slot], bases["p"][slot]
         at("pv")
-        em.load_box(v_t, (k0, 0), (0, 1), (kb, d), Space.SPAD, v)
+        em.load_box(v_t, (k0, 0), (0, 1), (kb, d), Space.SPAD, v, local=local)
         _finish_scores(em, at, bases, cascade, slot, qr, kb)
-        cur, nxt = _softmax_block(em, at, rows, cur, nxt, bases["s"][slot], p, o, qr, kb, d, first)
+        rounded("scores", bases["s"][slot], Space.ACC, (1, qr, kb))
+        pb = bases["pb"][slot] if cascade.bf16 else None     # P rounded to bf16, the array's operand
+        cur, nxt = _softmax_block(em, at, rows, cur, nxt, (bases["s"][slot], p, pb), o, qr, kb, d, first)
         at("pv")
-        em.matmul(Operand(Space.SPAD, p, (0, kb, 1)), Operand(Space.SPAD, v, (d, 1, 0)),
-                  Operand(Space.ACC, o, (0, d, 1)), 1, qr, kb, d, accumulate=not first)
+        em.matmul(Operand(Space.SPAD, pb or p, (0, kb, 1)), Operand(Space.SPAD, v, (d, 1, 0)),
+                  Operand(Space.ACC, o, (0, d, 1)), 1, qr, kb, d, accumulate=not first, dtype=dtype)
+    rounded("sum", rows["l"], Space.SPAD, (1, 1, qr))
     at("recip")
     em.vector(VectorFunc.RECIP, _row(rows["rowwise"]), _row(rows["l"]), None, (1, 1, qr))
+    rounded("recip", rows["rowwise"], Space.SPAD, (1, 1, qr))
     at("pv")
     em.vector(VectorFunc.MUL, Operand(Space.SPAD, ob, (0, d, 1)), Operand(Space.ACC, o, (0, d, 1)),
               _col(rows["rowwise"]), (1, qr, d))
@@ -116,10 +131,12 @@ def _finish_scores(em, at, bases: dict, cascade, slot: int, qr: int, kb: int) ->
         em.vector(VectorFunc.SELECT, s_op, mask, Operand(Space.SPAD, consts["fill"], (0, 0, 0)), tile)
 
 
-def _softmax_block(em, at, rows: dict, cur: int, nxt: int, s: int, p: int, o: int, qr: int, kb: int, d: int,
+def _softmax_block(em, at, rows: dict, cur: int, nxt: int, blocks: tuple, o: int, qr: int, kb: int, d: int,
                    first: bool) -> tuple[int, int]:
-    """One key block's online softmax (lower.schedule.flash.block_vectors); returns the (current,
-    spare) running-max buffers after it."""
+    """One key block's online softmax (lower.schedule.flash.block_vectors), `blocks` the bases of its S,
+    its P and P rounded to bf16 (None for float32); returns the (current, spare) running-max buffers
+    after it."""
+    s, p, pb = blocks
     line, tile = (1, 1, qr), (1, qr, kb)
     s_op, p_op = Operand(Space.ACC, s, (0, kb, 1)), Operand(Space.SPAD, p, (0, kb, 1))
     at("max")
@@ -132,6 +149,8 @@ def _softmax_block(em, at, rows: dict, cur: int, nxt: int, s: int, p: int, o: in
     at("exp")
     em.vector(VectorFunc.SUB, p_op, s_op, _col(cur), tile)
     em.vector(VectorFunc.EXP, p_op, p_op, None, tile)
+    if pb is not None:
+        round_bf16(em, LocalTile(Space.SPAD, p, tile), pb)
     at("sum")
     if not first:
         em.vector(VectorFunc.MUL, _row(rows["l"]), _row(rows["l"]), _row(rows["alpha"]), line)

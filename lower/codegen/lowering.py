@@ -23,6 +23,7 @@ from stagec.rule_tables import registrar
 from ..graph.graph_ir import Graph, Node, OpKind, Value, check_records, record_words
 from ..schedule.buffers import epilogue_layout
 from ..schedule.flash import FlashAttention
+from ..schedule.flash_int8 import Int8Attention
 from ..schedule.layout import Layout
 from ..schedule.mapper import Schedule, node_problem
 from ..schedule.rowwise import RowCascade, plans
@@ -30,6 +31,7 @@ from ..schedule.tensors import DTYPE_OF, DramRegion, DramTensor
 from .cascade import Member, emit_cascade
 from .emitter import Emitter
 from .flash import emit_flash
+from .flash_int8 import emit_int8_flash
 from .matrix import as_conv, emit_conv
 from .memory import Interval, align, allocate_by_liveness
 from .rowwise import emit_rows
@@ -233,10 +235,11 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
         cascade = schedule.cascade_of(node.name)
         if cascade is None:
             LOWERINGS[node.op](ctx, node)
-        elif isinstance(cascade, FlashAttention):
+        elif isinstance(cascade, (FlashAttention, Int8Attention)):
             if cascade.layers[-1] == node.name:    # by its last layer, V (its last input) is computed
-                emit_flash(ctx, cascade, [emitted[index[name]] for name in cascade.layers],
-                           [index[name] for name in cascade.layers])
+                emit = emit_flash if isinstance(cascade, FlashAttention) else emit_int8_flash
+                emit(ctx, cascade, [emitted[index[name]] for name in cascade.layers],
+                     [index[name] for name in cascade.layers])
         elif isinstance(cascade, RowCascade):
             if cascade.layers[-1] == node.name:
                 _emit_rows(ctx, cascade, [index[name] for name in cascade.layers])

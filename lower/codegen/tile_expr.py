@@ -131,3 +131,14 @@ def emit(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTi
                       out_dtype=out_type)
         values.append(out)
     return values[-1]
+
+
+def round_bf16(em, tile: LocalTile, scratch: int) -> None:
+    """A float32 `tile` as a bf16 value the layers STORE and LOAD back: rounded to bf16 (into the
+    scratchpad at `scratch`) and widened back in place, so a cascade's member sees what the next layer
+    would."""
+    counts = tile.extent
+    rounded = LocalTile(Space.SPAD, scratch, counts, DType.BF16)
+    em.vector(VectorFunc.COPY, rounded.operand(counts), tile.operand(counts), None, counts, out_dtype=DType.BF16)
+    em.vector(VectorFunc.COPY, tile.operand(counts), rounded.operand(counts), None, counts, dtype=DType.BF16,
+              out_dtype=DType.F32)

@@ -4,9 +4,12 @@ The pattern (what a traced attention becomes after defer_row_scale): S = Q @ K^T
 epilogue none or a constant scale), optionally masked (select(pred, fill, S), fill a constant:
 BERT's padding mask), m = max(S) and l = sum(E) over S's rows (REDUCEs), E = exp(S - m) (an
 ELEMENTWISE), r = recip(l), O = (E @ V) * r (a batched MATMUL whose epilogue is the deferred row
-scale), every intermediate read by the pattern alone, float32 throughout (int8 attention keeps its layers apart:
-its softmax requantizes the scores and exp runs through a table, which an online softmax's
-rescaling does not commute with).  Views between them (reshapes, broadcasts) emit nothing.
+scale), every intermediate read by the pattern alone, float32 throughout or a bf16 graph's, unmasked
+(S, P, l and r then rounded to bf16 where the layers store them, the matmuls bf16 x bf16; the online
+rescaling makes P's rounding differ from the layers' by a bf16 step at most); int8 attention requantizes
+the scores and quantizes P at a fixed scale, which an online softmax's rescaling does not commute
+with: lower.schedule.flash_int8 keeps its score rows in the scratchpad instead).  Views between them
+(reshapes, broadcasts) emit nothing.
 
 It runs per batch (head) and query block of `tq` rows: Q's block is loaded once; per key block of
 `tk` columns, K^T's and V's blocks (and the mask's) are loaded, S's block computed on the array into
@@ -35,7 +38,7 @@ from stagec.sim.costs import matmul_cycles, vector_cycles
 from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..graph.graph_ir import OpKind, Step
-from .buffers import Buffer, local_bytes
+from .buffers import Buffer, local_bytes, words
 from .cascade import CascadeRecord
 from .cascade_map import layer_cost
 from .nest_cost import dma_cycles
@@ -61,6 +64,8 @@ class FlashAttention(CascadeRecord):
     scale: float | None = None    # S's matmul epilogue: times this constant
     fill: float | None = None     # a mask: S where the predicate is nonzero, else this constant
     mappings: tuple = ()          # its members keep their own tilings: the cascade's tile is its own
+    bf16: bool = False            # a bf16 graph's (its values rounded as the layers store them)
+    out_itemsize: int = F32       # bytes of an output element (a bf16 graph may return float32)
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -92,15 +97,17 @@ class Attention(NamedTuple):
 
 
 ROLES = ("scores", "mask", "max", "exp", "sum", "recip", "pv")
-def flash_buffers(tq, tk, d, masked: bool = False) -> list[Buffer]:
+def flash_buffers(tq, tk, d, masked: bool = False, bf16: bool = False) -> list[Buffer]:
     """What a flash cascade holds: Q's, K^T's, V's, P's and the output's blocks (two each, so the next
     block's loads and the last one's store overlap), the per-row statistics; S's blocks (two) and
-    the output accumulator in the accumulator."""
+    the output accumulator in the accumulator; bf16, P's bf16 blocks (two) and a rounding's scratch."""
+    block = words(tq * tk * 2, 2)
+    narrow = bf16 * [Buffer("pb", Space.SPAD, block, 2), Buffer("round", Space.SPAD, block)]
     return [Buffer("q", Space.SPAD, tq * d * F32, 2), Buffer("kt", Space.SPAD, d * tk * F32, 2),
             Buffer("v", Space.SPAD, tk * d * F32, 2), Buffer("p", Space.SPAD, tq * tk * F32, 2),
             Buffer("out", Space.SPAD, tq * d * F32, 2), Buffer("rows", Space.SPAD, tq * F32, len(ROWS)),
             Buffer("consts", Space.SPAD, F32, len(CONSTS)), Buffer("s", Space.ACC, tq * tk * F32, 2),
-            Buffer("o", Space.ACC, tq * d * F32)] + masked * [Buffer("mask", Space.SPAD, tq * tk * F32, 2)]
+            Buffer("o", Space.ACC, tq * d * F32)] + masked * [Buffer("mask", Space.SPAD, tq * tk * F32, 2)] + narrow
 
 
 class FlashCost(NamedTuple):
@@ -155,6 +162,12 @@ def final_vectors(q: int, d: int) -> list[Vec]:
                                                                spad_w=q * d * F32)]
 
 
+def rounding(elements: int) -> list[Vec]:
+    """A bf16 value rounded where the layers STORE it (lower.codegen.tile_expr.round_bf16): two COPYs."""
+    return [Vec(elements, spad_r=elements * F32, spad_w=elements * 2), Vec(elements, spad_r=elements * 2,
+                                                                          spad_w=elements * F32)]
+
+
 def _matmul(m: int, k: int, n: int, accumulate: bool, hw) -> tuple:
     """(cycles, MACs, scratchpad reads, accumulator reads, accumulator writes) of one MATMUL, as
     sim.costs and sim.energy charge it."""
@@ -175,9 +188,11 @@ def _sizes(total: int, tile: int) -> list[tuple[int, int]]:
     return [(tile, full)] * (full > 0) + [(rest, 1)] * (rest > 0)
 
 
-def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = False) -> FlashCost:
+def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = False, bf16: bool = False,
+               out_itemsize: int = F32) -> FlashCost:
     """The cost of a flash cascade of `dims` (batch, M, N, D) in blocks of tq x tk, its scores
-    scaled and masked or not, as lower.codegen.flash emits it (module doc)."""
+    scaled and masked or not, float32 or bf16 (S, P, l and r rounded as the layers store them), its
+    output of `out_itemsize` bytes an element, as lower.codegen.flash emits it (module doc)."""
     b, m, n, d = dims
     t = dict.fromkeys(("matrix", "vector", "vector_ops", "spad_r", "spad_w", "acc_r", "acc_w", "macs",
                        "instructions"), 0.0)
@@ -206,26 +221,29 @@ def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = F
                 t["acc_r"] += b * q_times * times * mm[3]
                 t["acc_w"] += b * q_times * times * mm[4]
             t["instructions"] += b * q_times * times * 2
-            add(score_vectors(q, kb, scale, masked) + block_vectors(q, kb, d, first), b * q_times * times)
-        add(final_vectors(q, d), b * q_times)
+            add(score_vectors(q, kb, scale, masked) + block_vectors(q, kb, d, first) + bf16 * 2 * rounding(q * kb),
+                b * q_times * times)
+        add(final_vectors(q, d) + bf16 * 2 * rounding(q), b * q_times)
     nq = -(-m // tq)
     consts = scale + 2 * masked                 # LOADs of one element each, once
     loads = b * nq * (1 + (2 + masked) * nk) + consts
-    q_bytes = b * m * d * F32
-    read = q_bytes + b * nq * 2 * n * d * F32 + masked * b * m * n * F32 + consts * F32
-    acts = ActionCounts(macs_int8=0.0, macs_bf16=0.0, macs_fp32=t["macs"], vector_ops=t["vector_ops"],
+    item = 2 if bf16 else F32
+    q_bytes, out_bytes = b * m * d * item, b * m * d * out_itemsize
+    read = q_bytes + b * nq * 2 * n * d * item + masked * b * m * n * F32 + consts * F32
+    acts = ActionCounts(macs_int8=0.0, macs_bf16=bf16 * t["macs"], macs_fp32=(not bf16) * t["macs"],
+                        vector_ops=t["vector_ops"],
                         scratchpad_read_bytes=t["spad_r"] + q_bytes, scratchpad_write_bytes=t["spad_w"] + read,
                         accumulator_read_bytes=t["acc_r"], accumulator_write_bytes=t["acc_w"],
-                        dram_read_bytes=read, dram_write_bytes=q_bytes)
-    units = {"load": dma_cycles(loads, read, hw), "store": dma_cycles(b * nq, q_bytes, hw),
-             "channel": (read + q_bytes) / hw.dma_bandwidth_bytes_per_cycle,
+                        dram_read_bytes=read, dram_write_bytes=out_bytes)
+    units = {"load": dma_cycles(loads, read, hw), "store": dma_cycles(b * nq, out_bytes, hw),
+             "channel": (read + out_bytes) / hw.dma_bandwidth_bytes_per_cycle,
              "matrix": t["matrix"], "vector": t["vector"]}
     q0, k0 = min(tq, m), min(tk, n)
-    fill = dma_cycles(3 + masked, (q0 + 2 * k0) * d * F32 + masked * q0 * k0 * F32, hw)
+    fill = dma_cycles(3 + masked, (q0 + 2 * k0) * d * item + masked * q0 * k0 * F32, hw)
     drain = sum(float(vector_cycles(v.elements, hw.vector_lanes, transcendental=v.transcendental,
                                     cycles_per_transcendental=hw.vector_cycles_per_transcendental))
-                for v in final_vectors(q0, d)) + dma_cycles(1, q0 * d * F32, hw)
-    spad, acc = local_bytes(flash_buffers(tq, tk, d, masked))
+                for v in final_vectors(q0, d)) + dma_cycles(1, q0 * d * out_itemsize, hw)
+    spad, acc = local_bytes(flash_buffers(tq, tk, d, masked, bf16))
     return FlashCost(fill + max(units.values()) + drain, int(loads + b * nq + t["instructions"]), acts, units,
                      int(spad), int(acc))
 
@@ -233,44 +251,55 @@ def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = F
 SUB_EXP = (Step("sub", (0, 1)), Step("exp", (2,)))
 
 
-def match(graph, layout, excluded=frozenset()) -> list[Attention]:
-    """Every attention of the module doc's pattern in `graph`, its layers emitted (views between them
-    emit nothing, every intermediate read by the pattern alone), none of them in `excluded`."""
-    uses, producer = graph.consumers(), graph.producer()
-    outputs = {v.id for v in graph.outputs}
+class Walk:
+    """A graph as the attention matchers walk it: its emitted nodes, seen through the views between
+    them (reshapes and broadcasts that emit nothing)."""
 
-    def view(p) -> bool:
-        return p is not None and p.op in (OpKind.RESHAPE, OpKind.BROADCAST) and not layout.emits(p)
+    def __init__(self, graph, layout):
+        self.uses, self.producer, self.layout = graph.consumers(), graph.producer(), layout
+        self.outputs = {v.id for v in graph.outputs}
 
-    def node_of(v, op):
+    def view(self, p) -> bool:
+        return p is not None and p.op in (OpKind.RESHAPE, OpKind.BROADCAST) and not self.layout.emits(p)
+
+    def node_of(self, v, op):
         """The emitted node of `op` whose result `v` views."""
-        p = producer.get(v.id)
-        while view(p):
-            p = producer.get(p.inputs[0].id)
-        return p if p is not None and p.op == op and layout.emits(p) else None
+        p = self.producer.get(v.id)
+        while self.view(p):
+            p = self.producer.get(p.inputs[0].id)
+        return p if p is not None and p.op == op and self.layout.emits(p) else None
 
-    def constant(v) -> float | None:
-        """The value of a one-element constant that `v` views, else None."""
-        p = producer.get(v.id)
-        while view(p):
-            v, p = p.inputs[0], producer.get(p.inputs[0].id)
-        c = graph.constants.get(v.id)
-        return float(c.reshape(-1)[0]) if c is not None and c.size == 1 else None
-
-    def readers(node) -> set | None:
+    def readers(self, node) -> set | None:
         """The names of the emitted nodes that read `node`'s result (through views); None if a graph output."""
         out, todo = set(), [node.output]
         while todo:
             v = todo.pop()
-            if v.id in outputs:
+            if v.id in self.outputs:
                 return None
-            for c in uses.get(v.id, ()):
-                todo += [c.output] if view(c) else []
-                out |= set() if view(c) else {c.name}
+            for c in self.uses.get(v.id, ()):
+                todo += [c.output] if self.view(c) else []
+                out |= set() if self.view(c) else {c.name}
         return out
 
-    def row_reduce(node, func: str) -> bool:
-        return node.attr("func") == func and tuple(node.attr("axes")) == (len(node.inputs[0].shape) - 1,)
+
+def row_reduce(node, func: str) -> bool:
+    """Whether `node` (a REDUCE) takes `func` over its input's last dim."""
+    return node.attr("func") == func and tuple(node.attr("axes")) == (len(node.inputs[0].shape) - 1,)
+
+
+def match(graph, layout, excluded=frozenset()) -> list[Attention]:
+    """Every attention of the module doc's pattern in `graph`, its layers emitted (views between them
+    emit nothing, every intermediate read by the pattern alone), none of them in `excluded`."""
+    walk = Walk(graph, layout)
+    node_of, readers = walk.node_of, walk.readers
+
+    def constant(v) -> float | None:
+        """The value of a one-element constant that `v` views, else None."""
+        p = walk.producer.get(v.id)
+        while walk.view(p):
+            v, p = p.inputs[0], walk.producer.get(p.inputs[0].id)
+        c = graph.constants.get(v.id)
+        return float(c.reshape(-1)[0]) if c is not None and c.size == 1 else None
 
     found = []
     for pv in graph.nodes:
@@ -299,10 +328,20 @@ def match(graph, layout, excluded=frozenset()) -> list[Attention]:
             {e.name}, {total.name, pv.name}, {r.name}, {pv.name}]
         if (any(readers(n) != want for n, want in zip(a.nodes[:-1], expected, strict=True))
                 or any(n.name in excluded for n in a.nodes)
-                or any(v.dtype != "float32" for n in a.nodes for v in (*n.inputs, n.output))):
+                or not _one_float(a, graph)):
             continue
         found.append(a)
     return found
+
+
+def _one_float(a: Attention, graph) -> bool:
+    """Whether the attention computes in float32, or unmasked in bf16 (its constants float32, its result
+    either: a bf16 graph's last layer returns the model's float32)."""
+    held = {v.dtype for n in a.nodes for v in (*n.inputs, n.output) if v.id not in graph.constants
+            and v is not a.pv.output}
+    return (held == {"float32"} or held == {"bfloat16"} and a.mask is None) and a.pv.output.dtype in (
+        "float32", "bfloat16") and all(graph.constants[v.id].dtype == "float32" for n in a.nodes for v in n.inputs
+                                       if v.id in graph.constants)
 
 
 def dims_of(a: Attention) -> tuple[int, int, int, int]:
@@ -324,22 +363,42 @@ def _layers_alone(a: Attention, tilings: dict, hw, objective: str) -> tuple[floa
     return cycles + moved / hw.dma_bandwidth_bytes_per_cycle, energy + moved * hw.energy_pj_per_dram_byte
 
 
-def map_flash(dims, hw, objective: str, scale: bool = False, masked: bool = False):
-    """The (tq, tk) of least objective that fits, with its (charged cycles, energy), or None."""
-    _, m, n, d = dims
+def search_blocks(m: int, n: int, buffers, cost, hw, objective: str):
+    """The (query block, key block) of least objective whose `buffers(tq, tk)` fit the scratchpad and
+    the accumulator, with its (charged cycles, energy), or None; `cost(tq, tk)`: (charged cycles, actions)."""
     best = None
     for tq in tile_sizes(m, MAX_COUNT):
         for tk in tile_sizes(n, MAX_COUNT):
-            spad, acc = local_bytes(flash_buffers(int(tq), int(tk), d, masked))
+            spad, acc = local_bytes(buffers(int(tq), int(tk)))
             if spad > hw.scratchpad_bytes or acc > hw.accumulator_bytes:
                 continue
-            cost = flash_cost(dims, int(tq), int(tk), hw, scale, masked)
-            charged = cost.cycles + INSTRUCTION_CHARGE * cost.instructions
-            energy = sum(energy_pj(cost.actions, charged, hw).values())
+            charged, actions = cost(int(tq), int(tk))
+            energy = sum(energy_pj(actions, charged, hw).values())
             value = objective_of(charged, energy, objective)
             if best is None or value < best[0]:
                 best = (value, (int(tq), int(tk)), charged, energy)
     return best and best[1:]
+
+
+def map_flash(dims, hw, objective: str, scale: bool = False, masked: bool = False, bf16: bool = False,
+              out_itemsize: int = F32):
+    """The (tq, tk) of least objective that fits, with its (charged cycles, energy), or None."""
+    def cost(tq: int, tk: int):
+        c = flash_cost(dims, tq, tk, hw, scale, masked, bf16, out_itemsize)
+        return c.cycles + INSTRUCTION_CHARGE * c.instructions, c.actions
+    return search_blocks(dims[1], dims[2], lambda tq, tk: flash_buffers(tq, tk, dims[3], masked, bf16), cost, hw,
+                         objective)
+
+
+def pays(a, mapped, tilings: dict, hw, objective: str):
+    """(tile, DRAM bytes saved) of attention `a` (a matched pattern: its `nodes`, the last P·V) mapped as
+    `mapped` (search_blocks'), where its objective is below a lower bound of its layers' own; else None."""
+    if mapped is None:
+        return None
+    tile, cycles, energy = mapped
+    if objective_of(cycles, energy, objective) >= objective_of(*_layers_alone(a, tilings, hw, objective), objective):
+        return None
+    return tile, sum(n.output.size * DTYPE_OF[n.output.dtype].itemsize * 2 for n in a.nodes[:-1])
 
 
 def choose_flash(graph, layout, tilings: dict, hw, objective: str, excluded) -> list[FlashAttention]:
@@ -348,13 +407,11 @@ def choose_flash(graph, layout, tilings: dict, hw, objective: str, excluded) -> 
     chosen = []
     for a in match(graph, layout, excluded):
         dims = dims_of(a)
-        mapped = map_flash(dims, hw, objective, a.scale is not None, a.fill is not None)
-        if mapped is None:
-            continue
-        tile, cycles, energy = mapped
-        if objective_of(cycles, energy, objective) >= objective_of(*_layers_alone(a, tilings, hw, objective),
-                                                                   objective):
-            continue
-        saved = sum(n.output.size * DTYPE_OF[n.output.dtype].itemsize * 2 for n in a.nodes[:-1])
-        chosen.append(FlashAttention(tuple(n.name for n in a.nodes), tile, dims, saved, a.scale, a.fill))
+        bf16 = a.scores.inputs[0].dtype == "bfloat16"
+        out = DTYPE_OF[a.pv.output.dtype].itemsize
+        mapped = map_flash(dims, hw, objective, a.scale is not None, a.fill is not None, bf16, out)
+        taken = pays(a, mapped, tilings, hw, objective)
+        if taken is not None:
+            chosen.append(FlashAttention(tuple(n.name for n in a.nodes), taken[0], dims, taken[1], a.scale, a.fill,
+                                         bf16=bf16, out_itemsize=out))
     return chosen

@@ -33,6 +33,7 @@ from .buffers import NO_EXTRAS, Extras, epilogue_extras
 from .cascade import Cascade
 from .cascade_map import choose_cascades
 from .flash import choose_flash
+from .flash_int8 import choose_int8_flash
 from .layout import Layout
 from .nest import (
     MATRIX,
@@ -474,6 +475,7 @@ def make_schedule(graph, layout: Layout, hw: HardwareConfig, mappings: dict | No
         for name, m in zip(c.layers, c.mappings, strict=True):
             tilings[name] = Tiling(tilings[name].nests, (m,))
     flash = choose_flash(graph, layout, tilings, hw, objective, given)   # its members keep their tilings
+    flash += choose_int8_flash(graph, layout, tilings, hw, objective, given)
     taken = given | {name for c in (*cascades, *flash) for name in c.layers}
     rows = choose_rows(graph, layout, tilings, views, hw, objective, taken, lambda n, m: _vector_estimate(n, m, hw)[2])
     return Schedule(tuple((name, tilings[name]) for name, _ in out), tuple(cascades) + tuple(flash) + tuple(rows))

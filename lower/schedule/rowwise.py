@@ -11,7 +11,11 @@ that emit nothing) or values from outside, full, one per row, one per column (a 
 weight and bias) or a scalar.  Per block of `tile[0]` rows the outside full and per-row values
 are LOADed, every member computes its block in the scratchpad, and only the results read outside
 the cascade (or returned) are STOREd: a pre-norm transformer's residual sum keeps its store, its
-re-reads go.  float32 only (int8's layer norm is an integer island of its own, left layer by layer).
+re-reads go.  float32, or an int8 graph's float islands and a bf16 graph (each value the layers keep bf16
+rounded to bf16 where their STORE rounds it; int8 values read from outside and an island's last
+member quantizing its result to int8, its one requant record loaded once).  The only difference
+from the layers is a row's summation order, so an island's int8 result may land one step apart
+where a float lies on a rounding boundary.
 
 `row_cost` counts the instructions lower.codegen.rowwise issues and composes them like the timing
 simulator, the units overlapping; `choose_rows` searches the row block under the scratchpad and
@@ -24,21 +28,23 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from stagec.isa.instructions import MAX_COUNT, Space
+from stagec.isa.instructions import MAX_COUNT, REQUANT_RECORD_BYTES, Space
 from stagec.isa.opcodes import TRANSCENDENTAL
 from stagec.sim.costs import vector_cycles
 from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..codegen import tile_expr  # the emitter's own expression plan, so both count the same temporaries
-from ..graph.graph_ir import RECORDS, OpKind
-from .buffers import Buffer, local_bytes
+from ..graph.graph_ir import RECORDS, OpKind, record_inputs
+from .buffers import Buffer, local_bytes, words
 from .cascade import CascadeRecord
 from .nest_cost import dma_cycles
 from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
+from .tensors import DTYPE_OF
 
 F32 = 4
 HARD = {f.name.lower() for f in TRANSCENDENTAL}
-EXTERNAL = ("full", "row", "col", "scalar")   # how an outside value is read: per block (two), or once (two)
+EXTERNAL = ("full", "row", "col", "scalar", "record")   # how an outside value is read: per block, or once
+FLOATS = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -98,9 +104,16 @@ def row_buffers(p: RowPlan, r: int) -> list[Buffer]:
     full and per-row values, every member's result and the temporaries; the columns and scalars once."""
     c = p.dims[1]
     full = p.count("full") + len(p.results("full")) + p.temps()
+    rounded = any(m.node.output.dtype == "bfloat16" for m in p.members)
     return [Buffer("full", Space.SPAD, r * c * F32, 2 * full),
             Buffer("row", Space.SPAD, r * F32, 2 * (p.count("row") + len(p.results("row")))),
-            Buffer("col", Space.SPAD, c * F32, p.count("col")), Buffer("scalar", Space.SPAD, F32, p.count("scalar"))]
+            Buffer("col", Space.SPAD, c * F32, p.count("col")), Buffer("scalar", Space.SPAD, F32, p.count("scalar")),
+            Buffer("record", Space.SPAD, REQUANT_RECORD_BYTES, p.count("record"), align=REQUANT_RECORD_BYTES),
+            Buffer("round", Space.SPAD, words(r * c * 2, 2), int(rounded))]
+
+
+def itemsize(v) -> int:
+    return DTYPE_OF[v.dtype].itemsize
 
 
 class RowCost(NamedTuple):
@@ -114,25 +127,33 @@ class RowCost(NamedTuple):
 
 
 def block_work(p: RowPlan, q: int) -> dict:
-    """One block of q rows: its LOADs and bytes, vector (elements, transcendental, reduced run) and
-    STOREs and bytes, as lower.codegen.rowwise emits them."""
+    """One block of q rows: the bytes of each LOAD, vector (elements, transcendental, reduced run) and
+    the bytes of each STORE, as lower.codegen.rowwise emits them."""
     c = p.dims[1]
     width = {"full": q * c, "row": q}
-    loads = [width[k] for k, _ in p.externals.values() if k in ("full", "row")]
+    loads = [width[k] * itemsize(v) for k, v in p.externals.values() if k in ("full", "row")]
     vectors = []
     for m in p.members:
         if m.node.op == OpKind.REDUCE:
             vectors.append((q * c, False, c))
         else:
             vectors += [(width[m.out], s.func in HARD, 1) for s in m.node.attr("expr")]
-    stores = [width[m.out] for m in p.members if m.node.output.id in p.stored]
+        vectors += 2 * [(width[m.out], False, 1)] * (m.node.output.dtype == "bfloat16")   # rounded, widened back
+    stores = [width[m.out] * itemsize(m.node.output) for m in p.members if m.node.output.id in p.stored]
     return {"loads": loads, "vectors": vectors, "stores": stores}
+
+
+def once_bytes(p: RowPlan) -> int:
+    """The bytes of the columns, scalars and records read once."""
+    size = {"col": p.dims[1], "scalar": 1}
+    return sum(REQUANT_RECORD_BYTES if k == "record" else size[k] * itemsize(v)
+               for k, v in p.externals.values() if k in ("col", "scalar", "record"))
 
 
 def row_cost(p: RowPlan, r: int, hw) -> RowCost:
     """The cost of plan `p` in blocks of r rows, as lower.codegen.rowwise emits it (module doc)."""
     rows, c = p.dims
-    once = p.count("col") * c + p.count("scalar")
+    once, n_once = once_bytes(p), p.count("col") + p.count("scalar") + p.count("record")
     t = dict.fromkeys(("vector", "ops", "loads", "read", "stores", "written", "instructions"), 0.0)
     for q, times in ((r, rows // r), (rows % r, 1)):
         if q == 0 or times == 0:
@@ -144,11 +165,11 @@ def row_cost(p: RowPlan, r: int, hw) -> RowCost:
                                                        cycles_per_transcendental=hw.vector_cycles_per_transcendental))
             t["ops"] += times * elements
         t["loads"] += times * len(w["loads"])
-        t["read"] += times * sum(w["loads"]) * F32
+        t["read"] += times * sum(w["loads"])
         t["stores"] += times * len(w["stores"])
-        t["written"] += times * sum(w["stores"]) * F32
+        t["written"] += times * sum(w["stores"])
         t["instructions"] += times * (len(w["loads"]) + len(w["vectors"]) + len(w["stores"]))
-    loads, read = t["loads"] + p.count("col") + p.count("scalar"), t["read"] + once * F32
+    loads, read = t["loads"] + n_once, t["read"] + once
     acts = ActionCounts(macs_int8=0.0, macs_bf16=0.0, macs_fp32=0.0, vector_ops=t["ops"],
                         scratchpad_read_bytes=2 * t["ops"] * F32 + t["written"],
                         scratchpad_write_bytes=t["ops"] * F32 + read, accumulator_read_bytes=0.0,
@@ -156,8 +177,8 @@ def row_cost(p: RowPlan, r: int, hw) -> RowCost:
     units = {"load": dma_cycles(loads, read, hw), "store": dma_cycles(t["stores"], t["written"], hw),
              "channel": (read + t["written"]) / hw.dma_bandwidth_bytes_per_cycle, "vector": t["vector"]}
     first = block_work(p, min(r, rows))
-    fill = dma_cycles(len(first["loads"]), sum(first["loads"]) * F32 + once * F32, hw)
-    drain = dma_cycles(len(first["stores"]), sum(first["stores"]) * F32, hw)
+    fill = dma_cycles(len(first["loads"]), sum(first["loads"]) + once, hw)
+    drain = dma_cycles(len(first["stores"]), sum(first["stores"]), hw)
     spad, _ = local_bytes(row_buffers(p, r))
     return RowCost(fill + max(units.values()) + drain, int(loads - t["loads"] + t["instructions"]), acts, units,
                    int(spad))
@@ -183,24 +204,27 @@ def _member(node, dims, source, internal: dict) -> Member | None:
     """`node` as a member of a cascade over `dims` whose results so far are `internal` (id -> 'full'
     or 'row'), `source(v)` the value v views (through views that emit nothing) and every value it
     depends on through ops that emit nothing; else None."""
-    if any(v.dtype != "float32" for v in (*node.inputs, node.output)):
-        return None
     rows, c = dims
     shape = node.output.shape
     if node.op == OpKind.REDUCE:
         x = node.inputs[0]
-        if (node.attr("func") not in ("sum", "max") or tuple(node.attr("axes")) != (len(x.shape) - 1,)
+        if (x.dtype not in FLOATS or node.output.dtype not in FLOATS or node.attr("func") not in ("sum", "max")
+                or tuple(node.attr("axes")) != (len(x.shape) - 1,)
                 or x.shape[-1] != c or math.prod(x.shape) != rows * c or math.prod(shape) != rows):
             return None
         arg = _arg(x, x.shape, source, internal)
         return Member(node, (arg,), "row") if arg is not None and arg.kind in ("member", "full") else None
-    if node.op != OpKind.ELEMENTWISE or any(s.func in RECORDS or s.func in ("select", "copy")
+    if node.op != OpKind.ELEMENTWISE or any(s.func in RECORDS and s.func != "requant" or s.func in ("select", "copy")
                                             for s in node.attr("expr")):
+        return None
+    records = record_inputs(node.attr("expr"))
+    if any(v.dtype not in (*FLOATS, "int8") for k, v in enumerate((*node.inputs, node.output)) if k not in records):
         return None
     out = "full" if shape[-1] == c and math.prod(shape) == rows * c else "row" if math.prod(shape) == rows else None
     if out is None or (out == "row" and shape[-1] != 1):
         return None
-    args = tuple(_arg(v, shape, source, internal) for v in node.inputs)
+    args = tuple(_record(v, source, internal) if k in records else _arg(v, shape, source, internal)
+                 for k, v in enumerate(node.inputs))
     if any(a is None for a in args) or (out == "row" and any(a.kind in ("full", "col") for a in args)):
         return None
     if any(a.kind == "member" and internal[a.value] != ("full" if _shape_kind(v.shape, shape) == "full" else "row")
@@ -219,11 +243,15 @@ def _arg(v, out_shape, source, internal: dict) -> Arg | None:
     return None if kind is None or upstream & internal.keys() else Arg(kind, v)
 
 
+def _record(v, source, internal: dict) -> Arg | None:
+    """A requant's records, one record for every element (loaded once), else None."""
+    s, upstream = source(v)
+    return Arg("record", v) if math.prod(v.shape[:-1]) == 1 and not ({s.id} | upstream) & internal.keys() else None
+
+
 def plans(graph, layout, excluded=frozenset()) -> list[RowPlan]:
     """The maximal runs of consecutive emitted members (module doc), each after the first reading an
     earlier one's result, with at least one REDUCE and two members."""
-    if any(v.dtype == "int8" for n in graph.nodes for v in (*n.inputs, n.output)):
-        return []    # an int8 graph's float islands stay layer by layer, summed as stagec.int8_reference sums
     uses, producer = graph.consumers(), graph.producer()
     outputs = {v.id for v in graph.outputs}
 
@@ -295,7 +323,8 @@ def views_fit(p: RowPlan, tensor) -> bool:
 def flat(t, kind: str, dims):
     """A DRAM view as the 2-D tensor its kind reads, or None where that needs a copy."""
     rows, c = dims
-    return t.reshape({"full": (rows, c), "row": (rows, 1), "col": (1, c), "scalar": (1, 1)}[kind])
+    return t.reshape({"full": (rows, c), "row": (rows, 1), "col": (1, c), "scalar": (1, 1),
+                      "record": (1, math.prod(t.shape))}[kind])
 
 
 def map_rows(p: RowPlan, hw, objective: str):
@@ -328,10 +357,11 @@ def choose_rows(graph, layout, tilings: dict, views, hw, objective: str, exclude
         names = [m.node.name for m in p.members]
         alone = sum(float(estimate(n, m)) for name in names for n, m in zip(tilings[name].nests,
                                                                              tilings[name].mappings, strict=True))
-        moved = sum(v.size * F32 for m in p.members for v in (*m.node.inputs, m.node.output))
+        moved = sum(v.size * itemsize(v) for m in p.members for v in (*m.node.inputs, m.node.output))
         if objective_of(cycles, energy, objective) >= objective_of(alone, moved * hw.energy_pj_per_dram_byte,
                                                                    objective):
             continue
-        saved = sum(2 * m.node.output.size * F32 for m in p.members if m.node.output.id not in p.stored)
+        saved = sum(2 * m.node.output.size * itemsize(m.node.output) for m in p.members
+                    if m.node.output.id not in p.stored)
         chosen.append(RowCascade(tuple(names), (r, p.dims[1]), p.dims, saved))
     return chosen

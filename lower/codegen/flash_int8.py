@@ -1,0 +1,131 @@
+"""int8 attention (lower.schedule.flash_int8) on the array and the vector unit.
+
+Per head and query block: Q's block is LOADed; the first sweep over key blocks LOADs K^T's block,
+computes S's block on the array (int32 in the accumulator), runs S's epilogue (its requantization)
+into the block's place in the scratchpad's score row and folds the block into the row max; then the
+max is dequantized; the second sweep runs E's expression over each kept block (rounded to bf16 where
+the layers keep E bf16), adds its row sums into l, runs P's expression and adds P @ V (V's block
+LOADed) into the output accumulator.  Then l rounded, r, P·V's epilogue (r and the requantization),
+one STORE.  Every expression is the layer's own, emitted by lower.codegen.tile_expr; each
+instruction belongs to the layer it stands for; the cascade is emitted at its last layer.
+"""
+
+from __future__ import annotations
+
+from stagec.isa.instructions import AccMode, DType, Operand, Space, VectorFunc
+
+from ..graph.graph_ir import OpKind
+from ..schedule.flash_int8 import ROLES, ROWS, Pattern, constants, expr_of, int8_flash_buffers, shape_of
+from ..schedule.tensors import DTYPE_OF, local_type
+from . import tile_expr
+from .flash import _select
+
+LocalTile = tile_expr.LocalTile
+
+
+def emit_int8_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
+    """Emit `cascade` (an Int8Attention) whose layers are `nodes`, layer indices `layers`."""
+    em, p = ctx.em, Pattern(*nodes)
+    where = {role: (layer, node.name) for role, layer, node in zip(ROLES, layers, nodes, strict=True)}
+
+    def at(role: str) -> None:
+        em.layer, em.layer_name = where[role]
+
+    at("scores")
+    batch, m, n, _ = cascade.dims
+    tq, tk = cascade.tile
+    bases = em.allocate(int8_flash_buffers(shape_of(p, ctx.graph), tq, tk))
+    consts = {}
+    for role, node in zip(ROLES, nodes, strict=True):
+        at(role)
+        for v in constants(node, ctx.graph):
+            if v.id not in consts:
+                consts[v.id] = _load_constant(ctx, v, bases["consts"][len(consts)])
+    views = [ctx.tensor(v) for v in (p.scores.inputs[0], p.scores.inputs[1], p.pv.inputs[1], p.pv.output)]
+    step = block = 0
+    for b in range(batch):
+        head = [_select(t, b) for t in views]
+        for q0 in range(0, m, tq):
+            _query_block(em, at, bases, consts, p, head, (q0, min(tq, m - q0)), cascade, step, block)
+            step, block = step + -(-n // tk), block + 1
+
+
+def _load_constant(ctx, v, base: int) -> LocalTile:
+    """LOAD a one-element constant (a scalar, or one record of words) once; its tile, broadcast over any box."""
+    t = ctx.tensor(v)
+    words = v.shape[-1] if len(v.shape) and v.size == v.shape[-1] else 1
+    ctx.em.load(t.reshape((v.size,)), (0,), (None, None, 0), (1, 1, words), Operand(Space.SPAD, base, (0, 0, 1)))
+    return LocalTile(Space.SPAD, base, (1, 1, 1), local_type(t.dtype))
+
+
+def _query_block(em, at, bases: dict, consts: dict, p: Pattern, head: list, rows_at: tuple, cascade, step: int,
+                 block: int) -> None:
+    """Query rows q0 .. q0 + qr of one head (`head`: its Q, K^T, V and output views): `step` key blocks
+    and `block` query blocks came before (the double buffers' parities)."""
+    (q0, qr), (tk, (_, _, n, d)) = rows_at, (cascade.tile[1], cascade.dims)
+    q_t, kt_t, v_t, out_t = head
+    rows = dict(zip(ROWS, bases["rows"], strict=True))
+    qb, ob, o = bases["q"][block % 2], bases["out"][block % 2], bases["o"][0]
+    line = (1, qr, 1)
+
+    def expr(node, operands: list, counts, final: LocalTile) -> None:
+        """`node`'s expression over the box `counts`: its operands that are not constants, in order, are
+        `operands` (a MATMUL's: its result first), its result into `final`, rounded as the layer stores it."""
+        first = 2 * (node.op == OpKind.MATMUL)      # a MATMUL's epilogue: its result, then its trailing inputs
+        rest = iter(operands[first // 2:])
+        args = operands[:first // 2] + [consts[v.id] if v.id in consts else next(rest) for v in node.inputs[first:]]
+        plan = tile_expr.plan(expr_of(node), len(args), frozenset())
+        temps = [LocalTile(Space.SPAD, b, tuple(counts)) for b in bases["temps"]]
+        tile_expr.emit(em, expr_of(node), plan, args, temps, counts, final)
+        rounded(node, final)
+
+    def rounded(node, tile: LocalTile) -> None:
+        if node.output.dtype == "bfloat16":
+            tile_expr.round_bf16(em, tile, bases["round"][0])
+
+    at("scores")
+    em.load_box(q_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, qb)
+    keys = list(enumerate(range(0, n, tk)))
+    m8 = LocalTile(Space.SPAD, rows["m"], line, DType.I8)
+    for j, k0 in keys:
+        kb, slot = min(tk, n - k0), (step + j) % 2
+        counts, kt = (1, qr, kb), bases["kt"][slot]
+        at("scores")
+        em.load_box(kt_t, (0, k0), (0, 1), (d, kb), Space.SPAD, kt)
+        em.matmul(Operand(Space.SPAD, qb, (0, d, 1)), Operand(Space.SPAD, kt, (kb, 1, 0)),
+                  Operand(Space.ACC, bases["s"][slot], (0, kb, 1)), 1, qr, d, kb, accumulate=False, dtype=DType.I8)
+        s8 = LocalTile(Space.SPAD, bases["s8"][j], counts, DType.I8)
+        expr(p.scores, [LocalTile(Space.ACC, bases["s"][slot], counts, DType.I32)], counts, s8)
+        at("max")
+        em.vector(VectorFunc.RMAX, m8.operand(counts), s8.operand(counts), None, counts,
+                  acc=AccMode.MAX if j else AccMode.OVERWRITE, dtype=DType.I8)
+    at("dequant")
+    mf = LocalTile(Space.SPAD, rows["mf"], line)
+    expr(p.dequant, [m8], line, mf)
+    total = LocalTile(Space.SPAD, rows["l"], line)
+    for j, k0 in keys:
+        kb, slot = min(tk, n - k0), (step + j) % 2
+        counts, v = (1, qr, kb), bases["v"][slot]
+        e = LocalTile(Space.SPAD, bases["e"][slot], counts)
+        pt = LocalTile(Space.SPAD, bases["p"][slot], counts, DType.I8)
+        at("exp")
+        expr(p.exp, [LocalTile(Space.SPAD, bases["s8"][j], counts, DType.I8), mf], counts, e)
+        at("sum")
+        em.vector(VectorFunc.RSUM, total.operand(counts), e.operand(counts), None, counts,
+                  acc=AccMode.ADD if j else AccMode.OVERWRITE)
+        at("quant")
+        expr(p.quant, [e], counts, pt)
+        at("pv")
+        em.load_box(v_t, (k0, 0), (0, 1), (kb, d), Space.SPAD, v)
+        em.matmul(Operand(Space.SPAD, pt.base, (0, kb, 1)), Operand(Space.SPAD, v, (d, 1, 0)),
+                  Operand(Space.ACC, o, (0, d, 1)), 1, qr, kb, d, accumulate=j > 0, dtype=DType.I8)
+    at("sum")
+    rounded(p.row_sum, total)
+    at("recip")
+    r = LocalTile(Space.SPAD, rows["r"], line)
+    expr(p.recip, [total], line, r)
+    at("pv")
+    counts = (1, qr, d)
+    out = LocalTile(Space.SPAD, ob, counts, local_type(DTYPE_OF[p.pv.output.dtype]))
+    expr(p.pv, [LocalTile(Space.ACC, o, counts, DType.I32), r], counts, out)
+    em.store_box(out_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, ob)

@@ -1,0 +1,272 @@
+"""int8 attention as one cascade: its int8 score rows stay in the scratchpad, never in DRAM.
+
+What quantization makes of attention (lower.graph.quantize, its softmax a float island): S = requant(Q @ K^T)
+(int8 x int8 -> int32 on the array, requantized to int8), m = max(S) over S's rows (int8), mf = m
+dequantized (the island's float), E = exp(S * s - mf), l = sum(E) over the rows, r = recip(l), P =
+quantize(E) (int8 at the fixed scale calibration gave E, in [0, 1]), O = (P @ V) times r and
+requantized in P·V's epilogue.  Layer by layer S, E, P and their row vectors go to DRAM and back
+(Whisper-tiny: 77% of the int8 encoder's DRAM traffic).
+
+Here they run per head and query block of `tq` rows, in two sweeps over key blocks of `tk`:
+the first computes S's blocks on the array (int8 Q, K^T) and keeps them, int8, in the scratchpad (a
+query block's whole score row: tq x N bytes), their row max running; then mf, and the second
+computes each block's E, adds its row sums into l, quantizes it to P and adds P @ V into the output
+accumulator (int32).  Last r, P·V's epilogue, one STORE.  Every member computes what its layer
+computes, in the same order (the max is the whole row's before any exp, as the layers'): no
+online-softmax rescaling, whose exp(m_old - m_new) would change P's int8 values.  Each value the
+layers keep in a bf16 island is rounded to bf16 where the layers' STORE rounds it.  The only
+difference from the layers: l sums its key blocks in another order (float32), so a requantized
+output can land one int8 step apart where a float lies on a rounding boundary.
+
+`int8_flash_cost` counts the instructions lower.codegen.flash_int8 issues, composed as
+lower.schedule.flash composes its own; `choose_int8_flash` searches (tq, tk) under the scratchpad and
+accumulator and takes the cascade where it beats the layers' lower bound (lower.schedule.flash).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from stagec.isa.instructions import MAX_COUNT, REQUANT_RECORD_BYTES, Space
+from stagec.isa.opcodes import TRANSCENDENTAL
+from stagec.sim.costs import matmul_cycles, vector_cycles
+from stagec.sim.energy import ActionCounts
+
+from ..codegen import tile_expr  # the emitter's own expression plan, so both count the same temporaries
+from ..graph.graph_ir import RECORDS, OpKind
+from .buffers import Buffer, words
+from .cascade import CascadeRecord
+from .flash import Walk, _sizes, pays, row_reduce, search_blocks
+from .nest_cost import dma_cycles
+from .search import INSTRUCTION_CHARGE
+from .tensors import DTYPE_OF
+
+F32 = 4
+RECORD = REQUANT_RECORD_BYTES    # a constant's slot: a record's size and alignment, at least
+HARD = {f.name.lower() for f in TRANSCENDENTAL}
+ROLES = ("scores", "max", "dequant", "exp", "sum", "recip", "quant", "pv")
+ROWS = ("m", "mf", "l", "r")     # per query row: the int8 max, its float, the sum, its reciprocal
+
+
+@dataclass(frozen=True)
+class Int8Attention(CascadeRecord):
+    """int8 attention's eight layers (`ROLES`, node names) run over query blocks of tile[0] rows and key
+    blocks of tile[1]; `dims` (batch, queries M, keys N, head dim D); `saved_bytes`: the DRAM bytes
+    of S, E, P and their row vectors that layer by layer moves."""
+
+    layers: tuple[str, ...]
+    tile: tuple[int, int]
+    dims: tuple[int, int, int, int]
+    saved_bytes: int
+    mappings: tuple = ()          # its members keep their own tilings: the cascade's tile is its own
+    roles: tuple[str, ...] = ROLES
+
+    def __str__(self) -> str:
+        return (f"cascade {' -> '.join(self.layers)}: int8 attention, score rows in the scratchpad, query block "
+                f"{self.tile[0]}, key block {self.tile[1]}, saves {self.saved_bytes / 1024:.1f} KiB of DRAM")
+
+
+class Pattern(NamedTuple):
+    """A matched int8 attention's nodes, in ROLES' order."""
+
+    scores: object
+    row_max: object
+    dequant: object
+    exp: object
+    row_sum: object
+    recip: object
+    quant: object
+    pv: object
+
+    @property
+    def nodes(self) -> list:
+        return list(self)
+
+
+def expr_of(node):
+    return node.attr("epilogue") if node.op == OpKind.MATMUL else node.attr("expr")
+
+
+def constants(node, graph) -> list:
+    """The one-element constants (a scalar, or one record) that `node`'s expression reads."""
+    return [v for v in node.inputs if v.id in graph.constants and _one(v, node)]
+
+
+def n_args(node) -> int:
+    """How many arguments `node`'s expression takes: a MATMUL's epilogue, the result and its trailing inputs."""
+    return len(node.inputs) - (node.op == OpKind.MATMUL)
+
+
+def _one(v, node) -> bool:
+    records = {s.args[1] for s in expr_of(node) or () if s.func in RECORDS}
+    k = node.inputs.index(v) - (node.op == OpKind.MATMUL)     # its argument in the expression
+    return math.prod(v.shape[:-1] if k in records else v.shape) == 1
+
+
+def match(graph, layout, excluded=frozenset()) -> list[Pattern]:
+    """Every int8 attention of the module doc's pattern, its layers emitted (views between them emit
+    nothing), every intermediate read by the pattern alone, none of them in `excluded`."""
+    walk = Walk(graph, layout)
+    node_of, readers = walk.node_of, walk.readers
+
+    def others(node, first: int = 0) -> list:
+        """The inputs of `node` from `first` on that are not its one-element constants."""
+        ones = {v.id for v in constants(node, graph)}
+        return [v for v in node.inputs[first:] if v.id not in ones]
+
+    def single(node, op):
+        """The emitted node of `op` that `node`'s one operand (not a constant) views, else None."""
+        rest = others(node) if node is not None else ()
+        return node_of(rest[0], op) if len(rest) == 1 else None
+
+    found = []
+    for pv in graph.nodes:
+        if pv.op != OpKind.MATMUL or any(v.dtype != "int8" for v in pv.inputs[:2]) or len(others(pv, 2)) != 1:
+            continue
+        quant, recip = node_of(pv.inputs[0], OpKind.ELEMENTWISE), node_of(others(pv, 2)[0], OpKind.ELEMENTWISE)
+        exp, total = single(quant, OpKind.ELEMENTWISE), single(recip, OpKind.REDUCE)
+        if exp is None or total is None or not any(s.func == "exp" for s in exp.attr("expr")):
+            continue
+        operands = others(exp)     # the scores, then the row max's float (the order the emitter passes them)
+        s = node_of(operands[0], OpKind.MATMUL) if len(operands) == 2 else None
+        dq = node_of(operands[1], OpKind.ELEMENTWISE) if len(operands) == 2 else None
+        mx = single(dq, OpKind.REDUCE)
+        if s is None or mx is None or any(v.dtype != "int8" for v in (*s.inputs[:2], s.output)) or others(s, 2):
+            continue
+        p = Pattern(s, mx, dq, exp, total, recip, quant, pv)
+        expected = [{mx.name, exp.name}, {dq.name}, {exp.name}, {total.name, quant.name}, {recip.name}, {pv.name},
+                    {pv.name}]
+        if (not row_reduce(mx, "max") or not row_reduce(total, "sum") or node_of(mx.inputs[0], OpKind.MATMUL) is not s
+                or node_of(total.inputs[0], OpKind.ELEMENTWISE) is not exp
+                or any(readers(n) != want for n, want in zip(p.nodes[:-1], expected, strict=True))
+                or any(n.name in excluded for n in p.nodes) or s.output.shape[-1] > MAX_COUNT):
+            continue
+        found.append(p)
+    return found
+
+
+def dims_of(p: Pattern) -> tuple[int, int, int, int]:
+    *batch, m, n = p.scores.output.shape
+    return math.prod(batch), m, n, p.pv.output.shape[-1]
+
+
+class Shape(NamedTuple):
+    """What the cost and the buffers need of a pattern: dims, each member's expression steps (func names),
+    the roles whose values round to bf16, the temporaries an expression needs, the output's bytes per
+    element, the number of constants, the bytes of the largest and of them all."""
+
+    dims: tuple[int, int, int, int]
+    steps: dict
+    rounded: frozenset
+    temps: int
+    out_itemsize: int
+    n_consts: int
+    const_bytes: int
+    const_read: int
+
+
+def shape_of(p: Pattern, graph) -> Shape:
+    exprs = {role: expr_of(n) or () for role, n in zip(ROLES, p.nodes, strict=True) if n.op != OpKind.REDUCE}
+    temps = max(tile_expr.plan(expr_of(n) or (), n_args(n), frozenset()).temps
+                for n in p.nodes if n.op != OpKind.REDUCE)
+    consts = {v.id: v for n in p.nodes for v in constants(n, graph)}
+    return Shape(dims_of(p), {role: tuple(s.func for s in e) for role, e in exprs.items()},
+                 frozenset(r for r, n in zip(ROLES, p.nodes, strict=True) if n.output.dtype == "bfloat16"),
+                 max(temps, 1), DTYPE_OF[p.pv.output.dtype].itemsize, len(consts),
+                 -(-max((graph.constants[v].nbytes for v in consts), default=F32) // RECORD) * RECORD,
+                 sum(graph.constants[v].nbytes for v in consts))
+
+
+def int8_flash_buffers(sh: Shape, tq: int, tk: int) -> list[Buffer]:
+    """Q's block, K^T's and V's blocks (two each), the score row (int8, every key block), E's and P's
+    blocks (two each), the temporaries and the bf16 rounding's scratch, the row statistics, the
+    output's block (two), the constants; S's blocks (two) and the output accumulator."""
+    _, _, n, d = sh.dims
+    wide = max(tk, d) * tq
+
+    def int8(name: str, elements: int, count: int) -> Buffer:
+        return Buffer(name, Space.SPAD, words(elements, 1), count)
+    return [int8("q", tq * d, 2), int8("kt", d * tk, 2), int8("v", tk * d, 2), int8("s8", tq * tk, -(-n // tk)),
+            Buffer("e", Space.SPAD, tq * tk * F32, 2), int8("p", tq * tk, 2),
+            Buffer("temps", Space.SPAD, wide * F32, sh.temps), Buffer("round", Space.SPAD, words(wide * 2, 2)),
+            Buffer("rows", Space.SPAD, tq * F32, len(ROWS)),
+            Buffer("out", Space.SPAD, words(tq * d * sh.out_itemsize, sh.out_itemsize), 2),
+            Buffer("consts", Space.SPAD, sh.const_bytes, sh.n_consts, align=RECORD),
+            Buffer("s", Space.ACC, tq * tk * F32, 2), Buffer("o", Space.ACC, tq * d * F32)]
+
+
+def _expr(sh: Shape, role: str, elements: int) -> list:
+    """(elements, transcendental) of the vector instructions of a member's expression over `elements`,
+    and of its bf16 rounding where the layers keep its value bf16."""
+    return [(elements, f in HARD) for f in sh.steps.get(role, ())] + 2 * [(elements, False)] * (role in sh.rounded)
+
+
+def _block_vectors(sh: Shape, q: int, t: int) -> list:
+    """One key block of t columns for q query rows (lower.codegen.flash_int8's): S's epilogue, the
+    running max, E's expression, its row sums, P's expression."""
+    return (_expr(sh, "scores", q * t) + [(q * t, False)] + _expr(sh, "exp", q * t) + [(q * t, False)]
+            + _expr(sh, "quant", q * t))
+
+
+def _end_vectors(sh: Shape, q: int, d: int) -> list:
+    """A query block's end: the max dequantized, the sum rounded, r, P·V's epilogue."""
+    return _expr(sh, "dequant", q) + _expr(sh, "sum", q) + _expr(sh, "recip", q) + _expr(sh, "pv", q * d)
+
+
+def int8_flash_cost(sh: Shape, tq: int, tk: int, hw) -> tuple[float, ActionCounts]:
+    """(charged cycles, actions) of the cascade in blocks of tq x tk, as lower.codegen.flash_int8 emits
+    it: the busiest of the load queue, the DRAM channel, the array and the vector unit, plus the first
+    block's loads.  Its DRAM bytes, MACs and vector ops are the program's exactly; its scratchpad and
+    accumulator bytes (energy only) an estimate."""
+    b, m, n, d = sh.dims
+    t = dict.fromkeys(("matrix", "vector", "ops", "macs", "instructions"), 0.0)
+
+    def add(vectors: list, times: int) -> None:
+        for elements, hard in vectors:
+            t["vector"] += times * float(vector_cycles(elements, hw.vector_lanes, transcendental=hard,
+                                                       cycles_per_transcendental=hw.vector_cycles_per_transcendental))
+            t["ops"] += times * elements
+        t["instructions"] += times * len(vectors)
+
+    for q, q_times in _sizes(m, tq):
+        for kb, times in _sizes(n, tk):
+            reps = b * q_times * times
+            t["matrix"] += reps * float(matmul_cycles(q, d, kb, hw.array_rows, hw.array_cols, hw.dataflow)
+                                        + matmul_cycles(q, kb, d, hw.array_rows, hw.array_cols, hw.dataflow))
+            t["macs"] += reps * 2 * q * kb * d
+            t["instructions"] += reps * 4               # two LOADs, two MATMULs
+            add(_block_vectors(sh, q, kb), reps)
+        add(_end_vectors(sh, q, d), b * q_times)
+    nq, nk = -(-m // tq), -(-n // tk)
+    read = b * m * d + b * nq * 2 * n * d + sh.const_read
+    written = b * m * d * sh.out_itemsize
+    loads = b * nq * (1 + 2 * nk) + sh.n_consts
+    units = {"load": dma_cycles(loads, read, hw), "store": dma_cycles(b * nq, written, hw),
+             "channel": (read + written) / hw.dma_bandwidth_bytes_per_cycle, "matrix": t["matrix"],
+             "vector": t["vector"]}
+    cycles = max(units.values()) + dma_cycles(3, (min(tq, m) + 2 * min(tk, n)) * d, hw)
+    acts = ActionCounts(macs_int8=t["macs"], macs_bf16=0.0, macs_fp32=0.0, vector_ops=t["ops"],
+                        scratchpad_read_bytes=2 * t["ops"] * F32 + t["macs"] / hw.array_cols,
+                        scratchpad_write_bytes=t["ops"] * F32 + read, accumulator_read_bytes=t["ops"] * F32 / 2,
+                        accumulator_write_bytes=t["macs"] * F32 / hw.array_rows, dram_read_bytes=read,
+                        dram_write_bytes=written)
+    return cycles + INSTRUCTION_CHARGE * (t["instructions"] + loads + b * nq), acts
+
+
+def map_int8_flash(sh: Shape, hw, objective: str):
+    """The (tq, tk) of least objective that fits, with its (charged cycles, energy), or None."""
+    return search_blocks(sh.dims[1], sh.dims[2], lambda tq, tk: int8_flash_buffers(sh, tq, tk),
+                         lambda tq, tk: int8_flash_cost(sh, tq, tk, hw), hw, objective)
+
+
+def choose_int8_flash(graph, layout, tilings: dict, hw, objective: str, excluded) -> list[Int8Attention]:
+    """The int8 attentions (`match`) run as one cascade where a tiling fits and its objective is below a
+    lower bound of the layers' own; one that does not fit is never emitted: the layers run alone."""
+    chosen = []
+    for p in match(graph, layout, excluded):
+        taken = pays(p, map_int8_flash(shape_of(p, graph), hw, objective), tilings, hw, objective)
+        if taken is not None:
+            chosen.append(Int8Attention(tuple(n.name for n in p.nodes), taken[0], dims_of(p), taken[1]))
+    return chosen
