@@ -461,3 +461,25 @@ def test_a_view_read_in_fp32_and_as_int8_is_two_layers_named_apart():
     assert copies["view/reshape"] == "float32" and copies["view/reshape/int8"] == "int8", copies
     y, _ = stagec.simulate(program, x)
     np.testing.assert_array_equal(y, int8_reference.run(graph, [x.numpy()])[0])
+
+
+class Scores(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+
+@pytest.mark.parametrize("quantize", ["int8", "bf16"])
+def test_two_inputs_convert_as_layers_named_apart(quantize):
+    """Each input's QUANTIZE (or bf16 conversion) was named input/quantize: two layers of different shapes
+    under one name, so one schedule entry (one tiling) served both; caught by the graph check."""
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(4, 8, generator=g), torch.randn(8, 6, generator=g)
+    options = dict(quantize=quantize, **({"calibration": [(a, b), (a * 2, b)]} if quantize == "int8" else {}))
+    _, graph = build_graph(Scores(), (a, b), **options)
+    suffix = "/quantize" if quantize == "int8" else "/to_bfloat16"
+    assert sorted(n.name for n in graph.nodes if n.name.endswith(suffix)) == [f"input0{suffix}", f"input1{suffix}"]
+    y, _ = stagec.simulate(stagec.compile(Scores(), (a, b), **options), a, b)
+    if quantize == "int8":
+        np.testing.assert_array_equal(y, int8_reference.run(graph, [a.numpy(), b.numpy()])[0])
+    ref = (a @ b).numpy()
+    assert np.abs(y - ref).max() <= 0.05 * np.abs(ref).max()

@@ -32,7 +32,7 @@ from types import MappingProxyType
 import ml_dtypes
 import numpy as np
 
-from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value
+from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value, value_names
 
 BF16, F32 = "bfloat16", "float32"
 VIEWS = frozenset({OpKind.BROADCAST, OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.SLICE})
@@ -47,7 +47,7 @@ class _Rewriter:
         self.consts = {}
         self.now: dict[int, Value] = {}      # original value id -> the value holding it now
         self.copies: dict[tuple[int, str], Value] = {}   # (value id, type) -> its copy of that type
-        self.names = {n.output.id: n.name for n in graph.nodes}
+        self.names = value_names(graph)
         exact = _float32_constants(graph, keep_fp32)
         for vid, a in graph.constants.items():
             a = np.asarray(a)
@@ -61,7 +61,7 @@ class _Rewriter:
 
     def as_type(self, v: Value, dtype: str) -> Value:
         """v (as it is now) of float type `dtype`, copying it the first time."""
-        name = self.names.get(v.id, "input")
+        name = self.names.get(v.id, "value")
         v = self.value(v)
         if v.dtype == dtype or v.dtype not in (BF16, F32):
             return v

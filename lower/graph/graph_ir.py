@@ -144,6 +144,13 @@ class Graph:
         return {n.output.id: n for n in self.nodes}
 
 
+def value_names(graph: Graph) -> dict[int, str]:
+    """Value id -> the name a pass gives what it adds for the value: its node's, or for the graph's
+    inputs `input` (one) or `input<i>`, so that two inputs' QUANTIZE nodes are named apart."""
+    inputs = {v.id: "input" if len(graph.inputs) == 1 else f"input{i}" for i, v in enumerate(graph.inputs)}
+    return inputs | {n.output.id: n.name for n in graph.nodes}
+
+
 def check_graph(graph: Graph, after: str) -> None:
     """That `graph` is well formed after pass `after`: every value defined once, before its readers (an
     input, a constant or an earlier node's result), and every node named apart (the schedule and the

@@ -71,7 +71,7 @@ from .activations import (
     scalar_scale,
     unary_input,
 )
-from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value
+from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value, value_names
 from .int8_binary import int8_mul
 from .integer_ops import emit_island, find_islands, int8_gelu, int8_inputs
 from .passes import dce, prune
@@ -97,7 +97,7 @@ class _Rewriter:
     def __init__(self, graph: Graph, amax: dict[int, float], int8_scores: bool = True):
         self.graph, self.amax, self.int8_scores = graph, amax, int8_scores
         self.consts = dict(graph.constants)
-        self.names = {n.output.id: n.name for n in graph.nodes}
+        self.names = value_names(graph)
         self.producers, self.uses = graph.producer(), graph.consumers()
         self.ids = graph.fresh_ids()
         self.nodes: list[Node] = []
@@ -121,9 +121,9 @@ class _Rewriter:
         """The activation scale of original value v, from its calibrated range."""
         amax = self.amax.get(v.id)
         if amax is None:
-            raise QuantizationError(f"value %{v.id} ({self.names.get(v.id, 'input')}) has no calibrated range")
+            raise QuantizationError(f"value %{v.id} ({self.names.get(v.id, 'value')}) has no calibrated range")
         if not amax > 0 or not np.isfinite(amax):
-            raise QuantizationError(f"value %{v.id} ({self.names.get(v.id, 'input')}) has calibrated range {amax}: "
+            raise QuantizationError(f"value %{v.id} ({self.names.get(v.id, 'value')}) has calibrated range {amax}: "
                                     f"its int8 scale would be {amax / QMAX}; calibrate with data that exercises it")
         return amax / QMAX
 
@@ -154,7 +154,7 @@ class _Rewriter:
             # an int32 sum of int8 values (a reduce's) has no fp32 version until it is dequantized
             source = self.as_fp32(v) if v.id in self.sums else self.fp32.get(v.id, v)
             self.emit(OpKind.ELEMENTWISE, (source, gain, self.const(QUANTIZE_RECORD.copy())), q,
-                      f"{self.names.get(v.id, 'input')}/quantize", expr=QUANTIZE_EXPR)
+                      f"{self.names.get(v.id, 'value')}/quantize", expr=QUANTIZE_EXPR)
             self.int8[v.id], self.scales[q.id] = q, scale
         return self.int8[v.id]
 
@@ -164,7 +164,7 @@ class _Rewriter:
             return v
         if v.id not in self.fp32:
             q, scale = self.sums[v.id] if v.id in self.sums else (self.int8[v.id], self.scales[self.int8[v.id].id])
-            self.fp32[v.id] = self.dequantize(q, scale, self.names[v.id])
+            self.fp32[v.id] = self.dequantize(q, scale, self.names.get(v.id, 'value'))
         return self.fp32[v.id]
 
     def keep_fp32(self, node: Node) -> None:
