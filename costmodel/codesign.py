@@ -7,7 +7,9 @@ weight-stationary probability); each layer has one relaxed mapping (costmodel.sp
 descends, per workload (a model's layers with their multiplicities), the log of its objective
 summed over workloads (so no model dominates by scale; objective 'area': the log of the area),
 plus penalties for capacity violations, for area or power over budget and for latency over a
-model's target.  The relaxed point is where costmodel.rounding's grid search starts.
+model's target.  Each model's chains of fusable layers (costmodel.fusion) add their relaxed fusion
+choices and cascade tilings, so the descent sees the DRAM traffic a larger scratchpad saves.  The
+relaxed point is where costmodel.rounding's grid search starts.
 
 The area and energy tables price the DRAM interface per byte/cycle of bandwidth (isa/config.py),
 so bandwidth has a cost and does not drift to the top of `bandwidth_range`.
@@ -26,6 +28,7 @@ import optax
 from stagec.isa.config import HardwareConfig
 from stagec.progress import bar, shown
 
+from .fusion import chain_terms, start_params
 from .grid import BuildableGrid
 from .hardware import HardwarePoint, area, hardware_point
 from .model import DEFAULT_CONSTANTS, CostConstants, layer_cost
@@ -88,23 +91,30 @@ def hw_theta_of(point: HardwarePoint):
 
 
 def workload_costs(layers: LayerShape, mappings, hw: HardwarePoint, counts, workload, n_workloads: int,
-                   constants: CostConstants, smooth):
-    """(cycles, energy pJ, violation) per workload: layer costs x multiplicity, summed by workload."""
+                   constants: CostConstants, smooth, chains=(), fusion=None):
+    """(cycles, energy pJ, violation) per workload: layer costs x multiplicity, summed by workload, with
+    what fusing `chains` (costmodel.fusion, relaxed parameters `fusion`) adds or saves."""
     cost = jax.vmap(lambda L, m: layer_cost(L, m, hw, constants, smooth))(layers, mappings)
 
     def total(x):
         return jax.ops.segment_sum(x * counts, workload, n_workloads)
-    return total(cost.cycles), total(cost.energy_pj), jnp.sum(cost.violation * (counts > 0))
+    cycles, energy, violation = total(cost.cycles), total(cost.energy_pj), jnp.sum(cost.violation * (counts > 0))
+    if not chains:
+        return cycles, energy, violation
+    more = chain_terms(chains, fusion, cost.cycles, cost.energy_pj, hw, smooth, n_workloads)
+    return cycles + more[0], energy + more[1], violation + more[2]
 
 
 OBJECTIVES = ("latency", "energy", "edp", "area")
 
 
-@partial(jax.jit, static_argnames=("n_workloads",))
-def _step(params, opt_state, step, layers, counts, workload, base, limits, constants, knobs, n_workloads: int):
-    """One adam step.  Everything but the number of workloads is traced (one compilation serves every
-    objective, budget and setting): `limits` (area mm^2, power W, per-workload latency s; inf: none),
-    `knobs` (first and last temperature, steps, penalty, learning rate, objective index, log ranges)."""
+@partial(jax.jit, static_argnames=("n_workloads", "chains"))
+def _step(params, opt_state, step, layers, counts, workload, base, limits, constants, knobs, n_workloads: int,
+          chains=()):
+    """One adam step.  Everything but the number of workloads and the chains (costmodel.fusion) is
+    traced (one compilation serves every objective, budget and setting): `limits` (area mm^2, power W,
+    per-workload latency s; inf: none), `knobs` (first and last temperature, steps, penalty, learning
+    rate, objective index, log ranges)."""
     area_budget, power, targets = limits
     first, last, steps, penalty, learning_rate, which, ranges = knobs
     smooth = first * (last / first) ** (step / jnp.maximum(steps - 1, 1))
@@ -112,7 +122,8 @@ def _step(params, opt_state, step, layers, counts, workload, base, limits, const
     def loss(params):
         hw = point_from(params["hw"], base, ranges)
         maps = jax.vmap(to_mapping)(params["maps"], layers)
-        cycles, energy, violation = workload_costs(layers, maps, hw, counts, workload, n_workloads, constants, smooth)
+        cycles, energy, violation = workload_costs(layers, maps, hw, counts, workload, n_workloads, constants, smooth,
+                                                   chains, params.get("fusion"))
         # 'area': the cycles a little too, so the mappings descend toward meeting the targets
         value = jnp.stack([jnp.sum(jnp.log(objective_of(cycles, energy, o))) for o in OBJECTIVES[:3]]
                           + [jnp.log(area(hw)) + 0.01 * jnp.sum(jnp.log(cycles))])[which]
@@ -136,14 +147,16 @@ def _bucket(tree, n: int):
 def descend(layers: LayerShape, start_maps, counts, workload, n_workloads: int, base: HardwareConfig,
             area_budget_mm2: float | None, objective: str = "latency", power_budget_w: float | None = None,
             constants: CostConstants = DEFAULT_CONSTANTS, settings: CodesignSettings = DEFAULT_CODESIGN,
-            latency_targets_s=None):
-    """Adam on (hardware, mappings) jointly; returns the relaxed HardwarePoint and mappings' parameters.
-    `latency_targets_s`: per workload, seconds or None."""
+            latency_targets_s=None, chains=()):
+    """Adam on (hardware, mappings, and the fusion of `chains`: costmodel.fusion) jointly; returns the
+    relaxed HardwarePoint and mappings' parameters.  `latency_targets_s`: per workload, seconds or None."""
     point, n = hardware_point(base), len(counts)
     layers, start_maps = _bucket(layers, n), _bucket(start_maps, n)
     counts = jnp.concatenate([jnp.asarray(counts, jnp.float32), jnp.zeros(len(start_maps.tile_oh) - n)])
     workload = jnp.concatenate([jnp.asarray(workload), jnp.zeros(len(start_maps.tile_oh) - n, jnp.int32)])
     params = {"hw": hw_theta_of(point), "maps": from_mapping(start_maps)}
+    if chains:
+        params["fusion"] = start_params(chains, base, "latency" if objective == "area" else objective)
     opt_state = optax.adam(settings.learning_rate).init(params)
     targets = jnp.asarray([np.inf if t is None else t for t in (latency_targets_s or [None] * n_workloads)],
                           jnp.float32)
@@ -155,7 +168,7 @@ def descend(layers: LayerShape, start_maps, counts, workload, n_workloads: int, 
     steps = bar(range(settings.steps), desc="codesign", enabled=bool(settings.report_every))
     for step in steps:
         params, opt_state, value = _step(params, opt_state, step, layers, counts, workload, point, limits, constants,
-                                         knobs, n_workloads)
+                                         knobs, n_workloads, tuple(chains))
         if settings.report_every and (step + 1) % settings.report_every == 0 and shown():
             hw = point_from(params["hw"], point, ranges)
             steps.set_postfix_str(f"loss {float(value):.4f}  array {float(hw.array_rows):.1f}x"

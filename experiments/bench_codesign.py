@@ -31,6 +31,10 @@ For each model and space:
                                 sweep (experiments/results/sweep_*.jsonl) reports what it first cost.
 Reported: evaluated points, simulated points, wall time, the best simulated latency and EDP (seeded
 searches: the median over seeds, by the objective).  Writes experiments/results/bench_codesign_SPACE.json.
+Every search here prices and simulates configs layer by layer (codesign with fusion=False), as the
+baselines do.  --fusion instead runs codesign alone with fusion on and off (stagec.fusing: configs priced,
+and their programs simulated, with the cascades compile builds) and reports each pick's predicted and
+simulated cycles, DRAM traffic and energy (experiments/results/bench_codesign_fusion_SPACE.json).
 """
 
 from __future__ import annotations
@@ -232,8 +236,9 @@ def median(runs: list[dict], objective: str) -> dict:
 
 def bench(title: str, graph, space: Space, space_name: str, objective: str, seeds: int) -> dict:
     t0 = time.perf_counter()
-    result = codesign_graphs([graph], space.budget, objective, settings=space.settings, progress=False)
-    work = Workloads([graph], objective, DEFAULT_CONSTANTS)
+    # layer by layer, as the baselines price and simulate configs (--fusion compares fusion on and off)
+    result = codesign_graphs([graph], space.budget, objective, settings=space.settings, progress=False, fusion=False)
+    work = Workloads([graph], objective, DEFAULT_CONSTANTS, fusion=False)
     ours = {**simulated(graph, result.hw, work), "evaluated": result.evaluated, "simulated": result.simulated,
             "seconds": time.perf_counter() - t0}
     log(f"  {title}: codesign {ours}")
@@ -257,6 +262,38 @@ def bench(title: str, graph, space: Space, space_name: str, objective: str, seed
     return rows
 
 
+def fusion(title: str, graph, space: Space, objective: str) -> dict:
+    """codesign with fusion on and off at the space's budget: each pick's predicted and simulated
+    cycles, DRAM traffic and energy (the simulated program fused as compile fuses it, or layer by layer)."""
+    rows = {}
+    for on in (True, False):
+        t0 = time.perf_counter()
+        r = codesign_graphs([graph], space.budget, objective, settings=space.settings, progress=False, fusion=on)
+        report = r.reports[0]
+        rows["on" if on else "off"] = {
+            "hw": describe(r.hw), "area_mm2": r.area_mm2, "seconds": time.perf_counter() - t0,
+            "cascades": len(report.cascades), "predicted_cycles": r.predicted_cycles[0], "cycles": report.cycles,
+            "predicted_dram_kib": r.predicted_dram_bytes[0] / 1024,
+            "dram_kib": (report.actions.dram_read_bytes + report.actions.dram_write_bytes) / 1024,
+            "predicted_energy_uj": r.predicted_energy_pj[0] / 1e6, "energy_uj": sum(report.energy_pj.values()) / 1e6}
+        log(f"  {title}: fusion {'on' if on else 'off'} {rows['on' if on else 'off']}")
+    return rows
+
+
+def fusion_table(space_name: str, space: Space, out: dict, objective: str) -> str:
+    lines = [f"space {space_name}: {space.budget:g} mm^2, objective {objective}, codesign with fusion on and off "
+             "(predicted / simulated)",
+             f"{'model':22s} {'fusion':6s} {'cycles':>19s} {'DRAM KiB':>17s} {'energy uJ':>15s} {'cascades':>8s} "
+             f"{'seconds':>7s}  config"]
+    for title, rows in out.items():
+        for label, r in rows.items():
+            lines.append(f"{title:22s} {label:6s} {r['predicted_cycles']:9.0f}/{r['cycles']:9.0f} "
+                         f"{r['predicted_dram_kib']:8.0f}/{r['dram_kib']:8.0f} "
+                         f"{r['predicted_energy_uj']:7.1f}/{r['energy_uj']:7.1f} {r['cascades']:8d} {r['seconds']:7.0f}"
+                         f"  {r['hw']} ({r['area_mm2']:.2f} mm^2)")
+    return "\n".join(lines)
+
+
 def table(space_name: str, space: Space, out: dict, objective: str) -> str:
     key = "cycles" if objective == "latency" else "edp"
     lines = [f"space {space_name}: {space.budget:g} mm^2, objective {objective}",
@@ -276,6 +313,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--models", nargs="*", default=list(MODELS.values()), choices=list(MODELS.values()))
     ap.add_argument("--no-exhaustive", action="store_true", help="skip the exhaustive sweep")
+    ap.add_argument("--fusion", action="store_true",
+                    help="instead of the searches: codesign with fusion on and off, predicted vs simulated")
     args = ap.parse_args()
     RESULTS.mkdir(exist_ok=True)
     graphs = {title: model_graph(*zoo.build(name, reduced=True)) for title, name in MODELS.items()
@@ -284,6 +323,11 @@ def main() -> None:
         space = SPACES[space_name]
         if args.no_exhaustive:
             space = Space(space.budget, space.settings, False)
+        if args.fusion:
+            out = {title: fusion(title, graph, space, args.objective) for title, graph in graphs.items()}
+            (RESULTS / f"bench_codesign_fusion_{space_name}.json").write_text(json.dumps(out, indent=1) + "\n")
+            print(fusion_table(space_name, space, out, args.objective), flush=True)
+            continue
         out = {title: bench(title, graph, space, space_name, args.objective, args.seeds)
                for title, graph in graphs.items()}
         (RESULTS / f"bench_codesign_{space_name}.json").write_text(json.dumps(

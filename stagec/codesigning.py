@@ -34,6 +34,7 @@ from stagec.errors import InputError, TilingError
 from stagec.isa import HardwareConfig
 from stagec.lower.schedule.mapper import default_mapping
 
+from .fusing import fused_cost, model_chains, schedule
 from .layers import model_graph, model_layers
 from .pipeline import lower_graph
 from .progress import note
@@ -47,7 +48,9 @@ class Codesign:
     """The chosen buildable config; per model its mappings, simulator report and the exact model's
     prediction (conv-shaped layers only); each constraint's simulated value over its limit
     (`ratios`, <= 1), the constraints that stop a better config (`binding`), and the configs the
-    exact model scored (`evaluated`) and the simulator timed (`simulated`).  `scored` has a row per
+    exact model scored (`evaluated`) and the simulator timed (`simulated`); the predictions price
+    the program the simulator timed (with fusion, its cascades: stagec.fusing), mappings tuned
+    (tune_settings) aside, whose layers run alone.  `scored` has a row per
     scored config and model (stagec.sweeps' row keys: model, area_mm2, latency_s, energy_pj and the
     config's fields): `stagec.sweeps.SweepResults(list(result.scored))` draws their Pareto fronts."""
 
@@ -62,6 +65,7 @@ class Codesign:
     evaluated: int
     simulated: int
     scored: tuple = ()
+    predicted_dram_bytes: tuple[float, ...] = ()
 
     @property
     def area_mm2(self) -> float:
@@ -90,34 +94,39 @@ def _example(item):
 def codesign(models, area_budget_mm2: float | None = None, objective: str = "latency",
              power_budget_w: float | None = None, latency_targets_s=None, hw: HardwareConfig | None = None,
              settings: CodesignSettings = DEFAULT_CODESIGN, tune_settings: TuneSettings | None = None,
-             constants: CostConstants = DEFAULT_CONSTANTS, progress: bool = True) -> Codesign:
+             constants: CostConstants = DEFAULT_CONSTANTS, progress: bool = True, fusion: bool = True) -> Codesign:
     """Choose the array's rows and columns, scratchpad and accumulator sizes, DMA bandwidth and
     dataflow of `hw` (default HardwareConfig()) for `models` (a list of (model, args) or (model,
     args, kwargs)), minimizing `objective` ('latency', 'energy', 'edp': with several models, the
     product of theirs; or 'area') subject to `area_budget_mm2`, `power_budget_w` (each model's
     energy over its latency) and `latency_targets_s` (one number for every model, or one per model,
-    None for none).  The result is on the buildable grid (settings.grid()) and its constraints are
+    None for none).  With `fusion` (the default) every config is priced with its layers fused into
+    cascades as `stagec.compile` fuses them on it (stagec.fusing; the descent relaxes the choice:
+    costmodel.fusion) and simulated so compiled; `fusion=False`: layer by layer, every activation
+    through DRAM.  The result is on the buildable grid (settings.grid()) and its constraints are
     confirmed by the simulator; InputError when no config meets them."""
     graphs = [model_graph(*_example(m)) for m in models]
     return codesign_graphs(graphs, area_budget_mm2, objective, power_budget_w, latency_targets_s, hw, settings,
-                           tune_settings, constants, progress)
+                           tune_settings, constants, progress, fusion)
 
 
 def codesign_graphs(graphs, area_budget_mm2: float | None = None, objective: str = "latency",
                     power_budget_w: float | None = None, latency_targets_s=None, hw: HardwareConfig | None = None,
                     settings: CodesignSettings = DEFAULT_CODESIGN, tune_settings: TuneSettings | None = None,
-                    constants: CostConstants = DEFAULT_CONSTANTS, progress: bool = True) -> Codesign:
+                    constants: CostConstants = DEFAULT_CONSTANTS, progress: bool = True,
+                    fusion: bool = True) -> Codesign:
     """codesign on models already traced to fused graphs (stagec.layers.model_graph): for sweeps
     (a Pareto front) that trace each model once."""
     if objective not in OBJECTIVES:
         raise InputError(f"unknown codesign objective {objective!r}; expected one of {OBJECTIVES}")
     base = hw or HardwareConfig()
     constraints = Constraints(area_budget_mm2, power_budget_w, _targets(latency_targets_s, len(graphs)))
-    workloads = Workloads(graphs, objective, constants)
+    workloads = Workloads(graphs, objective, constants, fusion)
     start = stack([mapping_arrays(workloads.mapping(u, base)) for u in workloads.rows])
     point, _ = descend(workloads.shapes, start, workloads.counts, workloads.workload, len(graphs), base,
                        area_budget_mm2, objective, power_budget_w, constants,
-                       settings if progress else replace(settings, report_every=0), constraints.latency_s)
+                       settings if progress else replace(settings, report_every=0), constraints.latency_s,
+                       workloads.chains(base))
     grid = settings.grid()
     search = Search(workloads.evaluate, constraints, objective)
     starts = search.best_few(grid.corners(base, relaxed_fields(point)), settings.starts)
@@ -134,10 +143,11 @@ def codesign_graphs(graphs, area_budget_mm2: float | None = None, objective: str
 
 class Workloads:
     """The models' conv-shaped layers, each distinct (model, shape) once with its multiplicity:
-    what the descent relaxes and what the exact model scores a config by."""
+    what the descent relaxes and what the exact model scores a config by; with `fusion`, the layers
+    fused into cascades as the compiler fuses them (stagec.fusing)."""
 
-    def __init__(self, graphs, objective: str, constants: CostConstants):
-        self.graphs, self.constants = graphs, constants
+    def __init__(self, graphs, objective: str, constants: CostConstants, fusion: bool = True):
+        self.graphs, self.constants, self.fusion = graphs, constants, fusion
         self.mapper_objective = "latency" if objective == "area" else objective
         self.per_model = [model_layers(g) for g in graphs]
         unique, index = {}, []
@@ -158,13 +168,39 @@ class Workloads:
         return default_mapping(layer.kind, layer.problem, hw, layer.extras, layer.name, self.mapper_objective)
 
     def evaluate(self, hw: HardwareConfig):
-        """(cycles, energy pJ) per model by the exact model, each layer on the compiler's mapping; None
-        when a layer does not fit."""
+        """(cycles, energy pJ) per model by the exact model, each layer on the compiler's mapping (with
+        fusion, its cascades too); None when a layer does not fit."""
         try:
+            if self.fusion:
+                return self.predict(hw)[:2]
             maps = [self.mapping(u, hw) for u in self.rows]
         except TilingError:
             return None
         return self.cost(hw, maps)
+
+    def predict(self, hw: HardwareConfig, mappings: list[dict] | None = None) -> tuple:
+        """(cycles, energy pJ, DRAM bytes) per model by the exact model, of what `simulate(hw, mappings)`
+        compiles (stagec.fusing.fused_cost)."""
+        costs = [fused_cost(schedule(g, hw, self.mapper_objective, m), self.constants)
+                 for g, m in zip(self.graphs, mappings or [None] * len(self.graphs), strict=True)]
+        return tuple(np.array(v, np.float64) for v in zip(*costs, strict=True))
+
+    def chains(self, hw: HardwareConfig) -> list:
+        """The models' chains of fusable layers as the compiler finds them on `hw` (none without fusion)."""
+        if not self.fusion:
+            return []
+        found = []
+        for w, (g, rows) in enumerate(zip(self.graphs, self.row_of, strict=True)):
+            names = {layer.name: r for layer, r in zip(self.per_model[w], rows, strict=True)}
+            found += model_chains(schedule(g, hw, self.mapper_objective), names, w)
+        return found
+
+    def simulate(self, hw: HardwareConfig, mappings: list[dict] | None = None) -> list[Report]:
+        """Each model compiled on `hw` with `mappings` (one dict per model: no cascades), or, None, as
+        stagec.compile maps and fuses it, and timed by the simulator."""
+        if mappings is None:
+            return [make_report(lower_graph(g, hw, objective=self.mapper_objective)) for g in self.graphs]
+        return [make_report(lower_graph(g, hw, m)) for g, m in zip(self.graphs, mappings, strict=True)]
 
     def cost(self, hw: HardwareConfig, maps) -> tuple:
         """(cycles, energy pJ) per model by the exact model, `rows[k]` on `maps[k]`."""
@@ -182,10 +218,6 @@ class Workloads:
                 for layers, rows in zip(self.per_model, self.row_of, strict=True)]
 
 
-def _simulate(workloads: Workloads, hw: HardwareConfig, mappings: list[dict]) -> list[Report]:
-    return [make_report(lower_graph(g, hw, m)) for g, m in zip(workloads.graphs, mappings, strict=True)]
-
-
 def _simulated(hw: HardwareConfig, reports, constraints: Constraints, objective: str):
     """(objective value, constraint ratios) of simulator reports."""
     cycles = np.array([r.cycles for r in reports])
@@ -201,7 +233,7 @@ def _confirm(search: Search, grid, workloads: Workloads, constraints: Constraint
     for k in range(0, len(ranked), max(settings.confirm, 1)):
         for s in ranked[k:k + max(settings.confirm, 1)]:
             maps = workloads.model_mappings(s.hw)
-            reports = _simulate(workloads, s.hw, maps)
+            reports = workloads.simulate(s.hw, None if workloads.fusion else maps)
             simulated += 1
             value, ratios = _simulated(s.hw, reports, constraints, objective)
             if max(ratios.values(), default=0.0) <= 1.0:
@@ -212,11 +244,12 @@ def _confirm(search: Search, grid, workloads: Workloads, constraints: Constraint
         raise InputError(f"none of the {simulated} configs the exact model found feasible meets the constraints "
                          "in the simulator (the exact model sees the conv-shaped layers only)")
     value, best, maps, reports, ratios = min(found, key=lambda f: f[0])
+    dram = workloads.predict(best.hw, None if workloads.fusion else maps)[2]
     if tune_settings is not None:
         maps, reports, ratios = _tuned(workloads, best, maps, reports, value, constraints, objective, tune_settings)
     return Codesign(best.hw, tuple(maps), tuple(reports), tuple(map(float, best.cycles)),
                     tuple(map(float, best.energy_pj)), objective, ratios, search.binding(best, grid),
-                    len(search.scored), simulated, _scored_rows(search))
+                    len(search.scored), simulated, _scored_rows(search), tuple(map(float, dram)))
 
 
 def _scored_rows(search: Search) -> tuple[dict, ...]:
@@ -233,7 +266,7 @@ def _tuned(workloads: Workloads, best: Scored, maps, reports, value, constraints
     within the constraints; else the compiler's."""
     tuned = [tune_graph(g, best.hw, workloads.mapper_objective, tune_settings, workloads.constants, None).mappings
              for g in workloads.graphs]
-    tuned_reports = _simulate(workloads, best.hw, tuned)
+    tuned_reports = workloads.simulate(best.hw, tuned)
     tuned_value, tuned_ratios = _simulated(best.hw, tuned_reports, constraints, objective)
     if tuned_value < value and max(tuned_ratios.values(), default=0.0) <= 1.0:
         return tuned, tuned_reports, tuned_ratios
