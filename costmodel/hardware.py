@@ -2,7 +2,7 @@
 
 HardwareConfig keeps the array shape, memory sizes and dataflow static (they decide the
 compiled program's shapes); co-design needs them continuous.  `HardwarePoint` holds those as
-arrays (the dataflow as the probability of weight-stationary) next to the config, whose own
+arrays (the dataflow as the probability of weight-stationary; sub-word packing as 1 or 0) next to the config, whose own
 leaves (bandwidth, energy and area tables) stay differentiable; every other field reads
 through to the config, so `sim.energy`'s formulas take a HardwarePoint as they take a config.
 """
@@ -27,6 +27,7 @@ class HardwarePoint:
     accumulator_bytes: object
     vector_lanes: object
     weight_stationary: object
+    vector_subword_packing: object   # 1 or 0 (HardwareConfig's, a structural field held fixed)
     config: HardwareConfig
 
     def __getattr__(self, name):
@@ -45,7 +46,7 @@ def hardware_point(hw: HardwareConfig) -> HardwarePoint:
     """`hw` with its structural fields as float32 numbers."""
     return HardwarePoint(*(np.float32(v) for v in (hw.array_rows, hw.array_cols, hw.scratchpad_bytes,
                                                     hw.accumulator_bytes, hw.vector_lanes,
-                                                    hw.dataflow == "weight_stationary")),
+                                                    hw.dataflow == "weight_stationary", hw.vector_subword_packing)),
                          HardwareConfig(**{n: np.float32(getattr(hw, n)) for n in CONTINUOUS}))
 
 

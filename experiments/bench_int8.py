@@ -4,7 +4,7 @@ fp32 PyTorch (bf16: its ratios to fp32 and its cosine).
 
     python experiments/bench_int8.py [models...] [--full resnet18 ...] [--calibration 4]
                                      [--objective latency|energy|edp] [--percentile P]
-                                     [--fallback bf16 fp32] [--out FILE]
+                                     [--fallback bf16 fp32] [--hw CONFIG] [--out FILE]
 
 Models run in their reduced configs unless named in --full (full-size simulation of the larger
 models takes far longer than a benchmark run should).  int8 calibrates on --calibration batches
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from stagec import zoo
+from stagec import HardwareConfig, zoo
 from stagec.precision import calibration_batches, run_precision
 
 CNNS = ("resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0")
@@ -33,13 +33,13 @@ DEFAULT_FULL = ("resnet18", "mobilenet_v2")
 
 
 def bench(name: str, full: bool, n_calibration: int, fallbacks: list[str], objective: str,
-          percentile: float | None) -> dict:
+          percentile: float | None, hw: HardwareConfig | None = None) -> dict:
     model, args, kwargs = zoo.build(name, reduced=not full)
     with torch.no_grad():
         ref = model(*args, **kwargs)
     calibration = calibration_batches(args, kwargs, n_calibration)
     t = time.perf_counter()
-    common = {"reference": ref, "objective": objective}
+    common = {"reference": ref, "objective": objective, "hw": hw}
     int8_options = {"calibration": calibration, "percentile": percentile, **common}
     int8 = run_precision(model, args, kwargs, "int8", fallback=fallbacks[0], **int8_options)
     int8_s = time.perf_counter() - t
@@ -81,6 +81,7 @@ def main():
                         help="what the mapper minimizes, for all three precisions alike")
     parser.add_argument("--fallback", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"],
                         help="int8's float island types, the first in the main table")
+    parser.add_argument("--hw", help="a hardware config file (YAML or JSON); default: HardwareConfig()")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_int8.json"))
     args = parser.parse_args()
     warnings.simplefilter("ignore")
@@ -91,7 +92,8 @@ def main():
     rows = []
     for name in args.models:
         try:
-            r = bench(name, name in args.full, args.calibration, args.fallback, args.objective, args.percentile)
+            r = bench(name, name in args.full, args.calibration, args.fallback, args.objective, args.percentile,
+                      HardwareConfig.load(args.hw) if args.hw else None)
         except Exception as e:   # one model's failure is a row of the table, not the end of the run
             rows.append({"model": name, "size": "full" if name in args.full else "reduced",
                          "error": f"{type(e).__name__}: {e}"})

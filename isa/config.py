@@ -75,7 +75,11 @@ class HardwareConfig:
     scratchpad_banks: int = _spec(int, 1, 64, static=True, doc="scratchpad banks", default=4)
     accumulator_bytes: int = _spec(int, 64, 2**28, static=True, doc="accumulator SRAM capacity", default=64 * 1024)
     accumulator_banks: int = _spec(int, 1, 64, static=True, doc="accumulator banks", default=2)
-    vector_lanes: int = _spec(int, 1, 4096, static=True, doc="vector unit lanes", default=16)
+    vector_lanes: int = _spec(int, 1, 4096, static=True, doc="vector unit lanes, 32 bits each", default=16)
+    vector_subword_packing: bool = _spec(
+        bool, static=True, default=True,
+        doc="each 32-bit vector lane processes 32/w elements per cycle, w the bits of an instruction's widest "
+            "operand (sim.costs.lane_bits); off: one element per lane whatever its type")
     dram_bytes: int = _spec(int, 2**16, 2**32, static=True, doc="addressable DRAM", default=2**31)
     # --- continuous (pytree leaves) ---
     dma_bandwidth_bytes_per_cycle: float = _spec(float, 1e-3, 1e6, static=False, default=16.0,
@@ -195,6 +199,10 @@ def _validate(f: dataclasses.Field, value):
         if concrete and not (np.isfinite(value) & (lo <= value) & (value <= hi)).all():
             raise ConfigError(f"{where}: expected finite numbers in [{lo:g}, {hi:g}]")
         return value
+    if kind is bool:
+        if not isinstance(value, (bool, np.bool_)):
+            raise ConfigError(f"{where}: expected true or false")
+        return bool(value)
     if f.name == "dtypes":
         values = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, (list, tuple)) else None
         if values is None or not values or any(v not in kind for v in values) or len(set(values)) != len(values):

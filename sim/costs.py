@@ -27,9 +27,16 @@ DMA (LOAD, GATHER, STORE): a fixed latency, then the bytes over the DRAM bandwid
 The transfer is kept fractional (no ceiling), so cycles are differentiable in
 the bandwidth.
 
-Vector unit: ceil(elements / lanes) lane groups, each one cycle, or
+Vector unit: ceil(elements / (lanes * per_lane)) lane groups, each one cycle, or
 `vector_cycles_per_transcendental` for exp, log, rsqrt, ...; a reduction adds
-ceil(log2(length)) cycles for the tree that combines the lanes.
+ceil(log2(length)) cycles for the tree that combines the lanes.  Each lane is 32 bits wide;
+with `vector_subword_packing` it takes 32 / w elements per cycle (per_lane), w the bits of the
+instruction's widest operand (lane_bits): 4 int8, 2 bf16, 1 fp32/int32.  That is
+how edge SIMD units count their lanes: a 128-bit Arm Helium (MVE) vector holds 16 x int8,
+8 x int16/fp16 or 4 x int32/fp32 lanes, one operation per lane ("Helium registers", Arm's Helium
+programmer's guide), and Arm's SDOT sums four int8 products into each 32-bit accumulator
+(Arm's intrinsics reference, vdot_s32 / SDOT Vd.2S, Vn.8B, Vm.8B); a widening op (int8 ->
+int32) yields only as many results per cycle as its 32-bit destination holds.
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ import numpy as np
 
 from stagec.isa import opcodes
 from stagec.isa.config import HardwareConfig
-from stagec.isa.opcodes import Array, Dma, Fields, Lanes, queues_of
+from stagec.isa.instructions import ITEMSIZE
+from stagec.isa.opcodes import Array, Dma, Fields, Lanes, func_table, queues_of
 
 # --- the formulas --------------------------------------------------------------------------------
 
@@ -81,10 +89,43 @@ def dma_cycles(nbytes, hw: HardwareConfig, xp=np):
     return hw.dma_latency_cycles + dma_transfer_cycles(nbytes, hw.dma_bandwidth_bytes_per_cycle, xp)
 
 
-def vector_cycles(elements, lanes: int, *, transcendental=False, reduce_length=1,
+LANE_BITS = 32
+
+
+def lane_bits(func, dtype, out_dtype, reduce_length=1) -> np.ndarray:
+    """Bits per element of a VECTOR instruction's widest operand, which sets how many of its elements a
+    lane packs (lane_elements): its source's, a streamed src2's (a record's words; a table read once
+    does not count), its destination's, or for a reduction the destination's bits per element reduced
+    (an int8 sum into int32 over runs of 4 or more reads 4 int8 a lane, as SDOT).  A widening
+    elementwise op runs at its result's width (int8 -> int32: one a lane)."""
+    func, dtype, out_dtype = (np.asarray(v, np.int64) for v in (func, dtype, out_dtype))
+    streamed = (func_table("sources")[func] == 2) & (func_table("src2_once")[func] == 0)
+    own = func_table("src2_dtype", -1)[func]
+    src2 = np.where(streamed, 8 * ITEMSIZE[np.where(own >= 0, own, dtype)], 0)
+    out = 8 * ITEMSIZE[out_dtype]
+    reduced = np.where(func_table("reduction")[func].astype(bool), -(-out // np.maximum(reduce_length, 1)), out)
+    return np.maximum(np.maximum(8 * ITEMSIZE[dtype], src2), reduced)
+
+
+def lane_elements(bits, packing, xp=np):
+    """Elements a 32-bit lane takes per cycle of an instruction whose widest operand has `bits` per
+    element: 32 // bits with sub-word packing (`packing`: a bool, or 0/1), else one.
+
+    >>> int(lane_elements(8, True)), int(lane_elements(16, True)), int(lane_elements(8, False))
+    (4, 2, 1)
+    """
+    return xp.where(packing, LANE_BITS // xp.maximum(xp.asarray(bits), 8), 1)
+
+
+def vector_cycles(elements, lanes: int, *, per_lane=1, transcendental=False, reduce_length=1,
                   cycles_per_transcendental=1.0, xp=np):
-    """Cycles of a vector instruction over `elements` (reductions: over runs of `reduce_length`)."""
-    groups = xp.ceil(xp.asarray(elements) / lanes)
+    """Cycles of a vector instruction over `elements` (reductions: over runs of `reduce_length`), each
+    of `lanes` lanes taking `per_lane` elements a cycle (lane_elements).
+
+    >>> int(vector_cycles(100, 16)), int(vector_cycles(100, 16, per_lane=4))
+    (7, 2)
+    """
+    groups = xp.ceil(xp.asarray(elements) / (lanes * per_lane))
     per_group = xp.where(transcendental, cycles_per_transcendental, 1.0)
     tree = xp.where(xp.asarray(reduce_length) > 1, xp.ceil(xp.log2(xp.maximum(reduce_length, 1))), 0.0)
     return groups * per_group + tree
@@ -103,6 +144,7 @@ class InstructionShapes:
     is_matmul: np.ndarray
     vector_elements: np.ndarray  # (N,) elements an instruction on the vector unit processes
     vector_reduce: np.ndarray    # (N,) reduction length (1 for elementwise)
+    vector_bits: np.ndarray      # (N,) bits of its widest operand per element (lane_bits; 0 elsewhere)
     transcendental: np.ndarray   # (N,) bool
     is_vector: np.ndarray
 
@@ -112,6 +154,7 @@ def instruction_shapes(code: np.ndarray) -> InstructionShapes:
     n = len(code)
     columns = {"dram_bytes": np.zeros(n, np.int64), "matmul_mkn": np.zeros((n, 3), np.int64),
                "vector_elements": np.zeros(n, np.int64), "vector_reduce": np.ones(n, np.int64),
+               "vector_bits": np.zeros(n, np.int64),
                "transcendental": np.zeros(n, bool), "is_dma": np.zeros(n, bool), "is_matmul": np.zeros(n, bool),
                "is_vector": np.zeros(n, bool)}
     op = code["opcode"]
@@ -127,7 +170,8 @@ _UNIT_SHAPES = {
     Dma: lambda u, f: {"is_dma": True, "dram_bytes": u.moved(f)},
     Array: lambda u, f: {"is_matmul": True, "matmul_mkn": u.mkn(f)},
     Lanes: lambda u, f: {"is_vector": True, "vector_elements": u.elements(f), "vector_reduce": u.reduce_length(f),
-                         "transcendental": u.transcendental(f)},
+                         "transcendental": u.transcendental(f),
+                         "vector_bits": lane_bits(f.func, f.field("dtype"), f.field("out_dtype"), u.reduce_length(f))},
 }
 
 
@@ -143,12 +187,13 @@ class UnitParameters:
     dma_bandwidth_bytes_per_cycle: object
     dma_latency_cycles: object
     vector_cycles_per_transcendental: object
+    vector_subword_packing: object
 
 
 def unit_parameters(hw: HardwareConfig) -> UnitParameters:
     return UnitParameters(hw.array_rows, hw.array_cols, hw.vector_lanes, hw.dataflow == "weight_stationary",
                           hw.dma_bandwidth_bytes_per_cycle, hw.dma_latency_cycles,
-                          hw.vector_cycles_per_transcendental)
+                          hw.vector_cycles_per_transcendental, hw.vector_subword_packing)
 
 
 def unit_cycles(shapes: InstructionShapes, p: UnitParameters, xp=np):
@@ -161,7 +206,9 @@ def unit_cycles(shapes: InstructionShapes, p: UnitParameters, xp=np):
     ws = matmul_cycles(m, k, n, p.array_rows, p.array_cols, "weight_stationary", xp)
     os_ = matmul_cycles(m, k, n, p.array_rows, p.array_cols, "output_stationary", xp)
     matrix = xp.where(shapes.is_matmul, xp.where(p.weight_stationary, ws, os_), 0.0)
-    vector = vector_cycles(shapes.vector_elements, p.vector_lanes, transcendental=shapes.transcendental,
+    vector = vector_cycles(shapes.vector_elements, p.vector_lanes,
+                           per_lane=lane_elements(shapes.vector_bits, p.vector_subword_packing, xp),
+                           transcendental=shapes.transcendental,
                            reduce_length=shapes.vector_reduce,
                            cycles_per_transcendental=p.vector_cycles_per_transcendental, xp=xp)
     occupancy = xp.where(shapes.is_dma, p.dma_latency_cycles, xp.where(shapes.is_vector, vector, matrix))

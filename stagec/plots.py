@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from stagec.sim.costs import lane_elements
 from stagec.sim.energy import COMPONENTS
 
 from .exports import runs
@@ -69,8 +70,10 @@ def roofline_figure(report: Report, name: str = "") -> Figure:
     lo = min(intensity.min(initial=1.0), 1.0) / 4
     hi = max(intensity.max(initial=1.0), hw.peak_macs_per_cycle / hw.dma_bandwidth_bytes_per_cycle) * 4
     x = np.geomspace(lo, hi, 200)
+    # int8's: each 32-bit lane takes four with sub-word packing
+    vector_peak = hw.vector_lanes * int(lane_elements(8, hw.vector_subword_packing))
     for peak, label, style in ((hw.peak_macs_per_cycle, f"array peak {hw.peak_macs_per_cycle} MAC/cycle", "-"),
-                               (hw.vector_lanes, f"vector peak {hw.vector_lanes} op/cycle", ":")):
+                               (vector_peak, f"vector peak {vector_peak} int8 op/cycle", ":")):
         ax.plot(x, np.minimum(peak, hw.dma_bandwidth_bytes_per_cycle * x), "k" + style, lw=1.2, label=label)
     ax.scatter(intensity[matrix], perf[matrix], c="tab:blue", label="matrix layers (MACs)", zorder=3)
     ax.scatter(intensity[~matrix], perf[~matrix], c="tab:orange", marker="s", label="vector layers (element ops)",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from stagec.isa.instructions import DType, Operand, Space, VectorFunc
 from stagec.isa.opcodes import VECTOR_FUNCS
+from stagec.sim.costs import lane_bits
 
 from ..graph.graph_ir import RESULT_DTYPES, VECTOR_FUNC_OF, Expr, Step
 from ..schedule.tensors import DTYPE_OF
@@ -92,6 +93,18 @@ def value_dtypes(expr: Expr, dtypes) -> list[DType]:
     return values
 
 
+def step_lane_bits(expr: Expr, dtypes) -> list[int]:
+    """sim.costs.lane_bits of each step's instructions as `emit` emits them over inputs of `dtypes`
+    (a select's COPY and SELECT are both of its result's type)."""
+    values = value_dtypes(expr, dtypes)
+    return [int(lane_bits(int(_func(step)), int(out if step.func == "select" else values[step.args[0]]), int(out)))
+            for step, out in zip(expr, values[len(dtypes):], strict=True)]
+
+
+def _func(step: Step) -> VectorFunc:
+    return VectorFunc[VECTOR_FUNC_OF.get(step.func, step.func).upper()]
+
+
 def slot_itemsizes(expr: Expr, p: ExprPlan, dtypes, owned) -> list[int]:
     """Bytes per element of each tile buffer of `p`'s slots: of the arguments in `owned` (the inputs
     loaded into a tile buffer of their own), in that order, then of each temporary; given the
@@ -123,7 +136,7 @@ def emit(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTi
         elif step.func == "copy" and src[0] == out:   # a copy onto itself is no instruction
             pass
         else:
-            func = VectorFunc[VECTOR_FUNC_OF.get(step.func, step.func).upper()]
+            func = _func(step)
             second = src[1].operand(counts) if len(src) > 1 else None
             if second is not None and VECTOR_FUNCS[func].src2_once:   # one record (a table) for the whole tile
                 second = Operand(second.space, second.base, (0, 0, 0))

@@ -26,6 +26,7 @@ from stagec.errors import LoweringError
 from stagec.isa.instructions import MAX_COUNT, AccMode, DType, Operand, Space, VectorFunc
 from stagec.isa.opcodes import TRANSCENDENTAL
 from stagec.rule_tables import registrar
+from stagec.sim.costs import lane_elements
 
 from ..graph.graph_ir import Expr, Node, OpKind, Step, record_words
 from ..schedule.buffers import ElementwiseBuffers, GatherBuffers, ReduceBuffers, local_bytes, slot_offsets
@@ -127,9 +128,10 @@ class Elementwise:
 
     def nest(self, hw, layer: str) -> VectorNest:
         p = self._plan()
+        passes = _passes(self.expr, [local_type(t.dtype) for t in self.inputs], hw)
         return VectorNest("copy" if self.expr == COPY else "elementwise", p.inner, math.prod(p.lead), p.buffers,
-                          len(p.loaded), _passes(self.expr, hw), sum(self.inputs[p.data[i]].dtype.itemsize
-                                                                     for i in p.loaded), self.out.dtype.itemsize)
+                          len(p.loaded), passes, sum(self.inputs[p.data[i]].dtype.itemsize for i in p.loaded),
+                          self.out.dtype.itemsize)
 
     def emit(self, em, m: TileMapping) -> None:
         inputs, out = self.inputs, self.out
@@ -169,12 +171,14 @@ class Elementwise:
                         em.store(dst, start, (0, 1, 2), counts, result.operand(counts))
 
 
-def _passes(expr: Expr, hw) -> float:
-    """Vector cycles per lane group of a tile that `expr` costs (a select is a copy and a select;
-    a copy may be none, counted as one)."""
+def _passes(expr: Expr, dtypes, hw) -> float:
+    """Vector cycles per lane group of 32-bit elements of a tile that `expr` over inputs of `dtypes`
+    costs (a select is a copy and a select; a copy may be none, counted as one), each step's over
+    the elements a lane packs of it."""
     hard = {f.name.lower() for f in TRANSCENDENTAL}
-    return sum(2 if s.func == "select" else hw.vector_cycles_per_transcendental if s.func in hard else 1
-               for s in expr)
+    return sum((2 if s.func == "select" else hw.vector_cycles_per_transcendental if s.func in hard else 1)
+               / float(lane_elements(bits, hw.vector_subword_packing))
+               for s, bits in zip(expr, tile_expr.step_lane_bits(expr, dtypes), strict=True))
 
 
 def _load_scalar(em, base: int, t: DramTensor) -> tile_expr.LocalTile:

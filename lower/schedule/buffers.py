@@ -25,6 +25,7 @@ from typing import NamedTuple
 from stagec.errors import LoweringError
 from stagec.isa.instructions import REQUANT_RECORD_BYTES, Space
 from stagec.isa.opcodes import TRANSCENDENTAL
+from stagec.sim.costs import lane_bits
 
 from ..codegen import tile_expr
 from ..graph.graph_ir import Node, OpKind, record_words
@@ -77,7 +78,9 @@ class Extras(NamedTuple):
     extent along those, one element along the rest), channel inputs and their bytes per channel
     (loaded once, or a channel tile per output tile), scalars and their bytes (loaded once).  Its
     VECTOR instructions per output tile, plain and transcendental, and the bytes per output element
-    they read (their first operands) and write, each at its own element type."""
+    they read (their first operands) and write, each at its own element type; `subword`: of those,
+    the (plain, transcendental) whose widest operand is 16 bits and the same of 8 bits, whose elements
+    a 32-bit lane packs 2 and 4 a cycle (sim.costs.lane_bits, sim.costs.lane_elements)."""
 
     tile_bytes: int = 0
     channel_words: int = 0
@@ -93,6 +96,7 @@ class Extras(NamedTuple):
     hard: int = 0
     read_bytes: int = 0
     write_bytes: int = 0
+    subword: tuple = (0,) * 4
 
 
 NO_EXTRAS = Extras()
@@ -149,18 +153,21 @@ class EpilogueLayout:
                       sum(i.itemsize for i in kinds["scalar"]), *self.vector_work)
 
     @property
-    def vector_work(self) -> tuple[int, int, int, int]:
+    def vector_work(self) -> tuple:
         """(plain, transcendental) VECTOR instructions per output tile: what lower.codegen.tile_expr emits (a
-        select is two, a copy onto itself none), counted by running it on a counting emitter, and the
-        bytes per element they read (first operands) and write."""
+        select is two, a copy onto itself none), counted by running it on a counting emitter, the
+        bytes per element they read (first operands) and write, and Extras.subword."""
         n, counts = len(self.inputs) + 1, (2, 2, 2)
         tiles = [tile_expr.LocalTile(Space.ACC if k == 0 else Space.SPAD, 64 * k, counts, self.dtypes[k])
                  for k in range(n)]
         temps = [tile_expr.LocalTile(Space.SPAD, 64 * (n + k), counts) for k in range(self.plan.temps)]
         em = _CountingEmitter()
         tile_expr.emit(em, self.expr, self.plan, tiles, temps, counts)
-        hard = sum(f in TRANSCENDENTAL for f, _, _ in em.ops)
-        return len(em.ops) - hard, hard, sum(r for _, r, _ in em.ops), sum(w for _, _, w in em.ops)
+        hard = [f in TRANSCENDENTAL for f, _, _, _ in em.ops]
+        subword = tuple(sum(h == want for (_, _, _, b), h in zip(em.ops, hard, strict=True) if b == bits)
+                        for bits in (16, 8) for want in (False, True))
+        return (len(em.ops) - sum(hard), sum(hard), sum(r for _, r, _, _ in em.ops), sum(w for _, _, w, _ in em.ops),
+                subword)
 
     def vector_offsets(self, channels: int, copies: int) -> dict[int, list[int]]:
         """{input: offset of each copy} in EPILOGUE_VECTORS, holding `copies` of each channel input
@@ -177,14 +184,15 @@ class EpilogueLayout:
 
 
 class _CountingEmitter:
-    """Stands in for lower.codegen.emitter.Emitter: records the function of each VECTOR instruction and
-    the bytes of an element it reads (first operand) and writes."""
+    """Stands in for lower.codegen.emitter.Emitter: records the function of each VECTOR instruction, the
+    bytes of an element it reads (first operand) and writes, and its lane bits (sim.costs.lane_bits)."""
 
     def __init__(self):
         self.ops = []
 
     def vector(self, func, *args, dtype, out_dtype=None, **kwargs):
-        self.ops.append((func, dtype.itemsize, (dtype if out_dtype is None else out_dtype).itemsize))
+        out = dtype if out_dtype is None else out_dtype
+        self.ops.append((func, dtype.itemsize, out.itemsize, int(lane_bits(int(func), int(dtype), int(out)))))
 
 
 # (the output axes a nest tiles as pixels, the output axes of the tile's (rows, cols, channels))

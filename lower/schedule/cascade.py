@@ -159,9 +159,9 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0) -> CascadeCost:
     works = [(matrix_work if L.kind == MATRIX else window_work)(L, m, hw, ops)
              for L, m in zip(Ls, ms, strict=True)]
     d = halo.depthwise_at(Ls)
-    masks, (muls, mul_cycles, _) = halo.mask_work(Ls[d - 1], works[d - 1]) if d else ((0, 0), (0, 0, 0))
+    masks, (muls, mul_cycles, _) = halo.mask_work(Ls[d - 1], works[d - 1], hw, ops) if d else ((0, 0), (0, 0, 0))
     loads, store, startup, matrix, vector, instructions = masks, works[-1].store, (0, 0), 0, 0, masks[0] + muls
-    acts = [halo.mask_actions(Ls[d - 1], works[d - 1])] if d else []
+    acts = [halo.mask_actions(Ls[d - 1], works[d - 1], hw, ops)] if d else []
     for i, (L, m, w) in enumerate(zip(Ls, ms, works, strict=True)):
         on_array = (L.kind == MATRIX) * 1      # else a depthwise member: taps on the vector unit,
         window = w.halo if i == 0 else (0, 0)   # every weight loaded before the first tile

@@ -26,6 +26,7 @@ from stagec.isa.instructions import Space
 
 from .buffers import Buffer, words
 from .nest import DEPTHWISE, LayerShape, halo
+from .nest_work import lane_groups
 
 MASK = "mask"      # the member just ahead of the depthwise: a mask per spatial tile (double-buffered)
 
@@ -73,19 +74,20 @@ def mask_buffer(L: LayerShape, m) -> Buffer:
     return Buffer(MASK, Space.SPAD, words(m.tile_oh * m.tile_ow * item, item), 1 + m.double_buffer)
 
 
-def mask_work(L: LayerShape, w) -> tuple:
+def mask_work(L: LayerShape, w, hw, ops) -> tuple:
     """(LOADs, bytes) of the masks and the MULs' (instructions, vector cycles, elements) of the member
     just ahead (`L` its ahead_shape, `w` its Work): a LOAD per spatial tile of the mask's inside, a MUL
-    per output tile."""
+    per output tile, in the result's type (int8: four a lane with sub-word packing)."""
     spatial = L.n * w.dims.n_h * w.dims.n_w
-    return (spatial, L.n * L.h * L.w * L.out_itemsize), (w.tiles, w.groups, L.n * L.oh * L.ow * L.o)
+    return ((spatial, L.n * L.h * L.w * L.out_itemsize),
+            (w.tiles, lane_groups(L, w.dims, hw, ops, 8 * L.out_itemsize), L.n * L.oh * L.ow * L.o))
 
 
-def mask_actions(L: LayerShape, w) -> dict:
+def mask_actions(L: LayerShape, w, hw, ops) -> dict:
     """The masks' action counts (sim.energy's): their LOADs (the inside from DRAM, the window written),
     the MULs (the result tile read and written back, the mask, broadcast over the channels, read once
     per channel tile)."""
-    (_, inside), (_, _, elements) = mask_work(L, w)
+    (_, inside), (_, _, elements) = mask_work(L, w, hw, ops)
     item = L.out_itemsize
     windows = L.n * L.oh * L.ow * item
     return {"dram_read_bytes": inside, "vector_ops": elements, "scratchpad_write_bytes": windows + elements * item,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from stagec.isa.instructions import MAX_COUNT, Space
-from stagec.sim.costs import matmul_fold_cycles
+from stagec.sim.costs import lane_elements, matmul_fold_cycles
 
 from .buffers import (
     EPILOGUE_TILES,
@@ -204,13 +204,16 @@ def matrix_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
     epi_dmas, epi_bytes = epilogue_loads(L, d, tiles_out, one)
     held_dmas, held_bytes = held_loads(L, one)
     per_step = matmuls_per_step(L, m, xp)
+    e = L.epilogue
     halo_tiles = n_sp * (1 + (d.n_o - 1) * ops.xp.clip(d.n_c - 1, 0, 1))
     return Work(startup=(res * d.n_c + held_dmas, res * w_bytes + held_bytes), halo=(halo_dmas, halo_bytes),
                 halo_padded=padded, weights=((1 - res) * steps, (1 - res) * n_sp * w_bytes),
                 extra=(epi_dmas, epi_bytes),
                 store=(tiles_out, L.n * L.oh * L.ow * L.o * L.out_itemsize),
                 matmuls=steps * per_step, vectors=tiles_out * (epilogue_ops(L, m) + m.transposed),
-                compute=per_step * array_cycles(L, m, d, f, hw, xp), epilogue=groups * epilogue_per_group(L, m, hw),
+                compute=per_step * array_cycles(L, m, d, f, hw, xp),
+                epilogue=epilogue_cycles(L, d, groups, hw, ops, epilogue_ops(L, m) - e.plain - e.hard)
+                + m.transposed * groups,
                 steps=steps, tiles=tiles_out, halo_tiles=halo_tiles, dims=d, folds=f, groups=groups)
 
 
@@ -271,15 +274,21 @@ def epilogue_ops(L: LayerShape, m: TileMapping):
     return e.plain + e.hard + (1 - m.transposed) * m.single_acc * (e.plain + e.hard == 0)
 
 
-def lane_groups(L: LayerShape, d: Dims, hw, ops):
-    """Lane groups of one pass over every output tile: sum of ceil(th * tw * to / lanes)."""
-    return L.n * tile_sum(lambda a, b, o: ops.cdiv(a * b * o, hw.vector_lanes), d.rows, d.cols, d.outs)
+def lane_groups(L: LayerShape, d: Dims, hw, ops, bits=32):
+    """Lane groups of one pass over every output tile of an instruction whose widest operand has `bits`
+    per element: sum of ceil(th * tw * to / (lanes * elements a lane packs))."""
+    lanes = hw.vector_lanes * lane_elements(bits, hw.vector_subword_packing, ops.xp)
+    return L.n * tile_sum(lambda a, b, o: ops.cdiv(a * b * o, lanes), d.rows, d.cols, d.outs)
 
 
-def epilogue_per_group(L: LayerShape, m: TileMapping, hw):
-    """Vector cycles of the epilogue (and the turning COPY) per lane group of an output tile."""
-    e = L.epilogue
-    return (epilogue_ops(L, m) - e.hard) + e.hard * hw.vector_cycles_per_transcendental + m.transposed
+def epilogue_cycles(L: LayerShape, d: Dims, groups, hw, ops, copy=0):
+    """Vector cycles of the epilogue's steps (and `copy`, 1 for a COPY out of a single accumulator tile)
+    over one pass of the output tiles (`groups`: lane_groups at 32 bits): each step's lane groups at the
+    elements a lane packs of it (Extras.subword)."""
+    e, hard = L.epilogue, hw.vector_cycles_per_transcendental
+    p16, h16, p8, h8 = e.subword
+    return (groups * (e.plain + copy - p16 - p8 + (e.hard - h16 - h8) * hard)
+            + lane_groups(L, d, hw, ops, 16) * (p16 + h16 * hard) + lane_groups(L, d, hw, ops, 8) * (p8 + h8 * hard))
 
 
 def window_halos(L: LayerShape, d: Dims, m: TileMapping, ops):
@@ -304,11 +313,14 @@ def window_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
     held_dmas, held_bytes = held_loads(L, 0)
     e = L.epilogue
     groups = lane_groups(L, d, hw, ops)
+    # each tap runs at its sum's width: a widening int8 or bf16 MUL into int32 or float32, one per lane;
+    # an int8 max pool, four
+    tap_groups = lane_groups(L, d, hw, ops, 8 * window_acc_itemsize(L))
     return Work(startup=(held_dmas, held_bytes), halo=(tiles_out, halo_bytes), halo_padded=padded,
                 weights=(weighted * d.n_o, weighted * taps * L.o * L.itemsize), extra=(epi_dmas, epi_bytes),
                 store=(tiles_out, L.n * L.oh * L.ow * L.o * L.out_itemsize), matmuls=xp.zeros_like(groups),
-                vectors=tiles_out * (taps + e.plain + e.hard), compute=groups * taps,
-                epilogue=groups * (e.plain + e.hard * hw.vector_cycles_per_transcendental),
+                vectors=tiles_out * (taps + e.plain + e.hard), compute=tap_groups * taps,
+                epilogue=epilogue_cycles(L, d, groups, hw, ops),
                 steps=tiles_out, tiles=tiles_out, halo_tiles=tiles_out, dims=d,
                 folds=Folds(*(xp.zeros_like(groups),) * len(Folds._fields)), groups=groups)
 
@@ -394,8 +406,7 @@ def waits(L: LayerShape, m: TileMapping, w: Work, hw):
     """Vector cycles per run the array waits for before an output tile's accumulator is free again,
     with a single accumulator tile: the epilogue (whose last step writes the result to the
     scratchpad), or a transposed tile's turning COPY."""
-    e = L.epilogue
-    epilogue = w.groups * ((epilogue_ops(L, m) - e.hard) + e.hard * hw.vector_cycles_per_transcendental)
+    epilogue = w.epilogue - m.transposed * w.groups   # less the turning COPY
     return m.single_acc * ((1 - m.transposed) * epilogue + m.transposed * w.groups)
 
 
