@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stagec.isa.instructions import MAX_COUNT
 from stagec.lower.schedule.cascade import MAX_MEMBERS, cascade_cost
 from stagec.lower.schedule.cascade_map import _mappings, map_cascade
 from stagec.lower.schedule.halo import depthwise_at
@@ -65,26 +66,36 @@ def start_params(chains, hw, objective: str) -> dict:
 
 def _segment_start(nests, hw, objective: str):
     mapped = map_cascade(nests, hw, objective)
-    theta = np.zeros(2 + 2 * MAX_MEMBERS, np.float32)
+    # spatial tile, per member its output-channel tile and weight residency, then the last member's
+    # single accumulator tile and whether the cascade is chunked (cascade_map._mappings's axes)
+    theta = np.full(4 + 2 * MAX_MEMBERS, -3.0, np.float32)
     if mapped is None:
-        theta[2::2] = np.log(hw.array_cols)
-        theta[3::2] = -3.0
+        theta[2:2 + 2 * MAX_MEMBERS:2] = np.log(hw.array_cols)
         return jnp.asarray(theta)
-    (th, tw), ms, *_ = mapped
+    (th, tw), ms, chunk, *_ = mapped
     theta[:2] = np.log([th, tw])
     for i, m in enumerate(ms):
         theta[2 + 2 * i] = np.log(max(m.tile_o, 1))
         theta[3 + 2 * i] = 3.0 if m.weights_resident else -3.0
+    theta[-2:] = [3.0 if ms[-1].single_acc else -3.0, -3.0 if chunk is None else 3.0]
     return jnp.asarray(theta)
 
 
 def segment_cost(Ls, theta, hw, smooth):
     """(cycles, energy pJ, violation) of members `Ls` run as one cascade, tiled as `theta` says."""
     d = depthwise_at(Ls)
-    axes = [jnp.clip(jnp.exp(theta[0]), 1.0, Ls[d].oh), jnp.clip(jnp.exp(theta[1]), 1.0, Ls[d].ow)]
+
+    def tile(log, most):
+        # exact (smooth 0): the integer tile, not float32 exp(log(n)) a hair off it (whose vanishing
+        # remainder tile the relaxed count would charge a whole tile's fixed cycles)
+        t = jnp.clip(jnp.exp(log), 1.0, most)
+        return jnp.where(smooth == 0, jnp.round(t), t)
+    axes = [tile(theta[0], Ls[d].oh), tile(theta[1], Ls[d].ow)]
     for i, L in enumerate(Ls):
-        axes += [jnp.clip(jnp.exp(theta[2 + 2 * i]), 1.0, L.o), jax.nn.sigmoid(theta[3 + 2 * i]) * (L.kind == MATRIX)]
-    cost = cascade_cost(Ls, _mappings(Ls, axes, 1.0), hw, Relaxed(smooth))
+        axes += [tile(theta[2 + 2 * i], L.o), jax.nn.sigmoid(theta[3 + 2 * i]) * (L.kind == MATRIX)]
+    chunked = jax.nn.sigmoid(theta[-1]) * (Ls[-1].o <= MAX_COUNT)
+    axes += [jax.nn.sigmoid(theta[-2]) * (Ls[-1].kind == MATRIX), chunked]
+    cost = cascade_cost(Ls, _mappings(Ls, axes, 1.0), hw, Relaxed(smooth), chunked)
     energy = sum(energy_pj(cost.actions, cost.cycles, hw, jnp).values())
     violation = (jnp.maximum(cost.spad_bytes / hw.scratchpad_bytes - 1.0, 0.0)
                  + jnp.maximum(cost.acc_bytes / hw.accumulator_bytes - 1.0, 0.0))

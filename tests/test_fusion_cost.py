@@ -62,11 +62,13 @@ def _relaxed(work: Workloads, hw, fusion, smooth):
 
 
 def _discrete(params):
-    """The start parameters with each edge's and weight residency's choice made: probability 0 or 1."""
+    """The start parameters with each switch's choice made (edges, weight residency, the last member's
+    single accumulator tile, chunking): probability 0 or 1."""
     def sure(logits):
         return jnp.where(logits > 0, 1e4, -1e4)
     return {"edges": tuple(map(sure, params["edges"])),
-            "segments": tuple(t.at[:, 3::2].set(sure(t[:, 3::2])) for t in params["segments"])}
+            "segments": tuple(t.at[:, 3::2].set(sure(t[:, 3::2])).at[:, -2].set(sure(t[:, -2]))
+                              for t in params["segments"])}
 
 
 def test_the_relaxed_chain_cost_at_temperature_0_is_the_compilers_and_predicts_the_simulator(block):

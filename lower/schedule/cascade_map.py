@@ -117,7 +117,7 @@ def _mappings(Ls, axes, double) -> list[TileMapping]:
     d = depthwise_at(Ls)
     outs = [axes[2 + 2 * (i - 1)] if d and i == d else axes[2 + 2 * i] for i in range(len(Ls))]
     if Ls[-1].kind == MATRIX:
-        outs[-1] = np.where(axes[-1], Ls[-1].o, outs[-1])
+        outs[-1] = axes[-1] * Ls[-1].o + (1 - axes[-1]) * outs[-1]   # numbers, grids or relaxed (costmodel.fusion)
     return [TileMapping(*(window_tile(Ls[d], th, tw) if i < d else (th, tw)), outs[i],
                         outs[i - 1] if i else L.c if L.kind == MATRIX else 1, double, axes[3 + 2 * i],
                         axes[-2] if i == len(Ls) - 1 else 0)
