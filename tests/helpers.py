@@ -82,3 +82,10 @@ class TwoConvs(torch.nn.Module):
 
     def forward(self, x):
         return self.b(torch.relu(self.a(x)))
+
+
+def seeded_graph(module, shape):
+    """The graph of `module` (in eval mode) on a seeded random input of `shape`."""
+    from stagec.layers import model_graph
+    torch.manual_seed(0)
+    return model_graph(module.eval(), (torch.randn(*shape),))

@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from helpers import TwoConvs
+from helpers import TwoConvs, seeded_graph
 from scipy.stats import spearmanr
 
 import stagec
@@ -19,7 +19,7 @@ from stagec.costmodel.grid import BuildableGrid, fit_banks
 from stagec.costmodel.model import DEFAULT_CONSTANTS
 from stagec.costmodel.rounding import area_of
 from stagec.isa import HardwareConfig
-from stagec.layers import measure, model_graph, model_layers
+from stagec.layers import measure, model_layers
 from stagec.pipeline import lower_graph
 from stagec.report import make_report
 from stagec.sim.timing import timeline
@@ -29,23 +29,19 @@ SMALL = CodesignSettings(steps=30, array_range=(4.0, 16.0), memory_range=(32768.
                          report_every=0)
 
 
-def _graph(module, shape):
-    torch.manual_seed(0)
-    return model_graph(module.eval(), (torch.randn(*shape),))
-
-
 @pytest.fixture(scope="module")
 def two_convs():
-    return _graph(TwoConvs(), (1, 8, 20, 20))
+    return seeded_graph(TwoConvs(), (1, 8, 20, 20))
 
 
 def test_exact_model_agrees_with_the_simulator_across_hardware():
     """Each layer on the compiler's mapping for each config (what codesign scores configs by): the
     exact model's cycles against the simulator's, over array shapes, dataflows, memories and
     bandwidths (experiments/codesign_grid.py: the same on 40 configs per layer)."""
-    layers = [_graph(torch.nn.Conv2d(160, 320, 1), (1, 160, 14, 14)),
-              _graph(torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU()), (1, 16, 14, 14)),
-              _graph(torch.nn.Linear(64, 96), (32, 64))]
+    layers = [seeded_graph(torch.nn.Conv2d(160, 320, 1), (1, 160, 14, 14)),
+              seeded_graph(torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU()),
+                           (1, 16, 14, 14)),
+              seeded_graph(torch.nn.Linear(64, 96), (32, 64))]
     rng = np.random.default_rng(0)
     predicted, simulated = [], []
     for graph in layers:
@@ -69,7 +65,7 @@ def test_exact_model_agrees_with_the_simulator_across_hardware():
 
 def test_codesign_lands_within_5_percent_of_exhaustive_search_over_its_grid():
     """Every grid config under the budget, compiled and timed, against codesign over the same grid."""
-    graph = _graph(torch.nn.Conv2d(64, 128, 1), (1, 64, 12, 12))
+    graph = seeded_graph(torch.nn.Conv2d(64, 128, 1), (1, 64, 12, 12))
     settings = CodesignSettings(**{**vars(SMALL), "bandwidth_range": (16.0, 16.0), "memory_range": (32768.0, 65536.0)})
     budget = area_of(HardwareConfig(array_rows=12, array_cols=12, scratchpad_bytes=64 * 1024,
                                     accumulator_bytes=32 * 1024))

@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 import torch
+from helpers import seeded_graph
 
 from stagec.codesigning import Workloads, codesign_graphs
 from stagec.costmodel.codesign import CodesignSettings, workload_costs
@@ -21,7 +22,6 @@ from stagec.costmodel.model import DEFAULT_CONSTANTS
 from stagec.costmodel.problem import mapping_arrays, stack
 from stagec.fusing import cascades_of, schedule
 from stagec.isa import HardwareConfig
-from stagec.layers import model_graph
 from stagec.lower.schedule.cascade import cascade_cost
 from stagec.lower.schedule.cascade_map import map_cascade
 from stagec.lower.schedule.nest import Exact, LayerShape
@@ -44,14 +44,9 @@ class Block(torch.nn.Module):
         return self.c(torch.nn.functional.relu6(self.b(torch.nn.functional.relu6(self.a(x)))))
 
 
-def _graph(module, shape):
-    torch.manual_seed(0)
-    return model_graph(module.eval(), (torch.randn(*shape),))
-
-
 @pytest.fixture(scope="module")
 def block():
-    return _graph(Block(), (1, 16, 28, 28))
+    return seeded_graph(Block(), (1, 16, 28, 28))
 
 
 def _relaxed(work: Workloads, hw, fusion, smooth):
@@ -111,7 +106,7 @@ def test_relaxed_fusion_descends_to_the_exhaustive_optimum():
     cheapest (1) by the compiler's charged cycles is the compiler's choice, and (2) by the cost model's
     cycles is where the relaxed edges descend from undecided (probability 1/2) at a low temperature,
     rounded."""
-    graph = _graph(torch.nn.Sequential(torch.nn.Conv2d(16, 64, 1), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 1),
+    graph = seeded_graph(torch.nn.Sequential(torch.nn.Conv2d(16, 64, 1), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 1),
                                        torch.nn.ReLU(), torch.nn.Conv2d(64, 16, 1)), (1, 16, 24, 24))
     chosen = set()
     for kib in (16, 32, 64, 128):
@@ -176,7 +171,7 @@ def test_codesign_with_fusion_moves_less_dram_and_predicts_it():
     is the simulated DRAM traffic (exactly: the cascade's bytes are the program's) and cycles within
     20%.  (The tail, not the whole block: each kind of segment is one more XLA compilation of the
     descent's step, minutes on a loaded CPU.)"""
-    tail = _graph(torch.nn.Sequential(torch.nn.Conv2d(96, 96, 3, padding=1, groups=96), torch.nn.ReLU6(),
+    tail = seeded_graph(torch.nn.Sequential(torch.nn.Conv2d(96, 96, 3, padding=1, groups=96), torch.nn.ReLU6(),
                                       torch.nn.Conv2d(96, 24, 1)), (1, 96, 14, 14))
     fused = codesign_graphs([tail], 2.0, settings=SMALL, progress=False)
     alone = codesign_graphs([tail], 2.0, settings=SMALL, progress=False, fusion=False)
