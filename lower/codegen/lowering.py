@@ -22,6 +22,7 @@ from stagec.rule_tables import registrar
 
 from ..graph.graph_ir import Graph, Node, OpKind, Value, check_records, record_words
 from ..schedule.buffers import epilogue_layout
+from ..schedule.cascade import Cascade
 from ..schedule.flash import FlashAttention
 from ..schedule.flash_int8 import Int8Attention
 from ..schedule.layout import Layout
@@ -170,13 +171,23 @@ def _member(ctx: LowerContext, node: Node, layer: int) -> Member:
                   extras)
 
 
-def _emit_rows(ctx: LowerContext, cascade: RowCascade, layers: list[int]) -> None:
+def _emit_rows(ctx: LowerContext, cascade: RowCascade, nodes: list[Node], layers: list[int]) -> None:
     """A row cascade, its plan found again as the schedule found it (lower.schedule.rowwise.plans), the
     layers around it left out."""
     others = frozenset(n.name for n in ctx.graph.nodes) - set(cascade.layers)
     (plan,) = [p for p in plans(ctx.graph, ctx.layout, others)
                if tuple(m.node.name for m in p.members) == cascade.layers]
     emit_rows(ctx, cascade, plan, layers)
+
+
+def _emit_chain(ctx: LowerContext, cascade: Cascade, nodes: list[Node], layers: list[int]) -> None:
+    emit_cascade(ctx.em, [_member(ctx, n, i) for n, i in zip(nodes, layers, strict=True)], ctx.fill, cascade.chunk)
+
+
+# Each kind of cascade's emitter (ctx, cascade, its nodes, their layer indices), and whether it runs at
+# the cascade's last layer (attention: by then V, its last input, is computed; rows alike) or its first.
+CASCADE_EMITTERS = {Cascade: (_emit_chain, False), FlashAttention: (emit_flash, True),
+                    Int8Attention: (emit_int8_flash, True), RowCascade: (_emit_rows, True)}
 
 
 # --- the driver -------------------------------------------------------------------------------
@@ -235,17 +246,11 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
         cascade = schedule.cascade_of(node.name)
         if cascade is None:
             LOWERINGS[node.op](ctx, node)
-        elif isinstance(cascade, (FlashAttention, Int8Attention)):
-            if cascade.layers[-1] == node.name:    # by its last layer, V (its last input) is computed
-                emit = emit_flash if isinstance(cascade, FlashAttention) else emit_int8_flash
+        else:
+            emit, at_last = CASCADE_EMITTERS[type(cascade)]
+            if node.name == cascade.layers[-1 if at_last else 0]:
                 emit(ctx, cascade, [emitted[index[name]] for name in cascade.layers],
                      [index[name] for name in cascade.layers])
-        elif isinstance(cascade, RowCascade):
-            if cascade.layers[-1] == node.name:
-                _emit_rows(ctx, cascade, [index[name] for name in cascade.layers])
-        elif cascade.layers[0] == node.name:
-            emit_cascade(em, [_member(ctx, emitted[index[name]], index[name]) for name in cascade.layers], ctx.fill,
-                         cascade.chunk)
         mapping = str(schedule[node.name].mapping) if node_problem(node) else ""
         layers.append(Layer(node.name, node.op.value, [v.shape for v in node.inputs], node.output.shape,
                             node_macs(node), mapping))
