@@ -44,7 +44,7 @@ def fused_cost(c: Compilation, constants) -> tuple[float, float, float]:
     parts = [nest_cost(LayerShape.of(u.kind, u.problem, u.extras, u.repeat), c.schedule[u.name].mapping, hw, Exact,
                        constants) for u in model_layers(c.graph) if u.name not in members]
     parts += [cascade_cost([LayerShape.of(*c.schedule[name].nests[0]) for name in k.layers], list(k.mappings), hw,
-                           Exact, int(k.chunk is not None)) for k in found]
+                           Exact, int(k.chunk is not None), k.line) for k in found]
     cycles = [float(p.cycles) for p in parts]
     energy = [float(sum(energy_pj(p.actions, p.cycles, hw).values())) for p in parts]
     dram = [float(p.actions.dram_read_bytes + p.actions.dram_write_bytes) for p in parts]

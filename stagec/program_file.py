@@ -49,9 +49,11 @@ _REPORT_METADATA = {
     "local_peak_bytes": ("an object of layer name -> [scratchpad bytes, accumulator bytes]",
                          lambda v: type(v) is dict and all(type(p) is list and len(p) == 2 and all(map(_count, p))
                                                            for p in v.values())),
-    "cascades": ("a list of {layers: [names], tile: [rows, cols], saved_bytes: number}",
+    "cascades": ("a list of {layers: [names], tile: [rows, cols], saved_bytes: number, and a halo cascade's "
+                 "halo: \"recompute\" or \"line buffer\"}",
                  lambda v: type(v) is list and all(
-                     type(c) is dict and set(c) == {"layers", "tile", "saved_bytes"}
+                     type(c) is dict and set(c) - {"halo"} == {"layers", "tile", "saved_bytes"}
+                     and c.get("halo", "recompute") in ("recompute", "line buffer")
                      and type(c["layers"]) is list and all(type(n) is str for n in c["layers"])
                      and type(c["tile"]) is list and len(c["tile"]) == 2 and all(map(_count, c["tile"]))
                      and _number(c["saved_bytes"]) for c in v)),

@@ -36,7 +36,8 @@ is span / bound (1.0 = on the roofline).
                         compulsory_bytes (weights + model inputs + model outputs), memory_cycles,
                         bound_cycles = max(compute, memory), bound}
     cycles_over_model_limit  cycles / model_limit["bound_cycles"]
-    cascades            layers run depth-first (lower.schedule.cascade): [{layers, tile, saved_bytes}]
+    cascades            layers run depth-first (lower.schedule.cascade): [{layers, tile, saved_bytes, and
+                        a halo cascade's halo strategy: "recompute" or "line buffer"}]
     layers              list of per-layer records:
         name, op, in_shapes, out_shape, macs,
         precision (what it computes in: int8, bf16 or fp32 -- a CONV/MATMUL its operands' type, another
@@ -211,8 +212,9 @@ def _model_limit_lines(limit: dict | None, cycles: float) -> list[str]:
 
 
 def _cascade_lines(cascades) -> list[str]:
-    return [f"cascade {' -> '.join(c['layers'])}: tile {c['tile'][0]}x{c['tile'][1]}, saves "
-            f"{c['saved_bytes'] / 1024:.1f} KiB of DRAM" for c in cascades]
+    return [f"cascade {' -> '.join(c['layers'])}: tile {c['tile'][0]}x{c['tile'][1]}"
+            + (f", halo {c['halo']}" if c.get("halo") else "") + f", saves {c['saved_bytes'] / 1024:.1f} KiB of DRAM"
+            for c in cascades]
 
 
 def _memory_line(memory: dict) -> str:

@@ -6,7 +6,8 @@ DRAM; each member's output-channel tiles land in its intermediate (the epilogue 
 every channel there itself, else a COPY puts each tile at its channels), which is the next
 member's input, read in place as its halo; the last member STOREs.  Each member's instructions
 belong to its own layer.  Members after a depthwise one tile its output, the ones ahead its input
-windows (lower.codegen.halo).  A chunked cascade's steps are its spatial tiles' chunks: per chunk,
+windows (lower.codegen.halo), with a line buffer walking each column strip of tiles top to bottom.
+A chunked cascade's steps are its spatial tiles' chunks: per chunk,
 the chunked member computes one output-channel tile, the members after it take it on, the last
 adding it to its sums (lower.schedule.cascade).  The steps are emitted software-pipelined
 (emit_cascade).
@@ -24,7 +25,7 @@ from ..schedule.cascade import cascade_buffers, member_buffers
 from ..schedule.halo import MASK, depthwise_at
 from ..schedule.nest import ConvProblem, LayerShape, TileMapping, tiles
 from ..schedule.tensors import DramTensor
-from .halo import apply_mask, load_mask, padded, window
+from .halo import apply_mask, computed, copy_forward, load_mask, padded
 from .matrix import OUT_AXES, _ConvNest
 from .window import WindowNest
 
@@ -46,8 +47,9 @@ class Member:
     extras: list
 
 
-def emit_cascade(em, members: list[Member], fill, chunk: int | None = None) -> None:
-    """Emit a cascade of `members`, chunked at member `chunk` where given (lower.schedule.cascade)."""
+def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line: int = 0) -> None:
+    """Emit a cascade of `members`, chunked at member `chunk` where given (lower.schedule.cascade), its halo's
+    shared rows in a `line` buffer (1) or recomputed (0; lower.schedule.halo)."""
     Ls = [LayerShape.of(mb.kind, mb.problem, mb.epilogue.extras if mb.epilogue else ()) for mb in members]
     ms = [mb.mapping for mb in members]
     d = depthwise_at(Ls)
@@ -71,8 +73,10 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None) -> N
         nests.append(nest)
         epis.append(nest.start(mb.extras))
     last = members[-1]
-    spatial = [(n, oh0, th, ow0, tw) for n in range(dw.n) for oh0, th in tiles(dw.oh, ms[d].tile_oh)
-               for ow0, tw in tiles(dw.ow, ms[d].tile_ow)]
+    rows, cols = tiles(dw.oh, ms[d].tile_oh), tiles(dw.ow, ms[d].tile_ow)
+    # a line buffer's tiles walk each column strip top to bottom, the window above the one before
+    spatial = [(n, oh0, th, ow0, tw) for n in range(dw.n) for oh0, th in rows for ow0, tw in cols] if not line \
+        else [(n, oh0, th, ow0, tw) for n in range(dw.n) for ow0, tw in cols for oh0, th in rows]
     parts = tiles(members[chunk].problem.o, ms[chunk].tile_o) if chunked else [None]
     steps = [(k, j) for k in range(len(spatial)) for j in range(len(parts))]
 
@@ -90,16 +94,23 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None) -> N
         # the next member reads its input as its weights' type (bf16 too: the array's and a depthwise's taps)
         into = None if mb is last else (buffer(i, step), members[i + 1].w.dtype)
         inside = buffer(i - 1, step) if i else None
-        at = window(dw, oh0, th, ow0, tw) if i < d else (oh0, ow0, th, tw)
+        at = computed(dw, oh0, th, ow0, tw, line) if i < d else (oh0, ow0, th, tw, 0)
         share = {} if not chunked or i < chunk else \
             {"ins": [parts[j]]} if mb is last and mb.kind == "matrix" else {"outs": [parts[j]]}
+        held = dw.halo(th, tw)[0]     # the window's rows
+        if i == d - 1:
+            share["block"] = (held, at[4])
+            if at[4]:   # the rows it shares with the window above (a line buffer's) copied forward
+                above = dw.halo(ms[d].tile_oh, tw)[0]
+                copy_forward(em, buffer(i, step - 1), above, into[0], held, at[3], at[4], mb.problem.o,
+                             mb.mapping.tile_o, into[1])
         nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3], _store(em, last.out), inside, into, **share)
         if i == d - 1:
             mask = masks[k % len(masks)]
             if not j:
-                load_mask(em, dw, mask, oh0, th, ow0, tw, into[1])
+                load_mask(em, dw, mask, at, into[1])
             o, tile_o = (parts[j][1],) * 2 if chunked else (mb.problem.o, mb.mapping.tile_o)
-            apply_mask(em, into[0], mask, dw, th, tw, o, tile_o, into[1])
+            apply_mask(em, into[0], mask, at, held, o, tile_o, into[1])
 
     # Software-pipelined: step s runs member i on step s - i, the later members first, so that each
     # unit's in-order queue finds the next step's work behind a step that waits on the other unit (an

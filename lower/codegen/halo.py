@@ -1,9 +1,11 @@
 """A cascade's halo (lower.schedule.halo) emitted: the members ahead of a depthwise member compute its
-padded input window per spatial tile, and the one just ahead zeroes the window's padding by a mask.
+padded input window per spatial tile (`computed`: the whole window, or with a line buffer its new
+rows, the rows before them copied forward by `copy_forward`), and the one just ahead zeroes the
+padding of the rows it computes by a mask.
 
 The mask is LOADed per spatial tile, of the window's own type (int8, bf16 or float32): a constant 1
-over the window's inside, the DMA's padding zeros around it, one dense write of [rows][cols]; each
-of the member's result tiles (a channel tile of the window, dense in the intermediate) is then
+over the computed rows' inside, the DMA's padding zeros around it, one dense write of [rows][cols];
+each of the member's result tiles (a channel tile of those rows, dense in the intermediate) is then
 multiplied by it in place, the mask broadcast over the channels.  So the scratchpad only ever
 receives dense writes, as the batched simulator requires, and the depthwise reads the whole window,
 padding included, where it lies.
@@ -40,9 +42,30 @@ def window(dw: ConvProblem, oh0: int, th: int, ow0: int, tw: int) -> tuple:
     return oh0 * dw.stride[0], ow0 * dw.stride[1], ih, iw
 
 
-def load_mask(em, dw: ConvProblem, base: int, oh0: int, th: int, ow0: int, tw: int, dtype: DType) -> None:
-    """LOAD the window's mask of `dtype` (the window's) to `base`: 1 inside dw's input, 0 in its padding."""
+def computed(dw: ConvProblem, oh0: int, th: int, ow0: int, tw: int, line: bool) -> tuple:
+    """(row, col, rows, cols) in dw's padded input that the members ahead compute for dw's output tile at
+    (oh0, ow0), and the window's row where they start: the whole window, or with a `line` buffer below a
+    strip's first tile the window's rows after those it shares with the one above (copy_forward's)."""
     r, q, ih, iw = window(dw, oh0, th, ow0, tw)
+    shared = ih - th * dw.stride[0] if line and oh0 else 0
+    return r + shared, q, ih - shared, iw, shared
+
+
+def copy_forward(em, src: int, above: int, dst: int, here: int, iw: int, rows: int, o: int, tile_o: int,
+                 dtype: DType) -> None:
+    """COPY each channel tile's last `rows` rows of the window at `src` (of `above` rows) to the first rows of
+    the window at `dst` (of `here` rows), both iw columns wide, channel tiles one after another."""
+    for o0, to in tiles(o, tile_o):
+        strides = (iw * to, to, 1)
+        em.vector(VectorFunc.COPY, Operand(Space.SPAD, dst + o0 * here * iw * dtype.itemsize, strides),
+                  Operand(Space.SPAD, src + (o0 * above + (above - rows) * to) * iw * dtype.itemsize, strides), None,
+                  (rows, iw, to), dtype=dtype)
+
+
+def load_mask(em, dw: ConvProblem, base: int, at: tuple, dtype: DType) -> None:
+    """LOAD the mask of `dtype` (the window's) of the rows `at` (computed's) to `base`: 1 inside dw's input,
+    0 in its padding."""
+    r, q, ih, iw, _ = at
     (pt, _), (pl, _) = dw.padding
     top, left = max(0, pt - r), max(0, pl - q)
     bottom, right = max(0, r + ih - pt - dw.h), max(0, q + iw - pl - dw.w)
@@ -52,13 +75,13 @@ def load_mask(em, dw: ConvProblem, base: int, oh0: int, th: int, ow0: int, tw: i
             pad=(top, bottom, left, right, 0, 0), local=dtype)
 
 
-def apply_mask(em, inter: int, mask: int, dw: ConvProblem, th: int, tw: int, o: int, tile_o: int,
-               dtype: DType) -> None:
-    """Multiply each channel tile of the window at `inter` ([rows][cols][its channels] of `dtype`, one
-    after another) by the mask at `mask`, in place.  The MUL keeps the type (isa.opcodes): x * 1 and
-    x * 0 are exact in it, an int8 product's low byte being the product itself."""
-    ih, iw = dw.halo(th, tw)
+def apply_mask(em, inter: int, mask: int, at: tuple, held: int, o: int, tile_o: int, dtype: DType) -> None:
+    """Multiply each channel tile of the rows `at` (computed's) of the window at `inter` (channel tiles one
+    after another, each [held rows][cols][its channels] of `dtype`) by the mask at `mask`, in place.  The
+    MUL keeps the type (isa.opcodes): x * 1 and x * 0 are exact in it, an int8 product's low byte being
+    the product itself."""
+    _, _, rows, iw, row0 = at
     for o0, to in tiles(o, tile_o):
-        tile = Operand(Space.SPAD, inter + o0 * ih * iw * dtype.itemsize, (iw * to, to, 1))
-        em.vector(VectorFunc.MUL, tile, tile, Operand(Space.SPAD, mask, (iw, 1, 0)), (ih, iw, to), dtype=dtype,
+        tile = Operand(Space.SPAD, inter + (o0 * held + row0 * to) * iw * dtype.itemsize, (iw * to, to, 1))
+        em.vector(VectorFunc.MUL, tile, tile, Operand(Space.SPAD, mask, (iw, 1, 0)), (rows, iw, to), dtype=dtype,
                   out_dtype=dtype)

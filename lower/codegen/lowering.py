@@ -181,7 +181,8 @@ def _emit_rows(ctx: LowerContext, cascade: RowCascade, nodes: list[Node], layers
 
 
 def _emit_chain(ctx: LowerContext, cascade: Cascade, nodes: list[Node], layers: list[int]) -> None:
-    emit_cascade(ctx.em, [_member(ctx, n, i) for n, i in zip(nodes, layers, strict=True)], ctx.fill, cascade.chunk)
+    emit_cascade(ctx.em, [_member(ctx, n, i) for n, i in zip(nodes, layers, strict=True)], ctx.fill, cascade.chunk,
+                 cascade.line)
 
 
 # Each kind of cascade's emitter (ctx, cascade, its nodes, their layer indices), and whether it runs at

@@ -185,14 +185,16 @@ class _ConvNest:
                         m.tile_oh * m.tile_ow * m.tile_o, self.one)
 
     def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None, outs=None,
-                     ins=None) -> None:
+                     ins=None, block=None) -> None:
         """A spatial tile's output-channel tiles: their sums, epilogue, and write(n, o0, oh0, ow0, counts,
         result).  In a cascade (lower.codegen.cascade), `inside`: the scratchpad base of the tile's input,
         channel tiles one after another, each [rows][cols][its channels]; `into`: (base, type) of
         where the output goes in that form instead, the epilogue writing each tile there.  A chunked
         cascade's: `outs`, the output-channel tiles to run now (the halo LOADed with the first), or
         `ins`, the input-channel tiles to add to the sums now (the epilogue and write after the last);
-        `inside` and `into` then hold those tiles alone."""
+        `inside` and `into` then hold those tiles alone.  `block`: (rows each channel tile holds in `into`,
+        the row the tile starts at there) where the tile is some rows of a window (a line-buffered halo,
+        lower.codegen.halo.computed), else (th, 0)."""
         p, m = self.p, self.m
         o_tiles = tiles(p.o, m.tile_o) if outs is None else outs
         if inside is None and len(self.c_tiles) == 1 and o_tiles[0][0] == 0:
@@ -205,7 +207,8 @@ class _ConvNest:
             final = self.final
             if into is not None:
                 base, dtype = into
-                at = (o0 - o_tiles[0][0]) * th * tw * dtype.itemsize
+                held, row0 = block or (th, 0)
+                at = ((o0 - o_tiles[0][0]) * held + row0 * to) * tw * dtype.itemsize
                 final = tile_expr.LocalTile(Space.SPAD, base + at, (th, tw, to), dtype)
             result = epi.emit(self.em, acc_tile, n, o0, oh0, ow0, (th, tw, to), self.n_out % self.bufs, final,
                               typed=into is not None)

@@ -72,10 +72,20 @@ class Cascade(CascadeRecord):
     mappings: tuple[TileMapping, ...]
     saved_bytes: int
     chunk: int | None = None
+    halo: str | None = None     # a halo cascade's strategy (lower.schedule.halo: RECOMPUTE or LINE), else None
+
+    @property
+    def line(self) -> int:
+        """1 where the cascade keeps a line buffer (lower.schedule.halo), else 0 (cascade_cost's `line`)."""
+        return int(self.halo == halo.LINE)
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), **({"halo": self.halo} if self.halo else {})}
 
     def __str__(self) -> str:
         chunks = "" if self.chunk is None else f", chunks of {self.mappings[self.chunk].tile_o} channels"
-        return (f"cascade {' -> '.join(self.layers)}: tile {self.tile[0]}x{self.tile[1]}{chunks}, "
+        halos = "" if self.halo is None else f", halo {self.halo}"
+        return (f"cascade {' -> '.join(self.layers)}: tile {self.tile[0]}x{self.tile[1]}{chunks}{halos}, "
                 f"saves {self.saved_bytes / 1024:.1f} KiB of DRAM")
 
 
@@ -150,18 +160,24 @@ class CascadeCost(NamedTuple):
     acc_bytes: object
 
 
-def cascade_cost(Ls, ms, hw, ops, chunked=0) -> CascadeCost:
+def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
     """The cost of a cascade of members `Ls` (LayerShapes) mapped by `ms` (TileMappings sharing one
-    spatial tile) on `hw`, `chunked` or not (module doc)."""
+    spatial tile) on `hw`, `chunked` or not (module doc), its halo's rows in a `line` buffer (1, a
+    Python number; lower.schedule.halo) or recomputed (0)."""
     xp = ops.xp
     last = len(Ls) - 1
-    Ls = halo.ahead_shapes(Ls, ms, xp)
-    works = [(matrix_work if L.kind == MATRIX else window_work)(L, m, hw, ops)
-             for L, m in zip(Ls, ms, strict=True)]
+    Ls = halo.ahead_shapes(Ls, ms, xp, line)
     d = halo.depthwise_at(Ls)
+    rows = halo.ahead_rows(Ls[d], ms[d].tile_oh, ops) if line else None
+    works = [matrix_work(L, m, hw, ops, rows if i < d else None) if L.kind == MATRIX else window_work(L, m, hw, ops)
+             for i, (L, m) in enumerate(zip(Ls, ms, strict=True))]
     masks, (muls, mul_cycles, _) = halo.mask_work(Ls[d - 1], works[d - 1], hw, ops) if d else ((0, 0), (0, 0, 0))
-    loads, store, startup, matrix, vector, instructions = masks, works[-1].store, (0, 0), 0, 0, masks[0] + muls
+    # a line buffer's rows copied forward (none where `line` is 0)
+    copied, copy_cycles, _ = halo.copy_work(Ls[d - 1], Ls[d], works[d - 1], hw, ops) if line else (0, 0, 0)
+    loads, store, startup, matrix, vector = masks, works[-1].store, (0, 0), 0, 0
+    instructions = masks[0] + muls + copied
     acts = [halo.mask_actions(Ls[d - 1], works[d - 1], hw, ops)] if d else []
+    acts += [halo.copy_actions(Ls[d - 1], Ls[d], works[d - 1], hw, ops)] if line else []
     for i, (L, m, w) in enumerate(zip(Ls, ms, works, strict=True)):
         on_array = (L.kind == MATRIX) * 1      # else a depthwise member: taps on the vector unit,
         window = w.halo if i == 0 else (0, 0)   # every weight loaded before the first tile
@@ -169,7 +185,7 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0) -> CascadeCost:
         loads = tuple(a + h + wt + e for a, h, wt, e in zip(loads, window, weights, w.extra, strict=True))
         startup = tuple(a + b + (1 - on_array) * c for a, b, c in zip(startup, w.startup, w.weights, strict=True))
         copy = copies(L) * (i < last)
-        vec = w.epilogue + copy * w.groups + (1 - on_array) * w.compute + (i == d - 1) * mul_cycles
+        vec = w.epilogue + copy * w.groups + (1 - on_array) * w.compute + (i == d - 1) * (mul_cycles + copy_cycles)
         tiles = xp.maximum(w.tiles, 1)
         # the next member's first MATMUL waits for this member's last output tile's vector work
         matrix = (matrix + on_array * (w.compute + waits(L, m, w, hw))

@@ -24,13 +24,14 @@ from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..graph.graph_ir import OpKind
 from .cascade import MAX_MEMBERS, Cascade, cascade_cost, chunk_at
-from .halo import depthwise_at, window_tile
+from .halo import LINE, depthwise_at, halos, window_tile
 from .nest import MATRIX, Exact, LayerShape, TileMapping
 from .nest_cost import nest_cost
 from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
 from .tensors import DTYPE_OF
 
 FUSED_DTYPES = ("float32", "int8", "bfloat16")   # intermediates the scratchpad holds as the next layer reads them
+HALOS = None    # the halo strategies map_cascade weighs (lower.schedule.halo), all where None; tests force one
 
 
 def member(node, graph, nest) -> bool:
@@ -126,33 +127,43 @@ def _mappings(Ls, axes, double) -> list[TileMapping]:
 
 class Mapped(NamedTuple):
     """A cascade's tiling as map_cascade picks it: spatial tile, member mappings, the chunked member (or
-    None), and its charged cycles, energy and objective."""
+    None), its halo strategy (or None), and its charged cycles, energy and objective."""
 
     tile: tuple
     mappings: tuple
     chunk: int | None
+    halo: str | None
     cycles: float
     energy: float
     value: float
 
 
 def map_cascade(nests, hw, objective: str) -> Mapped | None:
-    """The cheapest cascade tiling of members `nests` (the mapper's ConvNests), or None when no tiling fits."""
+    """The cheapest cascade tiling of members `nests` (the mapper's ConvNests), or None when no tiling fits:
+    each halo strategy's (lower.schedule.halo; those of HALOS where set) best, the cheaper of them."""
     Ls = [LayerShape.of(nest.kind, nest.problem, nest.extras) for nest in nests]
-    d = depthwise_at(Ls)
     if max(L.c for L in Ls) > MAX_COUNT or sum(L.kind != MATRIX for L in Ls) > 1:   # one halo at most
         return None
+    found = [_map(Ls, hw, objective, h) for h in halos(Ls) if h is None or HALOS is None or h in HALOS]
+    return min((m for m in found if m is not None), key=lambda m: m.value, default=None)
+
+
+def _map(Ls, hw, objective: str, halo: str | None) -> Mapped | None:
+    """map_cascade's best tiling of members `Ls` with halo strategy `halo`."""
+    d = depthwise_at(Ls)
+    line = int(halo == LINE)
     axes = [tile_sizes(Ls[d].oh), tile_sizes(Ls[d].ow)]
     for i, L in enumerate(Ls):   # output-channel tiles (a depthwise member's after the first: the one
         # ahead's), weight residency (a depthwise member's are whole, held throughout)
         axes += [np.array([0]) if d and i == d else _options(L.o, hw.array_cols),
                  np.array([1, 0] if L.kind == MATRIX else [0])]
     # the last member's single accumulator tile (a chunked one's holds every channel); chunked (its
-    # last MATMULs' n is the o)
-    axes += [np.array([0, 1] if Ls[-1].kind == MATRIX else [0]), np.array([0, 1] if Ls[-1].o <= MAX_COUNT else [0])]
+    # last MATMULs' n is the o; not with a line buffer, which holds its rows' every channel)
+    axes += [np.array([0, 1] if Ls[-1].kind == MATRIX else [0]),
+             np.array([0, 1] if Ls[-1].o <= MAX_COUNT and not line else [0])]
     grid = [np.asarray(a).reshape([1] * i + [-1] + [1] * (len(axes) - 1 - i)) for i, a in enumerate(axes)]
     ms = _mappings(Ls, grid, 1)
-    cost = cascade_cost(Ls, ms, hw, Exact, grid[-1])
+    cost = cascade_cost(Ls, ms, hw, Exact, grid[-1], line)
     charged, energy, value = _charged(cost.cycles, cost.instructions, cost.actions, hw, objective)
     shape = np.broadcast_shapes(*(np.shape(g) for g in grid))
     fit = np.broadcast_to((cost.spad_bytes <= hw.scratchpad_bytes) & (cost.acc_bytes <= hw.accumulator_bytes), shape)
@@ -164,7 +175,7 @@ def map_cascade(nests, hw, objective: str) -> Mapped | None:
     pick = [bool(v) if i > 2 and i % 2 or i == len(pick) - 2 else v for i, v in enumerate(pick)]   # the switches
     mappings = tuple(dataclasses.replace(m, tile_o=int(m.tile_o), single_acc=bool(m.single_acc))
                      for m in _mappings(Ls, pick, True))
-    return Mapped((pick[0], pick[1]), mappings, chunk_at(Ls) if pick[-1] else None,
+    return Mapped((pick[0], pick[1]), mappings, chunk_at(Ls) if pick[-1] else None, halo,
                   float(np.broadcast_to(charged, shape)[at]), float(np.broadcast_to(energy, shape)[at]),
                   float(value[at]))
 
@@ -198,7 +209,7 @@ def choose_cascades(graph, layout, tilings: dict, hw, objective: str, excluded) 
                 mapped = map_cascade(nests[i:j], hw, objective)
                 if mapped is not None:
                     cascade = Cascade(tuple(n.name for n in run[i:j]), mapped.tile, mapped.mappings,
-                                      saved_bytes(run[i:j]), mapped.chunk)
+                                      saved_bytes(run[i:j]), mapped.chunk, mapped.halo)
                     options.append((best[i][0] + mapped.cycles, best[i][1] + mapped.energy,
                                     best[i][2] + [cascade]))
             best.append(min(options, key=lambda o: objective_of(o[0], o[1], objective)))

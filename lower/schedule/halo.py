@@ -1,21 +1,36 @@
 """Halos in a cascade (lower.schedule.cascade): pointwise layers ahead of a depthwise convolution
-recompute its input window, so that an inverted residual block (1x1 expand -> depthwise -> 1x1
+compute its input windows, so that an inverted residual block (1x1 expand -> depthwise -> 1x1
 project) runs as one cascade and its expanded activation never leaves the chip.
 
-The cascade's spatial tiles are then tiles of the depthwise's output.  Per tile, every member ahead
-of the depthwise (1x1 convolutions of stride 1) computes the depthwise's whole input window (its
-halo: the rows and columns the neighbouring tiles need too, computed again there: the recompute
-strategy) over the depthwise's padded input, so the depthwise reads the window in place from the
-intermediate, padding included.  A 1x1 layer's result at a padding position is its bias through its
-activation, not zero, so the member just ahead multiplies each result tile by a mask (`MASK`: 1
-inside the input, 0 in the padding), LOADed per spatial tile as a constant 1.0 the DMA pads with
+The cascade's spatial tiles are then tiles of the depthwise's output.  Per tile, the members ahead of
+the depthwise (1x1 convolutions of stride 1) fill the depthwise's input window (its halo) over the
+depthwise's padded input, so the depthwise reads the window in place from the intermediate, padding
+included.  Consecutive windows along a column share `overlap` rows (kernel extent - stride), and two
+strategies handle them, chosen by cost (lower.schedule.cascade_map):
+
+- recompute (RECOMPUTE): every tile's members ahead compute its whole window, the shared rows and
+  columns again where the neighbouring tiles need them;
+- line buffer (LINE, DeFiNES' fully cached along rows): the tiles walk each column strip top to
+  bottom, the members ahead compute only a window's new rows (the first window of a strip whole),
+  and the shared rows are copied forward, one vector COPY per channel tile, from the previous window
+  (the other of the intermediate's two buffers) to the top of this one.  Copy-forward rather than a
+  ring of rows: an operand is affine (base and strides, isa.instructions), so a ring's wrap would
+  split every depthwise tap; the COPY moves `overlap` rows, where recomputing them costs their MACs,
+  epilogue and mask.  The line buffer is the window's top rows, in the intermediate the recompute
+  strategy holds anyway: the footprint is the same.  Columns shared by neighbouring strips are still
+  recomputed; a chunked cascade (its intermediate one chunk of channels at a time) recomputes rows too.
+
+A 1x1 layer's result at a padding position is its bias through its activation, not zero, so the
+member just ahead multiplies each result tile by a mask (`MASK`: 1 inside the input, 0 in the
+padding), LOADed per spatial tile of that member (its rows only) as a constant 1.0 the DMA pads with
 zeros; the scratchpad only ever receives dense writes.
 
 Priced as the nest prices a layer: a member ahead runs as a 1x1 layer over its windows laid side by
 side (`ahead_shape`), the window being its mapping's tile (`window_tile`): rows, the sum of every row
-tile's window rows, of which padding the first window's rows above the input and the last one's
-below it (so the halo bytes it LOADs from DRAM are the nest's own count); columns alike.  Written
-over an ops namespace like the nest (lower.schedule.nest.Exact; costmodel.smooth.Relaxed).
+tile's window rows (line buffer: one window's rows over the whole column, in row tiles of
+`ahead_rows`), of which padding the first window's rows above the input and the last one's below it
+(so the halo bytes it LOADs from DRAM are the nest's own count); columns alike.  Written over an ops
+namespace like the nest (lower.schedule.nest.Exact; costmodel.smooth.Relaxed).
 """
 
 from __future__ import annotations
@@ -29,11 +44,32 @@ from .nest import DEPTHWISE, LayerShape, halo
 from .nest_work import lane_groups
 
 MASK = "mask"      # the member just ahead of the depthwise: a mask per spatial tile (double-buffered)
+RECOMPUTE, LINE = "recompute", "line buffer"   # the halo strategies (module doc)
 
 
 def depthwise_at(Ls) -> int:
     """The index of a cascade's depthwise member after its first, 0 if it has none."""
     return next((i for i, L in enumerate(Ls) if i and int(L.kind) == DEPTHWISE), 0)
+
+
+def overlap(dw: LayerShape):
+    """Rows two consecutive windows of depthwise `dw` share: its kernel's extent less its stride."""
+    return (dw.kh - 1) * dw.dilation_h + 1 - dw.stride_h
+
+
+def halos(Ls) -> tuple:
+    """The halo strategies a cascade of members `Ls` may take: none without a depthwise member after its
+    first; the line buffer where windows share rows and the members ahead are its whole row tiles."""
+    d = depthwise_at(Ls)
+    return (RECOMPUTE, LINE) if d and overlap(Ls[d]) > 0 else (RECOMPUTE,) if d else (None,)
+
+
+def ahead_rows(dw: LayerShape, th, ops) -> list:
+    """The row tiles, as (size, count) pairs, a line-buffered member ahead of `dw` computes per column
+    strip for its output tiles of th rows: the first window whole, then each next window's new rows
+    (th * stride, fewer for the last)."""
+    return [((th - 1) * dw.stride_h + overlap(dw) + dw.stride_h, 1), *ops.tiles((dw.oh - th) * dw.stride_h,
+                                                                                  th * dw.stride_h)]
 
 
 def window_tile(dw: LayerShape, th, tw) -> tuple:
@@ -53,18 +89,21 @@ def extent(out, tile, stride, ext, pad_lo, dim, xp):
     return total, pad_lo, xp.maximum(end - pad_lo - dim, 0)
 
 
-def ahead_shape(L: LayerShape, dw: LayerShape, th, tw, xp) -> LayerShape:
-    """A 1x1 member ahead of depthwise `dw` as the nest prices it (module doc), the cascade's tile th x tw."""
-    rows, top, bottom = extent(dw.oh, th, dw.stride_h, (dw.kh - 1) * dw.dilation_h + 1, dw.pad_top, dw.h, xp)
+def ahead_shape(L: LayerShape, dw: LayerShape, th, tw, xp, line=0) -> LayerShape:
+    """A 1x1 member ahead of depthwise `dw` as the nest prices it (module doc), the cascade's tile th x tw,
+    `line`-buffered (1) or not (0): then its rows are one window's over the whole column."""
+    rows, top, bottom = extent(dw.oh, line * dw.oh + (1 - line) * th, dw.stride_h, (dw.kh - 1) * dw.dilation_h + 1,
+                               dw.pad_top, dw.h, xp)
     cols, left, right = extent(dw.ow, tw, dw.stride_w, (dw.kw - 1) * dw.dilation_w + 1, dw.pad_left, dw.w, xp)
     return dataclasses.replace(L, h=rows - top - bottom, w=cols - left - right, pad_top=top, pad_bottom=bottom,
                                pad_left=left, pad_right=right)
 
 
-def ahead_shapes(Ls, ms, xp) -> list:
+def ahead_shapes(Ls, ms, xp, line=0) -> list:
     """`Ls` with the members ahead of a depthwise (if any) as ahead_shape prices them (idempotent)."""
     d = depthwise_at(Ls)
-    return [ahead_shape(L, Ls[d], ms[d].tile_oh, ms[d].tile_ow, xp) if i < d else L for i, L in enumerate(Ls)]
+    return [ahead_shape(L, Ls[d], ms[d].tile_oh, ms[d].tile_ow, xp, line) if i < d else L
+            for i, L in enumerate(Ls)]
 
 
 def mask_buffer(L: LayerShape, m) -> Buffer:
@@ -92,3 +131,21 @@ def mask_actions(L: LayerShape, w, hw, ops) -> dict:
     windows = L.n * L.oh * L.ow * item
     return {"dram_read_bytes": inside, "vector_ops": elements, "scratchpad_write_bytes": windows + elements * item,
             "scratchpad_read_bytes": elements * item + w.dims.n_o * windows}
+
+
+def copy_work(L: LayerShape, dw: LayerShape, w, hw, ops) -> tuple:
+    """(COPYs, vector cycles, elements) of a line buffer's rows copied forward (module doc; `L` the
+    member just ahead's ahead_shape, `w` its Work): per channel tile of every window but a strip's
+    first, `overlap` rows of the window's columns, at the elements' width."""
+    d = w.dims
+    again = d.n_h - 1
+    rows = d._replace(rows=[(overlap(dw), again)])
+    return (L.n * again * d.n_w * d.n_o, lane_groups(L, rows, hw, ops, 8 * L.out_itemsize),
+            L.n * again * overlap(dw) * L.ow * L.o)
+
+
+def copy_actions(L: LayerShape, dw: LayerShape, w, hw, ops) -> dict:
+    """The copies' action counts (sim.energy's): each element read and written once in the scratchpad."""
+    *_, elements = copy_work(L, dw, w, hw, ops)
+    moved = elements * L.out_itemsize
+    return {"vector_ops": elements, "scratchpad_read_bytes": moved, "scratchpad_write_bytes": moved}

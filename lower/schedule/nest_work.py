@@ -97,13 +97,14 @@ class Work(NamedTuple):
         return self.startup[0] + self.loads[0] + self.store[0] + self.matmuls + self.vectors
 
 
-def dims(L: LayerShape, m: TileMapping, ops, stacked=0, channel_tiles=True) -> Dims:
+def dims(L: LayerShape, m: TileMapping, ops, stacked=0, channel_tiles=True, rows=None) -> Dims:
     """The tiles of a nest: stacked rows whose kernel reaches into the padding are tiles of one row
     (lower.schedule.nest.row_tiles); without `channel_tiles` the input channels are one tile (a window op's
-    channel tile is its output tile)."""
+    channel tile is its output tile); `rows`, (size, count) pairs, where the rows are not tiles of
+    `tile_oh` (a line-buffered member of a cascade, lower.schedule.halo.ahead_rows)."""
     top, bottom = stacked_edges(L, ops)
     edges = stacked * (top + L.oh - bottom)
-    rows = ops.tiles(L.oh - edges, m.tile_oh) + [(1, edges)]
+    rows = (ops.tiles(L.oh - edges, m.tile_oh) if rows is None else rows) + [(1, edges)]
     cols, outs = ops.tiles(L.ow, m.tile_ow), ops.tiles(L.o, m.tile_o)
     ins = ops.tiles(L.c, m.tile_c) if channel_tiles else [(L.c, 1)]
     return Dims(rows, cols, outs, ins, count(rows), count(cols), count(outs), count(ins))
@@ -188,11 +189,11 @@ def matrix_halos(L: LayerShape, m: TileMapping, d: Dims, ops):
             per_column * ((1 - st) * padded_rows + st * L.oh * L.kh) * padded_cols)
 
 
-def matrix_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
-    """The matrix-unit nest (lower.codegen.matrix.emit_conv)."""
+def matrix_work(L: LayerShape, m: TileMapping, hw, ops, rows=None) -> Work:
+    """The matrix-unit nest (lower.codegen.matrix.emit_conv), its row tiles `rows` where given (dims)."""
     xp = ops.xp
     res = m.weights_resident
-    d = dims(L, m, ops, m.stacked)
+    d = dims(L, m, ops, m.stacked, rows=rows)
     f = folds(L, m, d, hw, ops)
     groups = lane_groups(L, d, hw, ops)
     n_sp = L.n * d.n_h * d.n_w

@@ -1,0 +1,172 @@
+"""A halo cascade's two strategies (lower.schedule.halo): the members ahead of the depthwise recompute
+each window's rows shared with the window above (RECOMPUTE), or compute only its new rows, the shared
+ones copied forward from the window above (LINE, a line buffer).  Each, forced (cascade_map.HALOS),
+equals the unfused program (fp32 within 1e-5, int8 bit for bit and the int8 reference); the line
+buffer's expand does fewer MACs and vector work on the same tile; the mapper takes the cheaper one;
+its cost predicts the simulator."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from helpers import check_fused_against_unfused, rel_err, simulated
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_halo_cascade import SMALL, block
+
+from stagec import int8_reference
+from stagec.isa import HardwareConfig
+from stagec.isa.instructions import Opcode, VectorFunc
+from stagec.lower.schedule import cascade_map
+from stagec.lower.schedule.cascade import cascade_cost
+from stagec.lower.schedule.halo import LINE, RECOMPUTE
+from stagec.lower.schedule.nest import Exact, LayerShape
+from stagec.pipeline import PIPELINE, Compilation, Request, build_graph, position, run
+from stagec.report import make_report
+
+HALOS = [RECOMPUTE, LINE]
+
+
+@pytest.fixture
+def force(monkeypatch):
+    """force(strategy): the mapper weighs that halo strategy alone."""
+    return lambda halo: monkeypatch.setattr(cascade_map, "HALOS", (halo,))
+
+
+def small_block(stride, **kwargs):
+    return block(stride, size=12, c=8, expand=4, out=8, **kwargs)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_each_strategy_equals_the_unfused_program(force, stride):
+    model, x = small_block(stride)
+    _, y_alone, _ = simulated(model, x, fuse_layers=False)
+    for halo in HALOS:
+        force(halo)
+        fused, y, _ = simulated(model, x)
+        (cascade,) = fused.metadata["cascades"]
+        assert len(cascade["layers"]) == 3 and cascade["halo"] == halo
+        assert rel_err(y, y_alone) <= 1e-5 and rel_err(y, model(x).detach().numpy()) < 1e-5
+
+
+def test_an_int8_line_buffer_keeps_its_integers(force):
+    """int8 rows copied forward (a COPY of int8) and masked: bit for bit stagec.int8_reference (which the
+    unfused program equals, tests/test_int8_halo.py)."""
+    model, x = small_block(1)
+    force(LINE)
+    fused, y, _ = simulated(model, x, quantize="int8")
+    (cascade,) = fused.metadata["cascades"]
+    assert cascade["halo"] == LINE and copies(fused) > 0
+    _, graph = build_graph(model, (x,), quantize="int8")
+    np.testing.assert_array_equal(y, int8_reference.run(graph, [x.numpy()])[0])
+
+
+class PointwiseThenInverted(torch.nn.Module):
+    """A 1x1 conv feeding an inverted block's expand (a projection without residual before it): the
+    cascade pointwise -> expand -> depthwise has two members ahead of the depthwise."""
+
+    def __init__(self):
+        super().__init__()
+        self.pointwise = torch.nn.Conv2d(8, 8, 1)
+        self.expand = torch.nn.Conv2d(8, 32, 1)
+        self.depthwise = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)
+
+    def forward(self, x):
+        act = torch.nn.functional.relu6
+        return act(self.depthwise(act(self.expand(self.pointwise(x)))))
+
+
+def test_two_members_ahead_share_the_line_buffers_rows(force):
+    torch.manual_seed(0)
+    model, x = PointwiseThenInverted().eval(), torch.randn(1, 8, 12, 12)
+    force(LINE)
+    fused, y, _ = simulated(model, x)
+    _, y_alone, _ = simulated(model, x, fuse_layers=False)
+    assert [len(c["layers"]) for c in fused.metadata["cascades"]] == [3]
+    assert fused.metadata["cascades"][0]["halo"] == LINE
+    assert rel_err(y, y_alone) <= 1e-5
+
+
+def copies(program) -> int:
+    code = program.code
+    return int(((code["opcode"] == Opcode.VECTOR) & (code["func"] == VectorFunc.COPY)).sum())
+
+
+def test_the_line_buffer_computes_fewer_rows_on_the_same_tile(force):
+    """The same schedule lowered with each strategy (their mappings are one: the window tile): the
+    expand's MACs and vector ops drop by the shared rows it no longer recomputes, less their COPYs."""
+    model, x = small_block(1)
+    force(LINE)
+    c = run(PIPELINE[:position("schedule") + 1], Compilation(Request(model, (x,), hw=SMALL)))
+    (cascade,) = c.schedule.cascades
+    assert cascade.halo == LINE and cascade.tile[0] < 12       # several row tiles: rows shared
+    programs = {}
+    for halo in HALOS:
+        schedule = dataclasses.replace(c.schedule, cascades=(dataclasses.replace(cascade, halo=halo),))
+        programs[halo] = run(PIPELINE[position("program"):], dataclasses.replace(c, schedule=schedule)).program
+    expand = cascade.layers[0]
+    work = {h: next(layer.actions for layer in make_report(p).layers if layer.name == expand)
+            for h, p in programs.items()}
+    assert work[LINE].macs_fp32 < work[RECOMPUTE].macs_fp32
+    assert work[LINE].vector_ops < work[RECOMPUTE].vector_ops
+    assert copies(programs[LINE]) > copies(programs[RECOMPUTE])
+
+
+@pytest.mark.parametrize(("spad_kib", "picked"), [(256, LINE), (24, RECOMPUTE)])
+def test_the_mapper_takes_the_cheaper_strategy(spad_kib, picked):
+    """map_cascade weighs both: on a roomy scratchpad the line buffer costs less; on 24 KiB only a
+    chunked cascade fits (tests/test_chunked_cascade.py), which recomputes its rows."""
+    model, x = block(1, size=16, c=32, out=32)
+    hw = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=spad_kib * 1024, accumulator_bytes=16 * 1024)
+    c = run(PIPELINE[:position("schedule") + 1], Compilation(Request(model, (x,), hw=hw)))
+    (chain,) = cascade_map.chains(c.graph, c.layout, dict(c.schedule.tilings), ())
+    nests = [c.schedule[n.name].nests[0] for n in chain]
+    each = {}
+    for halo in HALOS:
+        cascade_map.HALOS = (halo,)
+        try:
+            each[halo] = cascade_map.map_cascade(nests, hw, "edp")
+        finally:
+            cascade_map.HALOS = None
+    chosen = cascade_map.map_cascade(nests, hw, "edp")
+    assert chosen.halo == picked
+    assert chosen.value == min(m.value for m in each.values() if m is not None)
+    other = each[RECOMPUTE if picked == LINE else LINE]
+    assert other is None or other.value > chosen.value
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_the_line_buffer_cost_predicts_the_simulator(force, stride):
+    """As tests/test_halo_cascade.py's: DRAM bytes, vector ops (the COPYs' too), MACs, instructions and
+    the footprint are the program's, cycles within 5% of the timed simulation."""
+    model, x = block(stride, size=16)
+    force(LINE)
+    hw = HardwareConfig()
+    c = run(PIPELINE, Compilation(Request(model, (x,), hw=hw)))
+    (cascade,) = c.schedule.cascades
+    assert cascade.halo == LINE
+    shapes = [LayerShape.of(*c.schedule[name].nests[0]) for name in cascade.layers]
+    cost = cascade_cost(shapes, list(cascade.mappings), hw, Exact, cascade.chunk is not None, cascade.line)
+    report = make_report(c.program)
+    for action in ("dram_read_bytes", "dram_write_bytes", "vector_ops", "macs_fp32"):
+        assert getattr(cost.actions, action) == getattr(report.actions, action), action
+    assert cost.instructions == len(c.program)
+    assert cost.cycles == pytest.approx(report.cycles, rel=0.05)
+    assert tuple(c.program.metadata["local_peak_bytes"][cascade.layers[0]]) == (cost.spad_bytes, cost.acc_bytes)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=st.sampled_from([4, 8]), size=st.integers(5, 14), kernel=st.sampled_from([(3, 1), (5, 2), (3, 0)]),
+       stride=st.sampled_from([1, 2]), array=st.sampled_from([4, 8, 16]), spad_kib=st.sampled_from([16, 32, 128]))
+def test_random_line_buffered_blocks_on_random_hardware(c, size, kernel, stride, array, spad_kib):
+    """The line buffer forced (split where it does not fit): the output is the unfused program's."""
+    k, padding = kernel
+    model, x = block(stride, size=size, c=c, expand=4, out=c, k=k, padding=padding)
+    hw = HardwareConfig(array_rows=array, array_cols=array, scratchpad_bytes=spad_kib * 1024,
+                        accumulator_bytes=16 * 1024)
+    cascade_map.HALOS = (LINE,)
+    try:
+        check_fused_against_unfused(model, x, hw)
+    finally:
+        cascade_map.HALOS = None
