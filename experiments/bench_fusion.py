@@ -1,6 +1,7 @@
 """Cascades (cross-layer fusion) against layer by layer, side by side in one run: per model, config
-and precision, the cascades the mapper chose, DRAM bytes, cycles, energy, EDP and cycles over the
-model-level limit (stagec.report.model_limit), fused and with compile(fuse_layers=False).
+and precision, the cascades the mapper chose (and how many keep a line buffer, lower.schedule.halo),
+DRAM bytes, cycles, energy, EDP and cycles over the model-level limit (stagec.report.model_limit),
+fused and with compile(fuse_layers=False).
 
     python experiments/bench_fusion.py [--full] [--int8] [models...]
 
@@ -58,6 +59,7 @@ def measure(model, args, kwargs, hw, quantize, fuse_layers) -> dict:
     return {"dram_bytes": r.actions.dram_read_bytes + r.actions.dram_write_bytes, "cycles": r.cycles,
             "energy_pj": energy, "edp": energy * r.cycles, "over_limit": r.cycles_over_model_limit,
             "cascades": len(r.cascades), "fused_layers": sum(len(c["layers"]) for c in r.cascades),
+            "line_buffers": sum(c.get("halo") == "line buffer" for c in r.cascades),
             "compile_s": seconds}
 
 
@@ -69,8 +71,9 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     opts = parser.parse_args()
     rows = []
-    head = (f"{'model':<14} {'config':<9} {'prec':<5} {'casc':>4} {'DRAM MiB':>9} {'x':>5} {'Mcycles':>8} {'x':>5} "
-            f"{'energy uJ':>10} {'x':>5} {'EDP gain':>8} {'/limit':>6} {'alone':>6} {'compile s':>9} {'alone':>6}")
+    head = (f"{'model':<14} {'config':<9} {'prec':<5} {'casc':>4} {'line':>4} {'DRAM MiB':>9} {'x':>5} "
+            f"{'Mcycles':>8} {'x':>5} {'energy uJ':>10} {'x':>5} {'EDP gain':>8} {'/limit':>6} {'alone':>6} "
+            f"{'compile s':>9} {'alone':>6}")
     print(head)
     print("-" * len(head))
     for name in opts.models:
@@ -83,6 +86,7 @@ def main() -> None:
                 rows.append({"model": name, "full": opts.full, "config": config, "quantize": quantize,
                              "fused": fused, "layer_by_layer": alone})
                 print(f"{name:<14} {config:<9} {quantize or 'fp32':<5} {fused['cascades']:>4} "
+                      f"{fused['line_buffers']:>4} "
                       f"{fused['dram_bytes'] / 2**20:>9.2f} {fused['dram_bytes'] / alone['dram_bytes']:>5.2f} "
                       f"{fused['cycles'] / 1e6:>8.3f} {fused['cycles'] / alone['cycles']:>5.2f} "
                       f"{fused['energy_pj'] / 1e6:>10.1f} {fused['energy_pj'] / alone['energy_pj']:>5.2f} "

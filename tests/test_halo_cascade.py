@@ -85,7 +85,7 @@ def test_the_halo_cascade_cost_predicts_the_simulator(stride, hw, cycles):
     (cascade,) = c.schedule.cascades
     shapes = [LayerShape.of(*c.schedule[name].nests[0]) for name in cascade.layers]
     assert depthwise_at(shapes) == 1
-    cost = cascade_cost(shapes, list(cascade.mappings), hw, Exact, cascade.chunk is not None)
+    cost = cascade_cost(shapes, list(cascade.mappings), hw, Exact, cascade.chunk is not None, cascade.line)
     report = make_report(c.program)
     for action in ("dram_read_bytes", "dram_write_bytes", "vector_ops", "macs_fp32"):
         assert getattr(cost.actions, action) == getattr(report.actions, action), action

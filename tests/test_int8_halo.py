@@ -116,7 +116,7 @@ def test_the_int8_and_bf16_halo_cascade_cost_predicts_the_simulator(quantize, st
     (cascade,) = c.schedule.cascades
     shapes = [LayerShape.of(*c.schedule[name].nests[0]) for name in cascade.layers]
     assert depthwise_at(shapes) == 1
-    cost = cascade_cost(shapes, list(cascade.mappings), hw, Exact)
+    cost = cascade_cost(shapes, list(cascade.mappings), hw, Exact, cascade.chunk is not None, cascade.line)
     layers = [layer for layer in make_report(c.program).layers if layer.name in cascade.layers]
     assert len(layers) == 3
     for action in ("dram_read_bytes", "dram_write_bytes", "vector_ops", f"macs_{quantize}"):

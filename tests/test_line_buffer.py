@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from helpers import check_fused_against_unfused, rel_err, simulated
+from helpers import rel_err, simulated
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_halo_cascade import SMALL, block
@@ -156,17 +156,22 @@ def test_the_line_buffer_cost_predicts_the_simulator(force, stride):
     assert tuple(c.program.metadata["local_peak_bytes"][cascade.layers[0]]) == (cost.spad_bytes, cost.acc_bytes)
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(c=st.sampled_from([4, 8]), size=st.integers(5, 14), kernel=st.sampled_from([(3, 1), (5, 2), (3, 0)]),
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=st.sampled_from([4, 8]), size=st.integers(5, 12), kernel=st.sampled_from([(3, 1), (5, 2), (3, 0)]),
        stride=st.sampled_from([1, 2]), array=st.sampled_from([4, 8, 16]), spad_kib=st.sampled_from([16, 32, 128]))
 def test_random_line_buffered_blocks_on_random_hardware(c, size, kernel, stride, array, spad_kib):
-    """The line buffer forced (split where it does not fit): the output is the unfused program's."""
+    """The line buffer forced (split where it does not fit): the output is PyTorch's within 1e-5 (as the
+    unfused program's is) and every cascade fits the memories."""
     k, padding = kernel
     model, x = block(stride, size=size, c=c, expand=4, out=c, k=k, padding=padding)
     hw = HardwareConfig(array_rows=array, array_cols=array, scratchpad_bytes=spad_kib * 1024,
                         accumulator_bytes=16 * 1024)
     cascade_map.HALOS = (LINE,)
     try:
-        check_fused_against_unfused(model, x, hw)
+        program, y, _ = simulated(model, x, hw=hw)
     finally:
         cascade_map.HALOS = None
+    assert rel_err(y, model(x).detach().numpy()) < 1e-5
+    for cascade in program.metadata.get("cascades", ()):
+        spad, acc = program.metadata["local_peak_bytes"][cascade["layers"][0]]
+        assert spad <= hw.scratchpad_bytes and acc <= hw.accumulator_bytes
