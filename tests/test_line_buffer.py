@@ -101,6 +101,7 @@ def test_the_line_buffer_computes_fewer_rows_on_the_same_tile(force):
     c = run(PIPELINE[:position("schedule") + 1], Compilation(Request(model, (x,), hw=SMALL)))
     (cascade,) = c.schedule.cascades
     assert cascade.halo == LINE and cascade.tile[0] < 12       # several row tiles: rows shared
+    assert ", halo line buffer," in str(c.schedule)             # the schedule dump names the strategy
     programs = {}
     for halo in HALOS:
         schedule = dataclasses.replace(c.schedule, cascades=(dataclasses.replace(cascade, halo=halo),))
@@ -108,7 +109,12 @@ def test_the_line_buffer_computes_fewer_rows_on_the_same_tile(force):
     expand = cascade.layers[0]
     work = {h: next(layer.actions for layer in make_report(p).layers if layer.name == expand)
             for h, p in programs.items()}
-    assert work[LINE].macs_fp32 < work[RECOMPUTE].macs_fp32
+    assert all(f"halo {h}," in make_report(p).summary() for h, p in programs.items())
+    # per column strip, each window after the first shares 2 rows (3x3, stride 1) of its columns
+    th, tw = cascade.tile
+    shared_rows = 2 * (-(-12 // th) - 1)
+    columns = sum(min(tw, 12 - q) + 2 for q in range(0, 12, tw))
+    assert work[RECOMPUTE].macs_fp32 - work[LINE].macs_fp32 == shared_rows * columns * 8 * 32   # c x 4c
     assert work[LINE].vector_ops < work[RECOMPUTE].vector_ops
     assert copies(programs[LINE]) > copies(programs[RECOMPUTE])
 

@@ -58,8 +58,9 @@ def overlap(dw: LayerShape):
 
 
 def halos(Ls) -> tuple:
-    """The halo strategies a cascade of members `Ls` may take: none without a depthwise member after its
-    first; the line buffer where windows share rows and the members ahead are its whole row tiles."""
+    """The halo strategies a cascade of members `Ls` may take (map_cascade maps each): none (None) without
+    a depthwise member after its first; recompute, and the line buffer where consecutive windows share
+    rows."""
     d = depthwise_at(Ls)
     return (RECOMPUTE, LINE) if d and overlap(Ls[d]) > 0 else (RECOMPUTE,) if d else (None,)
 
@@ -68,8 +69,7 @@ def ahead_rows(dw: LayerShape, th, ops) -> list:
     """The row tiles, as (size, count) pairs, a line-buffered member ahead of `dw` computes per column
     strip for its output tiles of th rows: the first window whole, then each next window's new rows
     (th * stride, fewer for the last)."""
-    return [((th - 1) * dw.stride_h + overlap(dw) + dw.stride_h, 1), *ops.tiles((dw.oh - th) * dw.stride_h,
-                                                                                  th * dw.stride_h)]
+    return [(halo(dw, th, 1)[0], 1), *ops.tiles((dw.oh - th) * dw.stride_h, th * dw.stride_h)]
 
 
 def window_tile(dw: LayerShape, th, tw) -> tuple:
