@@ -44,7 +44,8 @@ from .nest import DEPTHWISE, LayerShape, halo
 from .nest_work import lane_groups
 
 MASK = "mask"      # the member just ahead of the depthwise: a mask per spatial tile (double-buffered)
-RECOMPUTE, LINE = "recompute", "line buffer"   # the halo strategies (module doc)
+RECOMPUTE = "recompute"     # the halo strategies (module doc)
+LINE = "line buffer"
 
 
 def depthwise_at(Ls) -> int:
