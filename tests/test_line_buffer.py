@@ -24,6 +24,7 @@ from stagec.lower.schedule.halo import LINE, RECOMPUTE
 from stagec.lower.schedule.nest import Exact, LayerShape
 from stagec.pipeline import PIPELINE, Compilation, Request, build_graph, position, run
 from stagec.report import make_report
+from stagec.sim import reference
 
 HALOS = [RECOMPUTE, LINE]
 
@@ -55,7 +56,8 @@ def test_each_strategy_equals_the_unfused_program(force, stride):
 
 def test_an_int8_line_buffer_keeps_its_integers(force):
     """int8 rows copied forward (a COPY of int8) and masked: bit for bit stagec.int8_reference (which the
-    unfused program equals, tests/test_int8_halo.py)."""
+    unfused program equals, tests/test_int8_halo.py), in the batched executor and the reference
+    interpreter."""
     model, x = small_block(1)
     force(LINE)
     fused, y, _ = simulated(model, x, quantize="int8")
@@ -63,6 +65,8 @@ def test_an_int8_line_buffer_keeps_its_integers(force):
     assert cascade["halo"] == LINE and copies(fused) > 0
     _, graph = build_graph(model, (x,), quantize="int8")
     np.testing.assert_array_equal(y, int8_reference.run(graph, [x.numpy()])[0])
+    (y_interpreted,) = reference.execute(fused, [x.numpy()])    # the ISA's reference interpreter agrees
+    np.testing.assert_array_equal(y_interpreted.reshape(y.shape), y)
 
 
 class PointwiseThenInverted(torch.nn.Module):
