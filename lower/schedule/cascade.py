@@ -4,7 +4,8 @@ A cascade is a chain of pointwise layers (a matmul, a 1x1 convolution of stride 
 each feeding the next alone, possibly led by a depthwise convolution (an inverted residual block's
 depthwise -> 1x1 projection; its halo comes from DRAM, so it needs no overlap), or with a depthwise
 member after 1x1 ones, which then compute its input windows (lower.schedule.halo: the spatial tiles
-are the depthwise's output's, the members ahead tile its windows).  Its nest walks
+are the depthwise's output's, the members ahead tile its windows, recomputing the rows consecutive
+windows share or keeping them in a line buffer, `Cascade.halo`).  Its nest walks
 spatial tiles of the common output (`Cascade.tile`: rows x columns; a matmul's rows are its M); per
 spatial tile each member runs its own nest's output-channel tiles (its TileMapping, whose spatial
 tile is the cascade's), the first reading its halo from DRAM, the others the previous member's whole

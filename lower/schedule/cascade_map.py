@@ -31,7 +31,9 @@ from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
 from .tensors import DTYPE_OF
 
 FUSED_DTYPES = ("float32", "int8", "bfloat16")   # intermediates the scratchpad holds as the next layer reads them
-HALOS = None    # the halo strategies map_cascade weighs (lower.schedule.halo), all where None; tests force one
+# the halo strategies map_cascade weighs (lower.schedule.halo), all where None; tests force one (a chain
+# that cannot take the one forced is then not fused)
+HALOS = None
 
 
 def member(node, graph, nest) -> bool:
