@@ -36,7 +36,8 @@ def _compile(args) -> int:
             model, example, hw=hw, kwargs=kwargs, dump=dump, mappings=mappings, objective=OPTIMISE[args.optimise],
             tune="gradient" if args.tune else None, quantize=args.quantize,
             calibration=cli_args.calibration(args.calibration) if args.calibration else None,
-            latency_target_s=args.latency_target, power_budget_w=args.power_budget, progress=not args.quiet)
+            latency_target_s=args.latency_target, power_budget_w=args.power_budget, progress=not args.quiet,
+            fuse_layers=not args.no_fusion)
     program.save(args.output)
     if args.stablehlo:
         from .exports import stablehlo_text
@@ -101,7 +102,8 @@ def _codesign(args) -> int:
         stagec.TuneSettings()
     models = [cli_args.model(spec, args.reduced) for spec in args.models]
     result = stagec.codesign(models, args.area_budget, args.objective, args.power_budget, args.latency_target,
-                             settings=settings, tune_settings=tune_settings, progress=not args.quiet)
+                             settings=settings, tune_settings=tune_settings, progress=not args.quiet,
+                             fusion=not args.no_fusion)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result.hw.save(out / "hw.yaml")
@@ -145,6 +147,7 @@ def add_commands(command) -> None:
                    help="performance (default): minimize latency; size: cycles x scratchpad and accumulator "
                         "footprint (peak SRAM, in the report); energy; edp (energy x delay, the library's default)")
     c.add_argument("--latency-target", type=cli_args.seconds, metavar="TIME", help="e.g. 5ms (units s, ms, us, ns)")
+    _no_fusion(c, "layer by layer, every activation through DRAM (default: layers fused into cascades)")
     c.add_argument("--power-budget", type=cli_args.watts, metavar="W", help="average watts, e.g. 0.1 or 100mW")
     r = command("run", _run, "simulate a program on input arrays, write its outputs and report",
                 "stagec run model.stgc --input x.npy --output y.npy --report report/")
@@ -175,6 +178,7 @@ def add_commands(command) -> None:
     d.add_argument("--out", required=True, metavar="DIR",
                    help="hw.yaml, one report folder per model, pareto.png/.svg/.txt of the configs scored")
     d.add_argument("--steps", type=_positive, help="descent and tuning steps (default: the settings')")
+    _no_fusion(d, "price and compile every config layer by layer (default: with its layers fused into cascades)")
     _quiet(d)
 
 
@@ -190,6 +194,10 @@ def _model_arguments(p) -> None:
     p.add_argument("--calibration", metavar="DIR", help="int8: a folder of .npy batches (NAME.npy per batch of a "
                                                         "single-input model; NAME.0.npy, NAME.1.npy, ... for several)")
     _quiet(p)
+
+
+def _no_fusion(p, help_text: str) -> None:
+    p.add_argument("--no-fusion", action="store_true", help=help_text)
 
 
 def _quiet(p) -> None:

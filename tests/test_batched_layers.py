@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import rel_err
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -91,6 +91,7 @@ def check(case: LayerCase) -> None:
             assert rel_err(y, case.layer(x).numpy()) < 1e-5
 
 
+@settings(max_examples=6)   # each example compiles and simulates a program
 @given(layer_cases())
 def test_every_layer_runs_batched_and_matches_its_reference(case):
     check(case)

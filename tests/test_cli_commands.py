@@ -13,6 +13,7 @@ import torch
 
 from stagec import presets
 from stagec.lower.schedule.nest import TileMapping
+from stagec.program_file import load
 from stagec.sim.energy import area_mm2
 from stagec.tuning import Tuning
 
@@ -31,6 +32,13 @@ FACTORIES = textwrap.dedent('''
         model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
                                     torch.nn.Conv2d(8, 4, 1)).eval()
         return model, (torch.randn(1, 3, 8, 8),)
+
+    def block():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 1), torch.nn.ReLU(),
+                                    torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.ReLU(),
+                                    torch.nn.Conv2d(16, 4, 1)).eval()
+        return model, (torch.randn(1, 3, 16, 16),)
 ''')
 
 
@@ -188,9 +196,19 @@ def test_optimise_size_takes_less_scratchpad_than_performance(work):
     assert peaks["size"] < peaks["performance"]
 
 
+def test_no_fusion_compiles_layer_by_layer(work):
+    for flags, name in (((), "fused"), (("--no-fusion",), "alone")):
+        out = stagec("compile", "models.py:block", *flags, "-o", f"{name}.stgc", "-q", cwd=work)
+        assert out.returncode == 0, out.stderr
+    assert len(load(work / "fused.stgc").metadata["cascades"]) == 1
+    assert "cascades" not in load(work / "alone.stgc").metadata
+
+
 def test_codesign_writes_the_config_and_each_report(work):
+    # layer by layer: co-design's fused pricing is tested in tests/test_fusion_cost.py, and its descent
+    # compiles for half a minute more
     out = stagec("codesign", "models.py:conv", "--area-budget", "2.0", "--steps", "2", "--latency-target", "1s",
-                 "--out", "cd", "-q", cwd=work)
+                 "--no-fusion", "--out", "cd", "-q", cwd=work)
     assert out.returncode == 0, out.stderr
     hw = presets.HardwareConfig.load(work / "cd" / "hw.yaml")
     assert sum(area_mm2(hw).values()) <= 2.0

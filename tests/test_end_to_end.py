@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 from helpers import rel_err
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -56,6 +56,7 @@ def conv_nets(draw):
     return nn.Sequential(*layers), (draw(st.integers(1, 2)), cin, size, size)
 
 
+@settings(max_examples=6)   # each example compiles and simulates a program
 @given(conv_nets(), st.integers(0, 2**16))
 def test_random_conv_nets(net, seed):
     model, shape = net
@@ -66,6 +67,7 @@ def test_random_conv_nets(net, seed):
     check(model.eval(), torch.randn(*shape))
 
 
+@settings(max_examples=6)   # each example compiles and simulates a program
 @given(st.integers(1, 3), st.integers(1, 70), st.integers(1, 40), st.integers(1, 70), st.booleans())
 def test_random_linear_nets(batch, din, hidden, dout, bias):
     torch.manual_seed(din * hidden)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import rel_err
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -55,6 +55,7 @@ def convs(draw):
     return conv, (draw(st.integers(1, 2)), cin, size, size + draw(st.integers(0, 3)))
 
 
+@settings(max_examples=6)   # each example compiles and simulates a program
 @given(convs(), hardware)
 def test_any_conv_on_any_hardware(conv_and_shape, hw):
     conv, shape = conv_and_shape
@@ -204,6 +205,7 @@ class _ConvResidual(nn.Module):
         return torch.relu(self.conv(x) + residual)
 
 
+@settings(max_examples=6)   # each example compiles and simulates a program
 @given(k=st.sampled_from([1, 3, 5]), stride=st.sampled_from([(1, 1), (2, 2), (2, 1)]), dilation=st.integers(1, 2),
        padding=st.integers(0, 2), c=st.integers(1, 20), o=st.integers(2, 40), size=st.integers(1, 9),
        tile=st.tuples(st.integers(1, 6), st.integers(1, 6), st.integers(1, 40), st.integers(1, 20)),
@@ -262,6 +264,7 @@ def test_transposed_mapping_of_a_layer_that_cannot_turn_is_rejected():
         stagec.compile(module, (x,), mappings={layer.name: TileMapping(2, 2, 8, 4, transposed=True)})
 
 
+@settings(max_examples=6)   # each example compiles and simulates a program
 @given(k=st.sampled_from([2, 3, 7]), stride=st.sampled_from([(1, 1), (2, 2), (1, 2)]), padding=st.integers(0, 4),
        c=st.integers(1, 8), o=st.integers(2, 24), size=st.integers(1, 9),
        tile=st.tuples(st.integers(1, 5), st.integers(1, 6), st.integers(1, 24), st.integers(1, 8)),

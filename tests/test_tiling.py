@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 from helpers import rel_err
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -247,6 +247,7 @@ def test_vector_unit_layers_fit_or_raise_a_tiling_error(net, hw, precision):
     compiles_legally_or_says_why(*net, hw, precision)
 
 
+@settings(max_examples=6)   # each example compiles and simulates a program
 @given(epilogued(st.one_of(convs(), matmuls(), vector_ops())), hardware, st.sampled_from(["fp32", "int8"]), st.data())
 def test_every_mapping_runs_in_its_footprint_or_is_refused(net, hw, precision, data):
     """Mappings of every shape and switch (transposed, stacked, one accumulator tile, resident
