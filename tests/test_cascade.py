@@ -173,7 +173,7 @@ def test_the_cascade_cost_predicts_the_simulator(kind, hw):
     assert (spad, acc) == (cost.spad_bytes, cost.acc_bytes)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(widths=st.lists(st.sampled_from([8, 16, 24, 48, 64]), min_size=3, max_size=4),
        rows=st.integers(1, 40), gelu=st.booleans(), array=st.sampled_from([4, 8, 16]),
        spad_kib=st.sampled_from([8, 16, 32, 64]), acc_kib=st.sampled_from([4, 8, 16]))

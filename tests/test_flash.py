@@ -154,7 +154,7 @@ def test_masked_scaled_attention_runs_flash_style(hw):
     assert cost.instructions == sum(sum(r.instructions.values()) for r in layers)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(heads=st.integers(2, 3), queries=st.integers(1, 70), keys=st.integers(1, 90),
        dim=st.sampled_from([4, 8, 16, 24]), array=st.sampled_from([4, 8, 16]),
        spad_kib=st.sampled_from([16, 32, 64]), acc_kib=st.sampled_from([2, 4, 16]), masked=st.booleans())

@@ -190,7 +190,7 @@ def test_int8_activation_layers_have_no_fp32_vector_instruction(name):
     assert cosine(y, model(x).detach().numpy()) > 0.995
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(st.data())
 def test_random_activation_nets_match_integer_reference(data):
     names = st.sampled_from(list(ACTIVATIONS))
