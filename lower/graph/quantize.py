@@ -71,15 +71,12 @@ from .activations import (
     scalar_scale,
     unary_input,
 )
-from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value, value_names
+from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value
 from .int8_binary import int8_mul
+from .int8_rewriter import INT8_VIEWS, QMAX, Rewriter
 from .integer_ops import emit_island, find_islands, int8_gelu, int8_inputs
 from .passes import dce, prune
-from .requant import QUANTIZE_EXPR, QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, add_records, records
-
-QMAX = 127
-INT8_VIEWS = frozenset({OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.SLICE, OpKind.BROADCAST})
-DEQUANTIZE_EXPR = (Step("to_f32", (0,)), Step("mul", (2, 1)))
+from .requant import add_records, records
 
 
 @dataclass(frozen=True)
@@ -89,110 +86,6 @@ class QuantParams:
 
     def __str__(self) -> str:
         return "\n".join(f"%{vid}: scale {s:.6g}" for vid, s in sorted(self.scales.items()))
-
-
-class _Rewriter:
-    """The new graph under construction: nodes, constants, and each value's int8/fp32 versions."""
-
-    def __init__(self, graph: Graph, amax: dict[int, float], int8_scores: bool = True):
-        self.graph, self.amax, self.int8_scores = graph, amax, int8_scores
-        self.consts = dict(graph.constants)
-        self.names = value_names(graph)
-        self.producers, self.uses = graph.producer(), graph.consumers()
-        self.ids = graph.fresh_ids()
-        self.nodes: list[Node] = []
-        self.int8: dict[int, Value] = {}     # original value id -> its int8 version
-        self.fp32: dict[int, Value] = {v.id: v for v in graph.inputs}   # original id -> its fp32 version
-        self.scales: dict[int, float] = {}   # int8 value id -> scale
-        self.sums: dict[int, tuple[Value, float]] = {}   # original id -> its int32 sum of int8 values, their scale
-        self.int8_uses: set[int] = set()     # values an integer kernel reads as int8 (lower.graph.integer_ops)
-        self.integer: frozenset[str] = frozenset()   # the ops run integer-only (compile's integer_ops)
-        self.channel_amax: dict = {}         # value id -> per-channel ranges (compile's activation_ranges)
-
-    def fresh(self, shape, dtype: str = "float32") -> Value:
-        return Value(next(self.ids), tuple(shape), dtype)
-
-    def const(self, array: np.ndarray) -> Value:
-        v = self.fresh(array.shape, str(array.dtype))
-        self.consts[v.id] = array
-        return v
-
-    def scale_of(self, v: Value) -> float:
-        """The activation scale of original value v, from its calibrated range."""
-        amax = self.amax.get(v.id)
-        if amax is None:
-            raise QuantizationError(f"value %{v.id} ({self.names.get(v.id, 'value')}) has no calibrated range")
-        if not amax > 0 or not np.isfinite(amax):
-            raise QuantizationError(f"value %{v.id} ({self.names.get(v.id, 'value')}) has calibrated range {amax}: "
-                                    f"its int8 scale would be {amax / QMAX}; calibrate with data that exercises it")
-        return amax / QMAX
-
-    def emit(self, op: OpKind, inputs, output: Value, name: str, **attrs) -> None:
-        self.nodes.append(Node(op, tuple(inputs), output, tuple(sorted(attrs.items())), name))
-
-    def dequantize(self, q: Value, scale: float, name: str) -> Value:
-        """A DEQUANTIZE node: the fp32 value of int8 (or int32) `q` at `scale`."""
-        f = self.fresh(q.shape)
-        self.emit(OpKind.ELEMENTWISE, (q, self.const(np.array(scale, np.float32))), f, f"{name}/dequantize",
-                  expr=DEQUANTIZE_EXPR)
-        return f
-
-    def as_int8(self, v: Value) -> Value:
-        """v's int8 version, quantizing its fp32 one the first time: a view's by viewing its source's
-        int8 version (one QUANTIZE for a value that several views take, as attention's Q, K and V
-        reshapes of one layer norm)."""
-        view = self.producers.get(v.id)
-        if v.id not in self.int8 and view is not None and view.op in INT8_VIEWS and view.inputs[0].id in self.amax:
-            q = self.as_int8(view.inputs[0])
-            # the view may already run in fp32 for other readers: the int8 one is a second node
-            self.int8_result(view, (q, *view.inputs[1:]), self.scales[q.id],
-                             name=f"{view.name}/int8" if v.id in self.fp32 else view.name)
-        if v.id not in self.int8:
-            scale = self.scale_of(v)
-            gain = self.const(np.array(2**QUANTIZE_FRACTION_BITS / scale, np.float32))
-            q = self.fresh(v.shape, "int8")
-            # an int32 sum of int8 values (a reduce's) has no fp32 version until it is dequantized
-            source = self.as_fp32(v) if v.id in self.sums else self.fp32.get(v.id, v)
-            self.emit(OpKind.ELEMENTWISE, (source, gain, self.const(QUANTIZE_RECORD.copy())), q,
-                      f"{self.names.get(v.id, 'value')}/quantize", expr=QUANTIZE_EXPR)
-            self.int8[v.id], self.scales[q.id] = q, scale
-        return self.int8[v.id]
-
-    def as_fp32(self, v: Value) -> Value:
-        """v's fp32 version, dequantizing its int8 one the first time."""
-        if v.id in self.consts:
-            return v
-        if v.id not in self.fp32:
-            q, scale = self.sums[v.id] if v.id in self.sums else (self.int8[v.id], self.scales[self.int8[v.id].id])
-            self.fp32[v.id] = self.dequantize(q, scale, self.names.get(v.id, 'value'))
-        return self.fp32[v.id]
-
-    def keep_fp32(self, node: Node) -> None:
-        inputs = [self.as_fp32(v) for v in node.inputs]
-        self.nodes.append(Node(node.op, tuple(inputs), node.output, node.attrs, node.name))
-        self.fp32[node.output.id] = node.output
-
-    def int8_result(self, node: Node, inputs, scale: float, dtype: str = "int8", name: str | None = None,
-                    **attrs) -> None:
-        """Emit `node` (as `name`, else its own) over int8 `inputs`: a `dtype` result (int8 at `scale`, int32 sums)."""
-        out = self.fresh(node.output.shape, dtype)
-        self.nodes.append(Node(node.op, tuple(inputs), out, tuple(sorted({**dict(node.attrs), **attrs}.items())),
-                               name or node.name))
-        if dtype == "int8":
-            self.int8[node.output.id], self.scales[out.id] = out, scale
-        else:   # an int32 sum of int8 values at `scale`: an average requantizes it, anything else dequantizes it
-            self.sums[node.output.id] = (out, scale)
-
-    def requantized(self, q: Value, scale: float, name: str) -> Value:
-        """int8 `q` at `scale` (TFLite's int8 -> int8 REQUANTIZE: to_i32, REQUANT by s_q / scale)."""
-        if self.scales[q.id] == scale:
-            return q
-        out = self.fresh(q.shape, "int8")
-        rec = self.const(records(self.scales[q.id] / scale, f"{name}: requantization"))
-        self.emit(OpKind.ELEMENTWISE, (q, rec), out, f"{name}/requantize",
-                  expr=(Step("to_i32", (0,)), Step("requant", (2, 1))))
-        self.scales[out.id] = scale
-        return out
 
 
 QUANT_RULES = {}
@@ -223,7 +116,7 @@ def _integer_epilogue(node: Node, consts) -> tuple[np.ndarray | None, tuple[floa
     return None if bounds is None else (bias, bounds)
 
 
-def _int8_operands(rw: _Rewriter, node: Node):
+def _int8_operands(rw: Rewriter, node: Node):
     """(int8 x, int8 w, accumulator scale per output channel, its shape on the output) of a CONV/MATMUL
     that int8 runs on the array, else None: constant weights are int8 per output channel, the second
     activation of a MATMUL of two activations (attention's Q K^T and P V, TFLite's int8 BatchMatMul)
@@ -254,7 +147,7 @@ def _viewed_into(v: Value, uses, wanted: set[int]) -> bool:
 
 
 @register(OpKind.CONV, OpKind.MATMUL)
-def _matrix(rw: _Rewriter, node: Node) -> None:
+def _matrix(rw: Rewriter, node: Node) -> None:
     operands = _int8_operands(rw, node)
     if operands is None:
         return rw.keep_fp32(node)   # a CONV with activation weights, a MATMUL by a batched constant
@@ -294,7 +187,7 @@ def _matrix(rw: _Rewriter, node: Node) -> None:
 
 
 @register(OpKind.POOL, OpKind.REDUCE)
-def _window(rw: _Rewriter, node: Node) -> None:
+def _window(rw: Rewriter, node: Node) -> None:
     """Max and min keep int8 and the scale; sums of int8 accumulate in int32."""
     x = node.inputs[0]
     if x.id not in rw.int8:
@@ -304,7 +197,7 @@ def _window(rw: _Rewriter, node: Node) -> None:
 
 
 @register(*INT8_VIEWS, OpKind.PAD)
-def _view(rw: _Rewriter, node: Node) -> None:
+def _view(rw: Rewriter, node: Node) -> None:
     """Views and zero padding keep an int8 value int8 at its scale, an int32 sum int32."""
     x = node.inputs[0]
     if node.op == OpKind.PAD and node.attr("value") != 0:
@@ -319,7 +212,7 @@ def _view(rw: _Rewriter, node: Node) -> None:
 
 
 @register(OpKind.CONCAT)
-def _concat(rw: _Rewriter, node: Node) -> None:
+def _concat(rw: Rewriter, node: Node) -> None:
     """Int8 at the concat's calibrated scale, inputs at another scale requantized to it."""
     if any(v.id not in rw.int8 for v in node.inputs):
         return rw.keep_fp32(node)
@@ -329,7 +222,7 @@ def _concat(rw: _Rewriter, node: Node) -> None:
 
 
 @register(OpKind.ELEMENTWISE)
-def _elementwise(rw: _Rewriter, node: Node) -> None:
+def _elementwise(rw: Rewriter, node: Node) -> None:
     """An add of two int8 values [then ReLU] is a TFLite Add, a sum times 1/count an average, a
     product of two int8 values a TFLite Mul (lower.graph.int8_binary); an
     expression of one int8 value and scalar constants stays int8: a lone ReLU at the value's scale
@@ -355,7 +248,7 @@ def _elementwise(rw: _Rewriter, node: Node) -> None:
     rw.int8_result(node, (q, rw.const(table)), s_out, expr=(Step("lut", (0, 1)),))
 
 
-def _int8_add(rw: _Rewriter, node: Node) -> bool:
+def _int8_add(rw: Rewriter, node: Node) -> bool:
     """add(a, b) [relu] of int8 a and b as TFLite's int8 Add (lower.graph.requant.add_records)."""
     expr, n = node.attr("expr"), len(node.inputs)
     if (not expr or expr[0].func != "add" or expr[1:] not in ((), (Step("relu", (n,)),))
@@ -370,7 +263,7 @@ def _int8_add(rw: _Rewriter, node: Node) -> bool:
     return True
 
 
-def _average(rw: _Rewriter, node: Node) -> bool:
+def _average(rw: Rewriter, node: Node) -> bool:
     """mul(sum, 1/count) of an int32 sum of int8 values: int8 at the result's scale (module doc)."""
     expr, ins = node.attr("expr"), node.inputs
     if expr not in ((Step("mul", (0, 1)),), (Step("mul", (1, 0)),)) or len(ins) != 2:
@@ -483,7 +376,7 @@ def quantize(graph: Graph, amax: dict[int, float], keep: frozenset[str] = frozen
     `int8_scores`: products of two activations requantize to int8 whatever takes them (module doc);
     the ops named in `integer` run as integer-only kernels (lower.graph.integer_ops), their inputs at
     the per-channel ranges of `channel_amax` where those kernels take them."""
-    rw = _Rewriter(graph, _shared_concat_ranges(graph, amax), int8_scores)
+    rw = Rewriter(graph, _shared_concat_ranges(graph, amax), int8_scores)
     islands = find_islands(graph, integer, keep)
     inner = {i for island in islands.values() for i in island.inner}
     rw.int8_uses, rw.integer, rw.channel_amax = int8_inputs(islands), integer, channel_amax or {}
@@ -493,7 +386,7 @@ def quantize(graph: Graph, amax: dict[int, float], keep: frozenset[str] = frozen
             continue
         if node.output.id in inner:
             continue
-        rule = _Rewriter.keep_fp32 if node.name in keep else QUANT_RULES.get(node.op, _Rewriter.keep_fp32)
+        rule = Rewriter.keep_fp32 if node.name in keep else QUANT_RULES.get(node.op, Rewriter.keep_fp32)
         rule(rw, node)
     outputs = tuple(rw.as_fp32(v) for v in graph.outputs)
     out = dce(Graph(graph.inputs, outputs, tuple(rw.nodes), MappingProxyType(rw.consts)))   # views as_int8 replaced
