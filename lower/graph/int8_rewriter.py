@@ -32,6 +32,8 @@ class Rewriter:
         self.fp32: dict[int, Value] = {v.id: v for v in graph.inputs}   # original id -> its fp32 version
         self.scales: dict[int, float] = {}   # int8 value id -> scale
         self.sums: dict[int, tuple[Value, float]] = {}   # original id -> its int32 sum of int8 values, their scale
+        # original id of an average -> (its int32 sum, L / count or None, s_in / L): what float readers dequantize
+        self.averages: dict[int, tuple[Value, Value | None, float]] = {}
         self.int8_uses: set[int] = set()     # values an integer kernel reads as int8 (lower.graph.integer_ops)
         self.integer: frozenset[str] = frozenset()   # the ops run integer-only (compile's integer_ops)
         self.channel_amax: dict = {}         # value id -> per-channel ranges (compile's activation_ranges)
@@ -57,11 +59,16 @@ class Rewriter:
     def emit(self, op: OpKind, inputs, output: Value, name: str, **attrs) -> None:
         self.nodes.append(Node(op, tuple(inputs), output, tuple(sorted(attrs.items())), name))
 
-    def dequantize(self, q: Value, scale: float, name: str) -> Value:
-        """A DEQUANTIZE node: the fp32 value of int8 (or int32) `q` at `scale`."""
-        f = self.fresh(q.shape)
-        self.emit(OpKind.ELEMENTWISE, (q, self.const(np.array(scale, np.float32))), f, f"{name}/dequantize",
-                  expr=DEQUANTIZE_EXPR)
+    def dequantize(self, q: Value, scale: float, name: str, factor: Value | None = None) -> Value:
+        """A DEQUANTIZE node: the fp32 value of int8 (or int32) `q` at `scale`, `q` first multiplied by
+        the int32 `factor` where one is given (an average's L / count)."""
+        s = self.const(np.array(scale, np.float32))
+        if factor is None:
+            inputs, expr = (q, s), DEQUANTIZE_EXPR
+        else:
+            inputs, expr = (q, s, factor), (Step("mul", (0, 2)), Step("to_f32", (3,)), Step("mul", (4, 1)))
+        f = self.fresh(np.broadcast_shapes(*(v.shape for v in inputs)))
+        self.emit(OpKind.ELEMENTWISE, inputs, f, f"{name}/dequantize", expr=expr)
         return f
 
     def as_int8(self, v: Value) -> Value:
@@ -86,9 +93,14 @@ class Rewriter:
         return self.int8[v.id]
 
     def as_fp32(self, v: Value) -> Value:
-        """v's fp32 version, dequantizing its int8 one the first time."""
+        """v's fp32 version, dequantizing its int8 one the first time; an average's straight from its int32
+        sum: its int8 rounding would leave x - mean a rounding residue where it is exactly 0 (a layer norm
+        over a row of width 1 would return -beta), and a large one for narrow rows."""
         if v.id in self.consts:
             return v
+        if v.id not in self.fp32 and v.id in self.averages:
+            total, factor, scale = self.averages[v.id]
+            self.fp32[v.id] = self.dequantize(total, scale, self.names.get(v.id, 'value'), factor)
         if v.id not in self.fp32:
             q, scale = self.sums[v.id] if v.id in self.sums else (self.int8[v.id], self.scales[self.int8[v.id].id])
             self.fp32[v.id] = self.dequantize(q, scale, self.names.get(v.id, 'value'))

@@ -34,7 +34,9 @@ into the epilogue afterwards.  Int8 integer ops with TFLite's semantics (zero po
   - an average (a window or reduction sum times 1/count) is the int32 sum requantized by
     s_in / (count * s_out) (TFLite Mean); where the count varies per window (padding left
     out of the count, ceil mode) the sum is first multiplied by the int32 L / count, L the
-    least common multiple of the counts, and requantized by s_in / (L * s_out).
+    least common multiple of the counts, and requantized by s_in / (L * s_out).  A float node that
+    reads an average (a layer norm's x - mean) dequantizes it straight from the sum at s_in / L
+    instead, without the int8 rounding (x - mean is then exactly 0 where it should be).
 
 Max pooling, max/min reductions, lone ReLUs and views (reshape, transpose, slice,
 broadcast, zero padding) keep int8 and the scale; sums of int8 accumulate in int32 (and are
@@ -278,9 +280,12 @@ def _average(rw: Rewriter, node: Node) -> bool:
     if common * QMAX * counts.max() >= 2**31:
         return False
     rec = rw.const(records(s_in / (common * s_y), f"{node.name}: average"))
-    if (counts == common).all():
+    uniform = (counts == common).all()
+    factor = None if uniform else rw.const((common // counts).astype(np.int32))
+    if node.output not in rw.graph.outputs:   # an output is TFLite Mean's int8 result, dequantized
+        rw.averages[node.output.id] = (q, factor, s_in / common)
+    if uniform:
         return rw.int8_result(node, (q, rec), s_y, expr=(Step("requant", (0, 1)),)) or True
-    factor = rw.const((common // counts).astype(np.int32))
     rw.int8_result(node, (q, factor, rec), s_y, expr=(Step("mul", (0, 1)), Step("requant", (3, 2))))
     return True
 
