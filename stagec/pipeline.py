@@ -323,9 +323,9 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("hoist_affine", GraphPass(hoist_affine, fusion=True)),
     # per-channel scale and shift (batch norm) -> weights and bias
     Stage("fold_affine", GraphPass(fold_affine)),
-    # float32, layers fused: a run-time per-channel scale of a 1x1 conv's input (squeeze-excite) -> its weights,
-    # where they are smaller (the scaled input never goes to DRAM)
-    Stage("scale_weights", GraphPass(scale_weights, fusion=True), when=lambda r: r.quantize is None and r.fuse_layers),
+    # layers fused: a run-time per-channel scale of a 1x1 conv's input (squeeze-excite) -> its weights, where
+    # they are smaller (the scaled input never goes to DRAM; int8: requantized per output channel)
+    Stage("scale_weights", GraphPass(scale_weights, fusion=True), when=lambda r: r.fuse_layers),
     # int8: residual adds out of conv/matmul epilogues, so the conv's own result is calibrated
     Stage("split_residuals", GraphPass(split_residuals), when=_quantizing),
     # int8: a conv/matmul's activation function (not a clamp) -> an elementwise node, calibrated apart

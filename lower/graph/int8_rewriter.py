@@ -37,6 +37,9 @@ class Rewriter:
         self.int8_uses: set[int] = set()     # values an integer kernel reads as int8 (lower.graph.integer_ops)
         self.integer: frozenset[str] = frozenset()   # the ops run integer-only (compile's integer_ops)
         self.channel_amax: dict = {}         # value id -> per-channel ranges (compile's activation_ranges)
+        self.keep: frozenset[str] = frozenset()      # the nodes kept float (quantize's keep)
+        # original id of gated 1x1 conv weights (lower.graph.scale_weights) -> (their int8, scale per output channel)
+        self.gated: dict[int, tuple[Value, np.ndarray]] = {}
 
     def fresh(self, shape, dtype: str = "float32") -> Value:
         return Value(next(self.ids), tuple(shape), dtype)

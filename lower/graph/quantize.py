@@ -22,6 +22,10 @@ accuracy: cosine against fp32 0.99987 (Whisper-tiny encoder), 0.98359 (BERT-base
 (ViT-B/16), each within 4e-5 of the dequantized scores'.  A leading multiply by a positive scalar
 constant in either epilogue (1/sqrt(d)) is part of the requant or dequant multiplier.
 
+A 1x1 conv's weights times a squeeze-excite gate (lower.graph.scale_weights) are int8 per output
+channel at s_w * amax(gate): the int32 product of the int8 weights and the int8 gate requantized by
+1/127, at run time (the gate is per sample).
+
 A residual add in an epilogue is split off before calibration (`split_residuals`), so the
 conv's own result gets a range, an int8 result and a TFLite Add; fusion puts the add back
 into the epilogue afterwards.  Int8 integer ops with TFLite's semantics (zero points 0):
@@ -74,11 +78,12 @@ from .activations import (
     unary_input,
 )
 from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value
-from .int8_binary import int8_mul
+from .int8_binary import MUL_EXPR, int8_mul
 from .int8_rewriter import INT8_VIEWS, QMAX, Rewriter
 from .integer_ops import emit_island, find_islands, int8_gelu, int8_inputs
 from .passes import dce, prune
 from .requant import add_records, records
+from .scale_weights import gated_weights
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,8 @@ def _int8_operands(rw: Rewriter, node: Node):
     elif activation_matmul(node, rw.consts):
         w = rw.as_int8(node.inputs[1])
         s_w = np.array([rw.scales[w.id]])
+    elif node.op == OpKind.CONV and node.inputs[1].id in rw.gated:
+        w, s_w = rw.gated[node.inputs[1].id]
     else:
         return None
     x = rw.as_int8(node.inputs[0])
@@ -157,7 +164,7 @@ def _matrix(rw: Rewriter, node: Node) -> None:
     node, factor = scalar_scale(node, rw.consts)   # a scalar scale in the epilogue: part of the multiplier
     acc_scale = acc_scale * factor
     integer = _integer_epilogue(node, rw.consts)
-    if integer is not None and not integer_matrix(node, rw.consts) and not (
+    if integer is not None and activation_matmul(node, rw.consts) and not (
             rw.int8_scores or _multiplied(node.output, rw.uses) or _viewed_into(node.output, rw.uses, rw.int8_uses)):
         integer = None
     if integer is None:   # dequantize the accumulator, then the fp32 epilogue as it was
@@ -231,7 +238,8 @@ def _elementwise(rw: Rewriter, node: Node) -> None:
     (the zero point is 0), any other as a table lookup (lower.graph.activations) -- to the value's
     own scale for a clamp, which only narrows the range its int8 grid already holds, to the
     result's calibrated scale for the rest.  Any other expression runs in fp32."""
-    if _int8_add(rw, node) or _average(rw, node) or int8_mul(rw, node) or int8_gelu(rw, node):
+    if (_int8_add(rw, node) or _average(rw, node) or int8_mul(rw, node) or int8_gelu(rw, node)
+            or _gated_weights(rw, node)):
         return
     expr = node.attr("expr")
     k = unary_input(expr, node.inputs, rw.consts)
@@ -262,6 +270,25 @@ def _int8_add(rw: Rewriter, node: Node) -> bool:
     steps = (Step("rescale", (0, 2)), Step("rescale", (1, 3)), Step("add", (5, 6)), Step("requant", (7, 4)))
     rw.int8_result(node, (a, b, *(rw.const(r) for r in recs)), s_y,
                    expr=steps + ((Step("relu", (8,)),) if len(expr) == 2 else ()))
+    return True
+
+
+def _gated_weights(rw: Rewriter, node: Node) -> bool:
+    """W * s of lower.graph.scale_weights, an int8 gate s and a 1x1 conv's constant weights W that an int8
+    conv reads: per output channel o, int8 W' = requant(q_w * q_s) by 1/127 at scale s_w[o] * amax(s), the
+    range that W[o] times any s in the calibrated range keeps (TFLite's int8 Mul at a per-channel output
+    scale, the same multiplier for every channel)."""
+    operands, readers = gated_weights(node, rw.consts), rw.uses.get(node.output.id, ())
+    if (operands is None or len(readers) != 1 or readers[0].op != OpKind.CONV or readers[0].name in rw.keep
+            or readers[0].inputs.index(node.output) != 1):
+        return False
+    w, s = operands
+    wq, s_w = quantize_weights(rw.consts[w.id], 0)
+    q_s = rw.as_int8(s)
+    out = rw.fresh(node.output.shape, "int8")
+    rw.emit(OpKind.ELEMENTWISE, (rw.const(wq), q_s, rw.const(records(1 / QMAX, f"{node.name}: gated weights"))),
+            out, node.name, expr=MUL_EXPR)
+    rw.gated[node.output.id] = (out, s_w * rw.scales[q_s.id] * QMAX)
     return True
 
 
@@ -321,9 +348,9 @@ def split_residuals(graph: Graph) -> Graph:
     [relu]: calibration then sees the conv's own result, which int8 needs (a TFLite Add takes two
     int8 values), and split_activations, after, splits an activation off it.  fuse_quantized fuses
     the add back, under the fused node's name."""
-    ids, nodes = graph.fresh_ids(), []
+    ids, nodes, producers = graph.fresh_ids(), [], graph.producer()
     for node in graph.nodes:
-        split = _residual_split(graph, node)
+        split = _residual_split(graph, node, producers)
         if split is None:
             nodes.append(node)
             continue
@@ -347,13 +374,13 @@ def _attrs_with(node: Node, **changes) -> tuple:
     return tuple(sorted((k, v) for k, v in {**dict(node.attrs), **changes}.items() if v is not None))
 
 
-def _residual_split(graph: Graph, node: Node):
+def _residual_split(graph: Graph, node: Node, producers):
     """(the epilogue's steps before the add, the residual's epilogue argument, relu?) of a
-    quantizable CONV/MATMUL whose epilogue is [steps reading constants] add(·, an activation of the
-    output's shape) [relu], else None."""
+    quantizable CONV/MATMUL (constant weights, or gated ones: lower.graph.scale_weights) whose epilogue
+    is [steps reading constants] add(·, an activation of the output's shape) [relu], else None."""
     w, expr = node.inputs[1] if len(node.inputs) > 1 else None, node.attr("epilogue") or ()
-    if (node.op not in MATRIX_OPS or w.id not in graph.constants or node.op == OpKind.MATMUL and len(w.shape) != 2
-            or not expr):
+    if (node.op not in MATRIX_OPS or node.op == OpKind.MATMUL and len(w.shape) != 2 or not expr
+            or w.id not in graph.constants and gated_weights(producers.get(w.id), graph.constants) is None):
         return None
     n_in, consts = len(node.inputs) - 1, graph.constants
     k = next((j for j, s in enumerate(expr) if any(0 < a < n_in and node.inputs[1 + a].id not in consts
@@ -384,7 +411,7 @@ def quantize(graph: Graph, amax: dict[int, float], keep: frozenset[str] = frozen
     rw = Rewriter(graph, _shared_concat_ranges(graph, amax), int8_scores)
     islands = find_islands(graph, integer, keep)
     inner = {i for island in islands.values() for i in island.inner}
-    rw.int8_uses, rw.integer, rw.channel_amax = int8_inputs(islands), integer, channel_amax or {}
+    rw.int8_uses, rw.integer, rw.channel_amax, rw.keep = int8_inputs(islands), integer, channel_amax or {}, keep
     for node in graph.nodes:
         if node.output.id in islands:
             emit_island(rw, islands[node.output.id])
