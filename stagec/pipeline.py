@@ -128,9 +128,9 @@ class Request:
         integer = integer_op_set(self.integer_ops)
         if self.activation_ranges not in ACTIVATION_RANGES:
             raise InputError(f"activation_ranges must be one of {ACTIVATION_RANGES}, not {self.activation_ranges!r}")
-        if self.activation_ranges == "channel" and "layernorm" not in integer:
+        if self.activation_ranges == "channel" and "layer_norm" not in integer:
             raise InputError("activation_ranges='channel' gives integer layer norms' inputs per-channel ranges: "
-                             "it needs 'layernorm' in integer_ops")
+                             "it needs 'layer_norm' in integer_ops")
         target = self.accuracy_target
         if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
                                    or not 0 < target <= 1):
