@@ -25,9 +25,9 @@ from stagec.precision import calibration_batches, run_precision
 
 MODELS = ("bert_base", "vit_b16", "whisper_tiny_encoder")
 VARIANTS = {"bf16 islands": {}, "int softmax": {"integer_ops": "softmax"},
-            "int layernorm": {"integer_ops": "layernorm"},
-            "int ln, ptf": {"integer_ops": "layernorm", "activation_ranges": "channel"},
-            "int sm+ln": {"integer_ops": ("softmax", "layernorm")},
+            "int layernorm": {"integer_ops": "layer_norm"},
+            "int ln, ptf": {"integer_ops": "layer_norm", "activation_ranges": "channel"},
+            "int sm+ln": {"integer_ops": ("softmax", "layer_norm")},
             "int all, ptf": {"integer_ops": "all", "activation_ranges": "channel"}}
 
 

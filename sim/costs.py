@@ -73,8 +73,8 @@ def matmul_fold_cycles(m, k, n, rows: int, cols: int, dataflow: str, xp=np):
 def matmul_cycles(m, k, n, rows: int, cols: int, dataflow: str, xp=np):
     """Cycles of an M x K x N matmul tile on the array: folds x per-fold cycles.
 
-    >>> int(matmul_cycles(196, 576, 64, 32, 32, "weight_stationary"))   # 18 folds of 2*32+32+196-2
-    5220
+    >>> int(matmul_cycles(196, 576, 64, 32, 32, "weight_stationary"))   # 576/32 x 64/32 = 36 folds of 2*32+32+196-2
+    10440
     """
     return matmul_folds(m, k, n, rows, cols, dataflow, xp) * matmul_fold_cycles(m, k, n, rows, cols, dataflow, xp)
 

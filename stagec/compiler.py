@@ -63,11 +63,11 @@ def compile(model_or_fn, example_args, hw: HardwareConfig | None = None, dump=No
     report shows each layer's precision and the chosen layers (lower.graph.mixed_precision).
     `int8_scores=False` keeps attention's scores (Q K^T, which softmax takes) float in DRAM; by default
     they are requantized to int8 (half bf16's bytes; no accuracy cost measured on the zoo).
-    `integer_ops` ("all", or names from ("softmax", "layernorm", "gelu")) runs those ops integer-only instead
+    `integer_ops` ("all", or names from ("softmax", "layer_norm", "gelu")) runs those ops integer-only instead
     of as float islands: I-BERT's integer softmax (polynomial exp, integer division) and layer norm
     (integer Newton square root), and GELU (I-BERT's i-GELU polynomial in place of the 256-entry
     table), int8 in and out, int32 inside (lower.graph.integer_kernels).  `activation_ranges="channel"`
-    (with "layernorm" among them) gives an integer layer norm whose input is a float value per-channel
+    (with "layer_norm" among them) gives an integer layer norm whose input is a float value per-channel
     ranges: FQ-ViT's power-of-two factors, channel c on the grid s * 2**alpha_c, alpha_c in 0..3,
     which the integer kernel shifts onto one grid exactly; it helps when a few channels have far
     larger ranges than the rest (transformers' residual streams).  Other values stay per tensor.

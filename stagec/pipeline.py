@@ -128,9 +128,9 @@ class Request:
         integer = integer_op_set(self.integer_ops)
         if self.activation_ranges not in ACTIVATION_RANGES:
             raise InputError(f"activation_ranges must be one of {ACTIVATION_RANGES}, not {self.activation_ranges!r}")
-        if self.activation_ranges == "channel" and "layernorm" not in integer:
+        if self.activation_ranges == "channel" and "layer_norm" not in integer:
             raise InputError("activation_ranges='channel' gives integer layer norms' inputs per-channel ranges: "
-                             "it needs 'layernorm' in integer_ops")
+                             "it needs 'layer_norm' in integer_ops")
         target = self.accuracy_target
         if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
                                    or not 0 < target <= 1):
@@ -323,9 +323,9 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("hoist_affine", GraphPass(hoist_affine, fusion=True)),
     # per-channel scale and shift (batch norm) -> weights and bias
     Stage("fold_affine", GraphPass(fold_affine)),
-    # float32, layers fused: a run-time per-channel scale of a 1x1 conv's input (squeeze-excite) -> its weights,
-    # where they are smaller (the scaled input never goes to DRAM)
-    Stage("scale_weights", GraphPass(scale_weights, fusion=True), when=lambda r: r.quantize is None and r.fuse_layers),
+    # layers fused: a run-time per-channel scale of a 1x1 conv's input (squeeze-excite) -> its weights, where
+    # they are smaller (the scaled input never goes to DRAM; int8: requantized per output channel)
+    Stage("scale_weights", GraphPass(scale_weights, fusion=True), when=lambda r: r.fuse_layers),
     # int8: residual adds out of conv/matmul epilogues, so the conv's own result is calibrated
     Stage("split_residuals", GraphPass(split_residuals), when=_quantizing),
     # int8: a conv/matmul's activation function (not a clamp) -> an elementwise node, calibrated apart

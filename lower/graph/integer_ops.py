@@ -1,6 +1,6 @@
 """Which softmax and layer norm islands of a float graph int8 runs integer-only (`integer_ops=`).
 
-`compile(..., quantize="int8", integer_ops=("softmax", "layernorm"))` runs those ops as I-BERT's
+`compile(..., quantize="int8", integer_ops=("softmax", "layer_norm"))` runs those ops as I-BERT's
 integer kernels (lower.graph.integer_kernels) instead of float islands.  An island is found by
 its shape, then confirmed by what it computes: from a REDUCE (max for softmax, sum for layer norm)
 over the last axis of a value x, the nodes that compute only from x, constants and each other
@@ -30,9 +30,9 @@ from .graph_ir import Graph, Node, OpKind, Step, Value
 from .integer_kernels import gelu, gelu_fits, layer_norm, layer_norm_fits, ptf_levels, softmax
 from .requant import QUANTIZE_EXPR, QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD
 
-INTEGER_OPS = ("softmax", "layernorm", "gelu")
+INTEGER_OPS = ("softmax", "layer_norm", "gelu")
 _ISLAND_OPS = frozenset({OpKind.ELEMENTWISE, OpKind.REDUCE, OpKind.BROADCAST})
-_KINDS = {"max": "softmax", "sum": "layernorm"}
+_KINDS = {"max": "softmax", "sum": "layer_norm"}
 MASK_FILL_BELOW = -1e4      # a select's constant fill at most this is a mask
 
 
@@ -55,7 +55,7 @@ def integer_op_set(value) -> frozenset[str]:
 
 @dataclass(frozen=True)
 class Island:
-    kind: str                        # "softmax" or "layernorm"
+    kind: str                        # "softmax" or "layer_norm"
     x: Value                         # the op's input
     final: Node                      # the node whose result the op's is
     inner: frozenset[int]            # output ids of the island's other nodes (a mask's select among them)

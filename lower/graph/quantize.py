@@ -22,6 +22,10 @@ accuracy: cosine against fp32 0.99987 (Whisper-tiny encoder), 0.98359 (BERT-base
 (ViT-B/16), each within 4e-5 of the dequantized scores'.  A leading multiply by a positive scalar
 constant in either epilogue (1/sqrt(d)) is part of the requant or dequant multiplier.
 
+A 1x1 conv's weights times a squeeze-excite gate (lower.graph.scale_weights) are int8 per output
+channel at s_w * amax(gate): the int32 product of the int8 weights and the int8 gate requantized by
+1/127, at run time (the gate is per sample).
+
 A residual add in an epilogue is split off before calibration (`split_residuals`), so the
 conv's own result gets a range, an int8 result and a TFLite Add; fusion puts the add back
 into the epilogue afterwards.  Int8 integer ops with TFLite's semantics (zero points 0):
@@ -34,7 +38,9 @@ into the epilogue afterwards.  Int8 integer ops with TFLite's semantics (zero po
   - an average (a window or reduction sum times 1/count) is the int32 sum requantized by
     s_in / (count * s_out) (TFLite Mean); where the count varies per window (padding left
     out of the count, ceil mode) the sum is first multiplied by the int32 L / count, L the
-    least common multiple of the counts, and requantized by s_in / (L * s_out).
+    least common multiple of the counts, and requantized by s_in / (L * s_out).  A float node that
+    reads an average (a layer norm's x - mean) dequantizes it straight from the sum at s_in / L
+    instead, without the int8 rounding (x - mean is then exactly 0 where it should be).
 
 Max pooling, max/min reductions, lone ReLUs and views (reshape, transpose, slice,
 broadcast, zero padding) keep int8 and the scale; sums of int8 accumulate in int32 (and are
@@ -71,15 +77,13 @@ from .activations import (
     scalar_scale,
     unary_input,
 )
-from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value, value_names
-from .int8_binary import int8_mul
+from .graph_ir import MATRIX_OPS, Graph, Node, OpKind, Step, Value
+from .int8_binary import MUL_EXPR, int8_mul
+from .int8_rewriter import INT8_VIEWS, QMAX, Rewriter
 from .integer_ops import emit_island, find_islands, int8_gelu, int8_inputs
 from .passes import dce, prune
-from .requant import QUANTIZE_EXPR, QUANTIZE_FRACTION_BITS, QUANTIZE_RECORD, add_records, records
-
-QMAX = 127
-INT8_VIEWS = frozenset({OpKind.RESHAPE, OpKind.TRANSPOSE, OpKind.SLICE, OpKind.BROADCAST})
-DEQUANTIZE_EXPR = (Step("to_f32", (0,)), Step("mul", (2, 1)))
+from .requant import add_records, records
+from .scale_weights import gated_weights
 
 
 @dataclass(frozen=True)
@@ -89,110 +93,6 @@ class QuantParams:
 
     def __str__(self) -> str:
         return "\n".join(f"%{vid}: scale {s:.6g}" for vid, s in sorted(self.scales.items()))
-
-
-class _Rewriter:
-    """The new graph under construction: nodes, constants, and each value's int8/fp32 versions."""
-
-    def __init__(self, graph: Graph, amax: dict[int, float], int8_scores: bool = True):
-        self.graph, self.amax, self.int8_scores = graph, amax, int8_scores
-        self.consts = dict(graph.constants)
-        self.names = value_names(graph)
-        self.producers, self.uses = graph.producer(), graph.consumers()
-        self.ids = graph.fresh_ids()
-        self.nodes: list[Node] = []
-        self.int8: dict[int, Value] = {}     # original value id -> its int8 version
-        self.fp32: dict[int, Value] = {v.id: v for v in graph.inputs}   # original id -> its fp32 version
-        self.scales: dict[int, float] = {}   # int8 value id -> scale
-        self.sums: dict[int, tuple[Value, float]] = {}   # original id -> its int32 sum of int8 values, their scale
-        self.int8_uses: set[int] = set()     # values an integer kernel reads as int8 (lower.graph.integer_ops)
-        self.integer: frozenset[str] = frozenset()   # the ops run integer-only (compile's integer_ops)
-        self.channel_amax: dict = {}         # value id -> per-channel ranges (compile's activation_ranges)
-
-    def fresh(self, shape, dtype: str = "float32") -> Value:
-        return Value(next(self.ids), tuple(shape), dtype)
-
-    def const(self, array: np.ndarray) -> Value:
-        v = self.fresh(array.shape, str(array.dtype))
-        self.consts[v.id] = array
-        return v
-
-    def scale_of(self, v: Value) -> float:
-        """The activation scale of original value v, from its calibrated range."""
-        amax = self.amax.get(v.id)
-        if amax is None:
-            raise QuantizationError(f"value %{v.id} ({self.names.get(v.id, 'value')}) has no calibrated range")
-        if not amax > 0 or not np.isfinite(amax):
-            raise QuantizationError(f"value %{v.id} ({self.names.get(v.id, 'value')}) has calibrated range {amax}: "
-                                    f"its int8 scale would be {amax / QMAX}; calibrate with data that exercises it")
-        return amax / QMAX
-
-    def emit(self, op: OpKind, inputs, output: Value, name: str, **attrs) -> None:
-        self.nodes.append(Node(op, tuple(inputs), output, tuple(sorted(attrs.items())), name))
-
-    def dequantize(self, q: Value, scale: float, name: str) -> Value:
-        """A DEQUANTIZE node: the fp32 value of int8 (or int32) `q` at `scale`."""
-        f = self.fresh(q.shape)
-        self.emit(OpKind.ELEMENTWISE, (q, self.const(np.array(scale, np.float32))), f, f"{name}/dequantize",
-                  expr=DEQUANTIZE_EXPR)
-        return f
-
-    def as_int8(self, v: Value) -> Value:
-        """v's int8 version, quantizing its fp32 one the first time: a view's by viewing its source's
-        int8 version (one QUANTIZE for a value that several views take, as attention's Q, K and V
-        reshapes of one layer norm)."""
-        view = self.producers.get(v.id)
-        if v.id not in self.int8 and view is not None and view.op in INT8_VIEWS and view.inputs[0].id in self.amax:
-            q = self.as_int8(view.inputs[0])
-            # the view may already run in fp32 for other readers: the int8 one is a second node
-            self.int8_result(view, (q, *view.inputs[1:]), self.scales[q.id],
-                             name=f"{view.name}/int8" if v.id in self.fp32 else view.name)
-        if v.id not in self.int8:
-            scale = self.scale_of(v)
-            gain = self.const(np.array(2**QUANTIZE_FRACTION_BITS / scale, np.float32))
-            q = self.fresh(v.shape, "int8")
-            # an int32 sum of int8 values (a reduce's) has no fp32 version until it is dequantized
-            source = self.as_fp32(v) if v.id in self.sums else self.fp32.get(v.id, v)
-            self.emit(OpKind.ELEMENTWISE, (source, gain, self.const(QUANTIZE_RECORD.copy())), q,
-                      f"{self.names.get(v.id, 'value')}/quantize", expr=QUANTIZE_EXPR)
-            self.int8[v.id], self.scales[q.id] = q, scale
-        return self.int8[v.id]
-
-    def as_fp32(self, v: Value) -> Value:
-        """v's fp32 version, dequantizing its int8 one the first time."""
-        if v.id in self.consts:
-            return v
-        if v.id not in self.fp32:
-            q, scale = self.sums[v.id] if v.id in self.sums else (self.int8[v.id], self.scales[self.int8[v.id].id])
-            self.fp32[v.id] = self.dequantize(q, scale, self.names.get(v.id, 'value'))
-        return self.fp32[v.id]
-
-    def keep_fp32(self, node: Node) -> None:
-        inputs = [self.as_fp32(v) for v in node.inputs]
-        self.nodes.append(Node(node.op, tuple(inputs), node.output, node.attrs, node.name))
-        self.fp32[node.output.id] = node.output
-
-    def int8_result(self, node: Node, inputs, scale: float, dtype: str = "int8", name: str | None = None,
-                    **attrs) -> None:
-        """Emit `node` (as `name`, else its own) over int8 `inputs`: a `dtype` result (int8 at `scale`, int32 sums)."""
-        out = self.fresh(node.output.shape, dtype)
-        self.nodes.append(Node(node.op, tuple(inputs), out, tuple(sorted({**dict(node.attrs), **attrs}.items())),
-                               name or node.name))
-        if dtype == "int8":
-            self.int8[node.output.id], self.scales[out.id] = out, scale
-        else:   # an int32 sum of int8 values at `scale`: an average requantizes it, anything else dequantizes it
-            self.sums[node.output.id] = (out, scale)
-
-    def requantized(self, q: Value, scale: float, name: str) -> Value:
-        """int8 `q` at `scale` (TFLite's int8 -> int8 REQUANTIZE: to_i32, REQUANT by s_q / scale)."""
-        if self.scales[q.id] == scale:
-            return q
-        out = self.fresh(q.shape, "int8")
-        rec = self.const(records(self.scales[q.id] / scale, f"{name}: requantization"))
-        self.emit(OpKind.ELEMENTWISE, (q, rec), out, f"{name}/requantize",
-                  expr=(Step("to_i32", (0,)), Step("requant", (2, 1))))
-        self.scales[out.id] = scale
-        return out
 
 
 QUANT_RULES = {}
@@ -223,7 +123,7 @@ def _integer_epilogue(node: Node, consts) -> tuple[np.ndarray | None, tuple[floa
     return None if bounds is None else (bias, bounds)
 
 
-def _int8_operands(rw: _Rewriter, node: Node):
+def _int8_operands(rw: Rewriter, node: Node):
     """(int8 x, int8 w, accumulator scale per output channel, its shape on the output) of a CONV/MATMUL
     that int8 runs on the array, else None: constant weights are int8 per output channel, the second
     activation of a MATMUL of two activations (attention's Q K^T and P V, TFLite's int8 BatchMatMul)
@@ -234,6 +134,8 @@ def _int8_operands(rw: _Rewriter, node: Node):
     elif activation_matmul(node, rw.consts):
         w = rw.as_int8(node.inputs[1])
         s_w = np.array([rw.scales[w.id]])
+    elif node.op == OpKind.CONV and node.inputs[1].id in rw.gated:
+        w, s_w = rw.gated[node.inputs[1].id]
     else:
         return None
     x = rw.as_int8(node.inputs[0])
@@ -254,7 +156,7 @@ def _viewed_into(v: Value, uses, wanted: set[int]) -> bool:
 
 
 @register(OpKind.CONV, OpKind.MATMUL)
-def _matrix(rw: _Rewriter, node: Node) -> None:
+def _matrix(rw: Rewriter, node: Node) -> None:
     operands = _int8_operands(rw, node)
     if operands is None:
         return rw.keep_fp32(node)   # a CONV with activation weights, a MATMUL by a batched constant
@@ -262,7 +164,7 @@ def _matrix(rw: _Rewriter, node: Node) -> None:
     node, factor = scalar_scale(node, rw.consts)   # a scalar scale in the epilogue: part of the multiplier
     acc_scale = acc_scale * factor
     integer = _integer_epilogue(node, rw.consts)
-    if integer is not None and not integer_matrix(node, rw.consts) and not (
+    if integer is not None and activation_matmul(node, rw.consts) and not (
             rw.int8_scores or _multiplied(node.output, rw.uses) or _viewed_into(node.output, rw.uses, rw.int8_uses)):
         integer = None
     if integer is None:   # dequantize the accumulator, then the fp32 epilogue as it was
@@ -294,7 +196,7 @@ def _matrix(rw: _Rewriter, node: Node) -> None:
 
 
 @register(OpKind.POOL, OpKind.REDUCE)
-def _window(rw: _Rewriter, node: Node) -> None:
+def _window(rw: Rewriter, node: Node) -> None:
     """Max and min keep int8 and the scale; sums of int8 accumulate in int32."""
     x = node.inputs[0]
     if x.id not in rw.int8:
@@ -304,7 +206,7 @@ def _window(rw: _Rewriter, node: Node) -> None:
 
 
 @register(*INT8_VIEWS, OpKind.PAD)
-def _view(rw: _Rewriter, node: Node) -> None:
+def _view(rw: Rewriter, node: Node) -> None:
     """Views and zero padding keep an int8 value int8 at its scale, an int32 sum int32."""
     x = node.inputs[0]
     if node.op == OpKind.PAD and node.attr("value") != 0:
@@ -319,7 +221,7 @@ def _view(rw: _Rewriter, node: Node) -> None:
 
 
 @register(OpKind.CONCAT)
-def _concat(rw: _Rewriter, node: Node) -> None:
+def _concat(rw: Rewriter, node: Node) -> None:
     """Int8 at the concat's calibrated scale, inputs at another scale requantized to it."""
     if any(v.id not in rw.int8 for v in node.inputs):
         return rw.keep_fp32(node)
@@ -329,14 +231,15 @@ def _concat(rw: _Rewriter, node: Node) -> None:
 
 
 @register(OpKind.ELEMENTWISE)
-def _elementwise(rw: _Rewriter, node: Node) -> None:
+def _elementwise(rw: Rewriter, node: Node) -> None:
     """An add of two int8 values [then ReLU] is a TFLite Add, a sum times 1/count an average, a
     product of two int8 values a TFLite Mul (lower.graph.int8_binary); an
     expression of one int8 value and scalar constants stays int8: a lone ReLU at the value's scale
     (the zero point is 0), any other as a table lookup (lower.graph.activations) -- to the value's
     own scale for a clamp, which only narrows the range its int8 grid already holds, to the
     result's calibrated scale for the rest.  Any other expression runs in fp32."""
-    if _int8_add(rw, node) or _average(rw, node) or int8_mul(rw, node) or int8_gelu(rw, node):
+    if (_int8_add(rw, node) or _average(rw, node) or int8_mul(rw, node) or int8_gelu(rw, node)
+            or _gated_weights(rw, node)):
         return
     expr = node.attr("expr")
     k = unary_input(expr, node.inputs, rw.consts)
@@ -355,7 +258,7 @@ def _elementwise(rw: _Rewriter, node: Node) -> None:
     rw.int8_result(node, (q, rw.const(table)), s_out, expr=(Step("lut", (0, 1)),))
 
 
-def _int8_add(rw: _Rewriter, node: Node) -> bool:
+def _int8_add(rw: Rewriter, node: Node) -> bool:
     """add(a, b) [relu] of int8 a and b as TFLite's int8 Add (lower.graph.requant.add_records)."""
     expr, n = node.attr("expr"), len(node.inputs)
     if (not expr or expr[0].func != "add" or expr[1:] not in ((), (Step("relu", (n,)),))
@@ -370,7 +273,26 @@ def _int8_add(rw: _Rewriter, node: Node) -> bool:
     return True
 
 
-def _average(rw: _Rewriter, node: Node) -> bool:
+def _gated_weights(rw: Rewriter, node: Node) -> bool:
+    """W * s of lower.graph.scale_weights, an int8 gate s and a 1x1 conv's constant weights W that an int8
+    conv reads: per output channel o, int8 W' = requant(q_w * q_s) by 1/127 at scale s_w[o] * amax(s), the
+    range that W[o] times any s in the calibrated range keeps (TFLite's int8 Mul at a per-channel output
+    scale, the same multiplier for every channel)."""
+    operands, readers = gated_weights(node, rw.consts), rw.uses.get(node.output.id, ())
+    if (operands is None or len(readers) != 1 or readers[0].op != OpKind.CONV or readers[0].name in rw.keep
+            or readers[0].inputs.index(node.output) != 1):
+        return False
+    w, s = operands
+    wq, s_w = quantize_weights(rw.consts[w.id], 0)
+    q_s = rw.as_int8(s)
+    out = rw.fresh(node.output.shape, "int8")
+    rw.emit(OpKind.ELEMENTWISE, (rw.const(wq), q_s, rw.const(records(1 / QMAX, f"{node.name}: gated weights"))),
+            out, node.name, expr=MUL_EXPR)
+    rw.gated[node.output.id] = (out, s_w * rw.scales[q_s.id] * QMAX)
+    return True
+
+
+def _average(rw: Rewriter, node: Node) -> bool:
     """mul(sum, 1/count) of an int32 sum of int8 values: int8 at the result's scale (module doc)."""
     expr, ins = node.attr("expr"), node.inputs
     if expr not in ((Step("mul", (0, 1)),), (Step("mul", (1, 0)),)) or len(ins) != 2:
@@ -385,9 +307,12 @@ def _average(rw: _Rewriter, node: Node) -> bool:
     if common * QMAX * counts.max() >= 2**31:
         return False
     rec = rw.const(records(s_in / (common * s_y), f"{node.name}: average"))
-    if (counts == common).all():
+    uniform = (counts == common).all()
+    factor = None if uniform else rw.const((common // counts).astype(np.int32))
+    if node.output not in rw.graph.outputs:   # an output is TFLite Mean's int8 result, dequantized
+        rw.averages[node.output.id] = (q, factor, s_in / common)
+    if uniform:
         return rw.int8_result(node, (q, rec), s_y, expr=(Step("requant", (0, 1)),)) or True
-    factor = rw.const((common // counts).astype(np.int32))
     rw.int8_result(node, (q, factor, rec), s_y, expr=(Step("mul", (0, 1)), Step("requant", (3, 2))))
     return True
 
@@ -423,9 +348,9 @@ def split_residuals(graph: Graph) -> Graph:
     [relu]: calibration then sees the conv's own result, which int8 needs (a TFLite Add takes two
     int8 values), and split_activations, after, splits an activation off it.  fuse_quantized fuses
     the add back, under the fused node's name."""
-    ids, nodes = graph.fresh_ids(), []
+    ids, nodes, producers = graph.fresh_ids(), [], graph.producer()
     for node in graph.nodes:
-        split = _residual_split(graph, node)
+        split = _residual_split(graph, node, producers)
         if split is None:
             nodes.append(node)
             continue
@@ -449,13 +374,13 @@ def _attrs_with(node: Node, **changes) -> tuple:
     return tuple(sorted((k, v) for k, v in {**dict(node.attrs), **changes}.items() if v is not None))
 
 
-def _residual_split(graph: Graph, node: Node):
+def _residual_split(graph: Graph, node: Node, producers):
     """(the epilogue's steps before the add, the residual's epilogue argument, relu?) of a
-    quantizable CONV/MATMUL whose epilogue is [steps reading constants] add(·, an activation of the
-    output's shape) [relu], else None."""
+    quantizable CONV/MATMUL (constant weights, or gated ones: lower.graph.scale_weights) whose epilogue
+    is [steps reading constants] add(·, an activation of the output's shape) [relu], else None."""
     w, expr = node.inputs[1] if len(node.inputs) > 1 else None, node.attr("epilogue") or ()
-    if (node.op not in MATRIX_OPS or w.id not in graph.constants or node.op == OpKind.MATMUL and len(w.shape) != 2
-            or not expr):
+    if (node.op not in MATRIX_OPS or node.op == OpKind.MATMUL and len(w.shape) != 2 or not expr
+            or w.id not in graph.constants and gated_weights(producers.get(w.id), graph.constants) is None):
         return None
     n_in, consts = len(node.inputs) - 1, graph.constants
     k = next((j for j, s in enumerate(expr) if any(0 < a < n_in and node.inputs[1 + a].id not in consts
@@ -483,17 +408,17 @@ def quantize(graph: Graph, amax: dict[int, float], keep: frozenset[str] = frozen
     `int8_scores`: products of two activations requantize to int8 whatever takes them (module doc);
     the ops named in `integer` run as integer-only kernels (lower.graph.integer_ops), their inputs at
     the per-channel ranges of `channel_amax` where those kernels take them."""
-    rw = _Rewriter(graph, _shared_concat_ranges(graph, amax), int8_scores)
+    rw = Rewriter(graph, _shared_concat_ranges(graph, amax), int8_scores)
     islands = find_islands(graph, integer, keep)
     inner = {i for island in islands.values() for i in island.inner}
-    rw.int8_uses, rw.integer, rw.channel_amax = int8_inputs(islands), integer, channel_amax or {}
+    rw.int8_uses, rw.integer, rw.channel_amax, rw.keep = int8_inputs(islands), integer, channel_amax or {}, keep
     for node in graph.nodes:
         if node.output.id in islands:
             emit_island(rw, islands[node.output.id])
             continue
         if node.output.id in inner:
             continue
-        rule = _Rewriter.keep_fp32 if node.name in keep else QUANT_RULES.get(node.op, _Rewriter.keep_fp32)
+        rule = Rewriter.keep_fp32 if node.name in keep else QUANT_RULES.get(node.op, Rewriter.keep_fp32)
         rule(rw, node)
     outputs = tuple(rw.as_fp32(v) for v in graph.outputs)
     out = dce(Graph(graph.inputs, outputs, tuple(rw.nodes), MappingProxyType(rw.consts)))   # views as_int8 replaced

@@ -7,7 +7,10 @@ The multiply then reads and writes O x C weights instead of the C x H x W activa
 would read from DRAM and write back for the convolution to read again (EfficientNet and MobileNetV3
 blocks: the depthwise result, 96 to 1152 channels).  Taken where it moves fewer bytes: O < H x W,
 the early and middle blocks (the last 7x7 blocks' projections have more weights than pixels).
-float32 graphs, one image (a per-image scale does not fold into shared weights).
+One image (a per-image scale does not fold into shared weights).  The graph is float32 here still for
+every precision: bf16 (lower.graph.bfloat16 runs after) rounds the gated weights to bf16 where it would
+have rounded the gated activation; int8 (lower.graph.quantize) requantizes them per output channel at
+run time, from the int8 gate and int8 weights.
 """
 
 from __future__ import annotations
@@ -65,3 +68,13 @@ def _pointwise(conv: Node | None, v: Value, graph: Graph) -> bool:
     return (w.id in graph.constants and w.shape[2:] == (1, 1) and conv.attr("groups") == 1
             and conv.attr("stride") == (1, 1) and conv.attr("padding") == ((0, 0), (0, 0))
             and conv.attr("dilation") == (1, 1))
+
+
+def gated_weights(node: Node | None, consts) -> tuple[Value, Value] | None:
+    """(constant weights W [O, C, 1, 1], gate s [1, C, 1, 1]) of the multiply W * s this pass made, else None."""
+    if node is None or node.op != OpKind.ELEMENTWISE or node.attr("expr") != MUL or len(node.inputs) != 2:
+        return None
+    w, s = node.inputs
+    ok = (w.id in consts and s.id not in consts and len(w.shape) == 4 and w.shape[2:] == (1, 1)
+          and s.shape == (1, w.shape[1], 1, 1))
+    return (w, s) if ok else None
