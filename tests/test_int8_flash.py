@@ -10,13 +10,22 @@ against fp32 PyTorch by cosine (>= 0.98, int8's target for attention)."""
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from test_int8_attention import COSINE, SelfAttention, _calibration, assert_matches_reference, cosine
 
 import stagec
 from stagec import zoo
 from stagec.isa import HardwareConfig
 from stagec.lower.graph.graph_ir import Graph
-from stagec.lower.schedule.flash_int8 import ROLES, Int8Attention, int8_flash_cost, map_int8_flash, match, shape_of
+from stagec.lower.schedule.flash_int8 import (
+    MASKED_ROLES,
+    ROLES,
+    Int8Attention,
+    int8_flash_cost,
+    map_int8_flash,
+    match,
+    shape_of,
+)
 from stagec.pipeline import PIPELINE, Compilation, Request, build_graph, position, run
 from stagec.precision import calibration_batches
 from stagec.report import make_report
@@ -38,10 +47,29 @@ def lowered(graph: Graph, hw, fuse_layers: bool = True) -> Compilation:
     return run(PIPELINE[position("pack"):], Compilation(Request(None, hw=hw, fuse_layers=fuse_layers), graph=graph))
 
 
-def attention_graph(heads: int, tokens: int, fallback: str = "bf16"):
-    """(model, x, int8 graph) of self-attention over `tokens` (width 16 a head)."""
+class MaskedSelfAttention(torch.nn.Module):
+    """BERT's self-attention: heads split from one projection, SDPA with a padding mask (keys from
+    `visible` on hidden) broadcast over heads and queries, an output projection (P·V's result int8)."""
+
+    def __init__(self, width: int, heads: int, visible: int):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+        self.heads, self.visible = heads, visible
+
+    def forward(self, x):
+        b, t, width = x.shape
+        q, k, v = (y.view(b, t, self.heads, -1).transpose(1, 2) for y in self.qkv(x).chunk(3, -1))
+        keep = (torch.arange(t) < self.visible).expand(t, -1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return self.out(o.transpose(1, 2).reshape(b, t, width))
+
+
+def attention_graph(heads: int, tokens: int, fallback: str = "bf16", visible: int | None = None):
+    """(model, x, int8 graph) of self-attention over `tokens` (width 16 a head), masked where `visible`."""
     torch.manual_seed(0)
-    model, x = SelfAttention(16 * heads, heads).eval(), torch.randn(1, tokens, 16 * heads)
+    width = 16 * heads
+    model = (SelfAttention(width, heads) if visible is None else MaskedSelfAttention(width, heads, visible)).eval()
+    x = torch.randn(1, tokens, width)
     _, graph = build_graph(model, (x,), quantize="int8", calibration=_calibration(x.shape), fallback=fallback)
     return model, x, graph
 
@@ -51,7 +79,23 @@ def attention_graph(heads: int, tokens: int, fallback: str = "bf16"):
 def test_int8_attention_runs_as_one_cascade(hw, fallback):
     """Self-attention (2 heads, 48 tokens): the scores, softmax and P·V run as one cascade whose int8
     P·V result is the layers' within 1 LSB; the outputs match the integer reference and PyTorch."""
-    model, x, graph = attention_graph(2, 48, fallback)
+    cascade = assert_one_cascade(*attention_graph(2, 48, fallback), hw)
+    assert cascade.roles == ROLES
+
+
+@pytest.mark.parametrize(("hw", "fallback", "heads"), [(TIGHT, "fp32", 2), (HardwareConfig(), "bf16", 1)],
+                         ids=["tight-fp32", "default-bf16-one-head"])
+def test_masked_int8_attention_runs_as_one_cascade(hw, fallback, heads):
+    """BERT's masked attention: the int8 scores dequantized and the fill SELECTed where the mask is 0 in
+    the float island (one layer), its max a float row's: one cascade, its float scores' row in the
+    scratchpad, its P·V result the layers' within 1 LSB, the outputs the integer reference's and PyTorch's."""
+    cascade = assert_one_cascade(*attention_graph(heads, 48, fallback, visible=35), hw)
+    assert cascade.roles == MASKED_ROLES
+
+
+def assert_one_cascade(model, x, graph, hw) -> Int8Attention:
+    """The attention of `graph` runs as one cascade whose int8 P·V result is the layers' within 1 LSB (the
+    row sum's order); the outputs match the integer reference and PyTorch; DRAM falls. The cascade."""
     c = lowered(graph, hw)
     (cascade,) = [a for a in c.schedule.cascades if isinstance(a, Int8Attention)]
     assert int8_attention_of(c.program) == [cascade.to_dict()]
@@ -67,13 +111,15 @@ def test_int8_attention_runs_as_one_cascade(hw, fallback):
         assert cosine(got[0], model(x).numpy()) >= COSINE
     moved, moved_alone = (r.actions.dram_read_bytes + r.actions.dram_write_bytes for r in (report, unfused))
     # layer by layer writes the int8 scores, E (two bytes or four) and P, and reads each back: the cascade does not
-    assert moved + 2 * 2 * 48 * 48 * 4 <= moved_alone
+    assert moved + 2 * cascade.dims[0] * 48 * 48 * 4 <= moved_alone
+    return cascade
 
 
-def test_the_cost_counts_the_programs_dram_bytes_macs_and_vector_ops():
-    """The cost the mapper ranks the cascade by: its DRAM bytes, int8 MACs and vector ops are the
-    program's; the footprint it checked is the one the emitter allocated."""
-    _, _, graph = attention_graph(2, 40)
+@pytest.mark.parametrize("visible", [None, 27], ids=["unmasked", "masked"])
+def test_the_cost_counts_the_programs_dram_bytes_macs_and_vector_ops(visible):
+    """The cost the mapper ranks the cascade by: its DRAM bytes (a mask's too), int8 MACs and vector ops
+    are the program's."""
+    _, _, graph = attention_graph(2, 40, visible=visible)
     c = lowered(graph, TIGHT)
     (cascade,) = [a for a in c.schedule.cascades if isinstance(a, Int8Attention)]
     (pattern,) = match(graph, c.layout)

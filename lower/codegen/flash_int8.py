@@ -15,7 +15,7 @@ from __future__ import annotations
 from stagec.isa.instructions import AccMode, DType, Operand, Space, VectorFunc
 
 from ..graph.graph_ir import OpKind
-from ..schedule.flash_int8 import ROLES, ROWS, Pattern, constants, expr_of, int8_flash_buffers, shape_of
+from ..schedule.flash_int8 import ROWS, Pattern, constants, expr_of, int8_flash_buffers, pattern_of, shape_of
 from ..schedule.tensors import DTYPE_OF, local_type
 from . import tile_expr
 from .flash import _select
@@ -25,8 +25,8 @@ LocalTile = tile_expr.LocalTile
 
 def emit_int8_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
     """Emit `cascade` (an Int8Attention) whose layers are `nodes`, layer indices `layers`."""
-    em, p = ctx.em, Pattern(*nodes)
-    where = {role: (layer, node.name) for role, layer, node in zip(ROLES, layers, nodes, strict=True)}
+    em, p = ctx.em, pattern_of(nodes, cascade.roles)
+    where = {role: (layer, node.name) for role, layer, node in zip(cascade.roles, layers, nodes, strict=True)}
 
     def at(role: str) -> None:
         em.layer, em.layer_name = where[role]
@@ -35,13 +35,15 @@ def emit_int8_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
     batch, m, n, _ = cascade.dims
     tq, tk = cascade.tile
     bases = em.allocate(int8_flash_buffers(shape_of(p, ctx.graph), tq, tk))
-    consts = {}
-    for role, node in zip(ROLES, nodes, strict=True):
+    consts, loaded = {}, {}     # by the input that reads it; by the constant
+    for role, node in zip(cascade.roles, nodes, strict=True):
         at(role)
-        for v in constants(node, ctx.graph):
-            if v.id not in consts:
-                consts[v.id] = _load_constant(ctx, v, bases["consts"][len(consts)])
+        for v, source in constants(node, ctx.graph).items():     # by value id
+            if source.id not in loaded:
+                loaded[source.id] = _load_constant(ctx, source, bases["consts"][len(loaded)])
+            consts[v] = loaded[source.id]
     views = [ctx.tensor(v) for v in (p.scores.inputs[0], p.scores.inputs[1], p.pv.inputs[1], p.pv.output)]
+    views += [ctx.tensor(p.mask_input(ctx.graph))] if p.mask else []
     step = block = 0
     for b in range(batch):
         head = [_select(t, b) for t in views]
@@ -60,10 +62,10 @@ def _load_constant(ctx, v, base: int) -> LocalTile:
 
 def _query_block(em, at, bases: dict, consts: dict, p: Pattern, head: list, rows_at: tuple, cascade, step: int,
                  block: int) -> None:
-    """Query rows q0 .. q0 + qr of one head (`head`: its Q, K^T, V and output views): `step` key blocks
+    """Query rows q0 .. q0 + qr of one head (`head`: its Q, K^T, V, output and mask views): `step` key blocks
     and `block` query blocks came before (the double buffers' parities)."""
     (q0, qr), (tk, (_, _, n, d)) = rows_at, (cascade.tile[1], cascade.dims)
-    q_t, kt_t, v_t, out_t = head
+    q_t, kt_t, v_t, out_t, *mask_t = head
     rows = dict(zip(ROWS, bases["rows"], strict=True))
     qb, ob, o = bases["q"][block % 2], bases["out"][block % 2], bases["o"][0]
     line = (1, qr, 1)
@@ -86,7 +88,9 @@ def _query_block(em, at, bases: dict, consts: dict, p: Pattern, head: list, rows
     at("scores")
     em.load_box(q_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, qb)
     keys = list(enumerate(range(0, n, tk)))
-    m8 = LocalTile(Space.SPAD, rows["m"], line, DType.I8)
+    # the row the max runs over and exp reads: the int8 scores, or (masked) the float island's masked scores
+    masked, kept = p.mask is not None, []
+    m8, mf = LocalTile(Space.SPAD, rows["m"], line, DType.I8), LocalTile(Space.SPAD, rows["mf"], line)
     for j, k0 in keys:
         kb, slot = min(tk, n - k0), (step + j) % 2
         counts, kt = (1, qr, kb), bases["kt"][slot]
@@ -94,22 +98,30 @@ def _query_block(em, at, bases: dict, consts: dict, p: Pattern, head: list, rows
         em.load_box(kt_t, (0, k0), (0, 1), (d, kb), Space.SPAD, kt)
         em.matmul(Operand(Space.SPAD, qb, (0, d, 1)), Operand(Space.SPAD, kt, (kb, 1, 0)),
                   Operand(Space.ACC, bases["s"][slot], (0, kb, 1)), 1, qr, d, kb, accumulate=False, dtype=DType.I8)
-        s8 = LocalTile(Space.SPAD, bases["s8"][j], counts, DType.I8)
+        s8 = LocalTile(Space.SPAD, bases["s8"][0 if masked else j], counts, DType.I8)
         expr(p.scores, [LocalTile(Space.ACC, bases["s"][slot], counts, DType.I32)], counts, s8)
+        row = s8
+        if masked:
+            at("mask")
+            em.load_box(mask_t[0], (q0, k0), (0, 1), (qr, kb), Space.SPAD, bases["mask"][slot])
+            row = LocalTile(Space.SPAD, bases["sf"][j], counts)
+            expr(p.mask, [s8, LocalTile(Space.SPAD, bases["mask"][slot], counts)], counts, row)
+        kept.append(row)
         at("max")
-        em.vector(VectorFunc.RMAX, m8.operand(counts), s8.operand(counts), None, counts,
-                  acc=AccMode.MAX if j else AccMode.OVERWRITE, dtype=DType.I8)
-    at("dequant")
-    mf = LocalTile(Space.SPAD, rows["mf"], line)
-    expr(p.dequant, [m8], line, mf)
-    total = LocalTile(Space.SPAD, rows["l"], line)
+        top = mf if masked else m8
+        em.vector(VectorFunc.RMAX, top.operand(counts), row.operand(counts), None, counts,
+                  acc=AccMode.MAX if j else AccMode.OVERWRITE, dtype=top.dtype)
+    if not masked:
+        at("dequant")
+        expr(p.dequant, [m8], line, mf)
+    total, r = LocalTile(Space.SPAD, rows["l"], line), LocalTile(Space.SPAD, rows["r"], line)
     for j, k0 in keys:
         kb, slot = min(tk, n - k0), (step + j) % 2
         counts, v = (1, qr, kb), bases["v"][slot]
         e = LocalTile(Space.SPAD, bases["e"][slot], counts)
         pt = LocalTile(Space.SPAD, bases["p"][slot], counts, DType.I8)
         at("exp")
-        expr(p.exp, [LocalTile(Space.SPAD, bases["s8"][j], counts, DType.I8), mf], counts, e)
+        expr(p.exp, [kept[j], mf], counts, e)
         at("sum")
         em.vector(VectorFunc.RSUM, total.operand(counts), e.operand(counts), None, counts,
                   acc=AccMode.ADD if j else AccMode.OVERWRITE)
@@ -122,7 +134,6 @@ def _query_block(em, at, bases: dict, consts: dict, p: Pattern, head: list, rows
     at("sum")
     rounded(p.row_sum, total)
     at("recip")
-    r = LocalTile(Space.SPAD, rows["r"], line)
     expr(p.recip, [total], line, r)
     at("pv")
     counts = (1, qr, d)
