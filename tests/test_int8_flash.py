@@ -117,16 +117,21 @@ def assert_one_cascade(model, x, graph, hw) -> Int8Attention:
 @pytest.mark.parametrize("visible", [None, 27], ids=["unmasked", "masked"])
 def test_the_cost_counts_the_programs_dram_bytes_macs_and_vector_ops(visible):
     """The cost the mapper ranks the cascade by: its DRAM bytes (a mask's too), int8 MACs and vector ops
-    are the program's."""
+    are the program's; the mask, one for both heads, is LOADed once per query block (its row resident),
+    not once per head."""
     _, _, graph = attention_graph(2, 40, visible=visible)
     c = lowered(graph, TIGHT)
     (cascade,) = [a for a in c.schedule.cascades if isinstance(a, Int8Attention)]
     (pattern,) = match(graph, c.layout)
-    sh = shape_of(pattern, graph)
+    sh = shape_of(pattern, graph, c.layout, cascade.mask.resident)
     _, acts = int8_flash_cost(sh, *cascade.tile, TIGHT)
     layers = [r for r in make_report(c.program).layers if r.name in cascade.layers]
     for action in ("dram_read_bytes", "dram_write_bytes", "macs_int8", "vector_ops"):
         assert getattr(acts, action) == sum(getattr(r.actions, action) for r in layers), action
+    if visible is not None:
+        assert cascade.mask.heads == 2 and cascade.mask.resident
+        _, per_head = int8_flash_cost(shape_of(pattern, graph, c.layout), *cascade.tile, TIGHT)
+        assert per_head.dram_read_bytes - acts.dram_read_bytes == 40 * 40 * 2     # a bf16 mask read once less
 
 
 def test_an_attention_that_does_not_fit_runs_layer_by_layer():
@@ -138,7 +143,7 @@ def test_an_attention_that_does_not_fit_runs_layer_by_layer():
     hw = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=64 * 1024, accumulator_bytes=256)
     c = lowered(graph, hw)
     (pattern,) = match(graph, c.layout)
-    assert map_int8_flash(shape_of(pattern, graph), hw, "edp") is None
+    assert map_int8_flash(shape_of(pattern, graph, c.layout), hw, "edp")[0] is None
     assert not int8_attention_of(c.program)
     y, _ = stagec.simulate(c.program, x.numpy())
     assert_matches_reference(graph, [x.numpy()], [y], fp32_tolerance=1e-5)

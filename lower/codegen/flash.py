@@ -15,6 +15,8 @@ last layer, when V, its last input, has been computed.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from stagec.isa.instructions import AccMode, DType, Operand, Space, VectorFunc
@@ -32,7 +34,7 @@ def emit_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
         em.layer, em.layer_name = where[role]
 
     at("scores")
-    _, m, n, d = cascade.dims
+    _, _, n, d = cascade.dims
     tq, tk = cascade.tile
     masked = cascade.fill is not None
     bases = em.allocate(flash_buffers(tq, tk, d, masked, cascade.bf16, cascade.mask_row))
@@ -49,29 +51,30 @@ def emit_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
     scores, pv = nodes[0], nodes[-1]
     views = [ctx.tensor(v) for v in (scores.inputs[0], scores.inputs[1], pv.inputs[1], pv.output)]
     views += [ctx.tensor(nodes[1].inputs[0])] if masked else []
-    # a resident mask row serves the heads that share it: they run one after another per query block
-    heads = cascade.mask.heads if cascade.mask_row else 1
-    step = block = 0
-    for outer in range(0, cascade.dims[0], heads):
-        for q0 in range(0, m, tq):
-            qr = min(tq, m - q0)
-            row = cascade.mask_row and _mask_row(em, at, bases, _select(views[4], outer), q0, qr, block // heads)
-            for b in range(outer, outer + heads):
-                _query_block(em, at, bases, cascade, [_select(t, b) for t in views], (q0, qr, row), step, block)
-                step, block = step + -(-n // tk), block + 1
+    zero = Operand(Space.SPAD, consts["zero"], (0, 0, 0)) if masked else None
+    for block, (b, q0, qr, row) in enumerate(query_blocks(em, at, cascade, views, bases, zero)):
+        _query_block(em, at, bases, cascade, [_select(t, b) for t in views], (q0, qr, row), block * -(-n // tk),
+                     block)
 
 
-def _mask_row(em, at, bases: dict, mask_t, q0: int, qr: int, count: int) -> int:
-    """LOAD rows q0 .. q0 + qr of a mask that several heads share, every key, and find its zeros once
-    (lower.schedule.flash.mask_zeros); the row's base (`count` rows came before: the parity)."""
-    at("mask")
-    n = mask_t.shape[-1]
-    base = bases["mask"][count % 2]
-    em.load_box(mask_t, (q0, 0), (0, 1), (qr, n), Space.SPAD, base)
-    row = Operand(Space.SPAD, base, (0, n, 1))
-    em.vector(VectorFunc.CMP_EQ, row, row, Operand(Space.SPAD, bases["consts"][CONSTS.index("zero")], (0, 0, 0)),
-              (1, qr, n))
-    return base
+def query_blocks(em, at, cascade, views: list, bases: dict, zero: Operand | None = None):
+    """(head, q0, qr, the base of a resident mask row or 0) of each query block in emission order: the
+    heads that share a resident mask row one after another per query block, the row LOADed (at the mask's
+    layer) before the first of them (its zeros found against `zero` where given: the float cascade's
+    CMP_EQ, lower.schedule.flash.mask_zeros)."""
+    _, m, n, _ = cascade.dims
+    tq, heads = cascade.tile[0], cascade.mask.heads if cascade.mask_row else 1
+    for count, (outer, q0) in enumerate(itertools.product(range(0, cascade.dims[0], heads), range(0, m, tq))):
+        qr, row = min(tq, m - q0), 0
+        if cascade.mask_row:
+            at("mask")
+            row = bases["mask"][count % 2]
+            em.load_box(_select(views[4], outer), (q0, 0), (0, 1), (qr, n), Space.SPAD, row)
+            if zero is not None:
+                found = Operand(Space.SPAD, row, (0, n, 1))
+                em.vector(VectorFunc.CMP_EQ, found, found, zero, (1, qr, n))
+        for b in range(outer, outer + heads):
+            yield b, q0, qr, row
 
 
 def _query_block(em, at, bases: dict, cascade, head: list, rows_at: tuple, step: int, block: int) -> None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 from stagec.isa.instructions import AccMode, DType, Operand, Space, VectorFunc
 
 from ..graph.graph_ir import OpKind
-from ..schedule.flash_int8 import ROWS, Pattern, constants, expr_of, int8_flash_buffers, pattern_of, shape_of
+from ..schedule.flash_int8 import F32, ROWS, Pattern, constants, expr_of, int8_flash_buffers, pattern_of, shape_of
 from ..schedule.tensors import DTYPE_OF, local_type
 from . import tile_expr
-from .flash import _select
+from .flash import _select, query_blocks
 
 LocalTile = tile_expr.LocalTile
 
@@ -32,9 +32,8 @@ def emit_int8_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
         em.layer, em.layer_name = where[role]
 
     at("scores")
-    batch, m, n, _ = cascade.dims
-    tq, tk = cascade.tile
-    bases = em.allocate(int8_flash_buffers(shape_of(p, ctx.graph), tq, tk))
+    n, (tq, tk) = cascade.dims[2], cascade.tile
+    bases = em.allocate(int8_flash_buffers(shape_of(p, ctx.graph, ctx.layout, cascade.mask.resident), tq, tk))
     consts, loaded = {}, {}     # by the input that reads it; by the constant
     for role, node in zip(cascade.roles, nodes, strict=True):
         at(role)
@@ -44,12 +43,9 @@ def emit_int8_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
             consts[v] = loaded[source.id]
     views = [ctx.tensor(v) for v in (p.scores.inputs[0], p.scores.inputs[1], p.pv.inputs[1], p.pv.output)]
     views += [ctx.tensor(p.mask_input(ctx.graph))] if p.mask else []
-    step = block = 0
-    for b in range(batch):
-        head = [_select(t, b) for t in views]
-        for q0 in range(0, m, tq):
-            _query_block(em, at, bases, consts, p, head, (q0, min(tq, m - q0)), cascade, step, block)
-            step, block = step + -(-n // tk), block + 1
+    for block, (b, q0, qr, row) in enumerate(query_blocks(em, at, cascade, views, bases)):
+        _query_block(em, at, bases, consts, p, [_select(t, b) for t in views], (q0, qr, row), cascade,
+                     block * -(-n // tk), block)
 
 
 def _load_constant(ctx, v, base: int) -> LocalTile:
@@ -62,9 +58,10 @@ def _load_constant(ctx, v, base: int) -> LocalTile:
 
 def _query_block(em, at, bases: dict, consts: dict, p: Pattern, head: list, rows_at: tuple, cascade, step: int,
                  block: int) -> None:
-    """Query rows q0 .. q0 + qr of one head (`head`: its Q, K^T, V, output and mask views): `step` key blocks
-    and `block` query blocks came before (the double buffers' parities)."""
-    (q0, qr), (tk, (_, _, n, d)) = rows_at, (cascade.tile[1], cascade.dims)
+    """Query rows q0 .. q0 + qr of one head (`head`: its Q, K^T, V, output and mask views; `rows_at`: q0, qr
+    and a resident mask row's base, else 0): `step` key blocks and `block` query blocks came before (the
+    double buffers' parities)."""
+    (q0, qr, _), (tk, (_, _, n, d)) = rows_at, (cascade.tile[1], cascade.dims)
     q_t, kt_t, v_t, out_t, *mask_t = head
     rows = dict(zip(ROWS, bases["rows"], strict=True))
     qb, ob, o = bases["q"][block % 2], bases["out"][block % 2], bases["o"][0]
@@ -103,9 +100,8 @@ def _query_block(em, at, bases: dict, consts: dict, p: Pattern, head: list, rows
         row = s8
         if masked:
             at("mask")
-            em.load_box(mask_t[0], (q0, k0), (0, 1), (qr, kb), Space.SPAD, bases["mask"][slot])
             row = LocalTile(Space.SPAD, bases["sf"][j], counts)
-            expr(p.mask, [s8, LocalTile(Space.SPAD, bases["mask"][slot], counts)], counts, row)
+            expr(p.mask, [s8, _mask_block(em, bases, mask_t[0], rows_at, (k0, slot), counts)], counts, row)
         kept.append(row)
         at("max")
         top = mf if masked else m8
@@ -140,3 +136,13 @@ def _query_block(em, at, bases: dict, consts: dict, p: Pattern, head: list, rows
     out = LocalTile(Space.SPAD, ob, counts, local_type(DTYPE_OF[p.pv.output.dtype]))
     expr(p.pv, [LocalTile(Space.ACC, o, counts, DType.I32), r], counts, out)
     em.store_box(out_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, ob)
+
+
+def _mask_block(em, bases: dict, mask_t, rows_at: tuple, keys: tuple, counts) -> LocalTile:
+    """The mask's block of `counts` at query rows `rows_at` (q0, qr, a resident row's base or 0) and keys
+    from `keys`[0]: a resident row's keys from there on, else LOADed into the block's slot `keys`[1]."""
+    (q0, qr, row), (k0, slot) = rows_at, keys
+    if row:
+        return LocalTile(Space.SPAD, row + k0 * F32, (1, qr, mask_t.shape[-1]))
+    em.load_box(mask_t, (q0, k0), (0, 1), (qr, counts[2]), Space.SPAD, bases["mask"][slot])
+    return LocalTile(Space.SPAD, bases["mask"][slot], counts)

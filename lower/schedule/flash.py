@@ -440,13 +440,21 @@ def map_flash(dims, hw, objective: str, scale: bool = False, masked: bool = Fals
               out_itemsize: int = F32, mask: Mask = UNSHARED):
     """(the (tq, tk) of least objective that fits, with its (charged cycles, energy), or None; the way it
     reads its mask): a mask that several heads share is kept resident where that pays and fits."""
-    best = None
-    for way in [mask] + [mask._replace(resident=True)] * (masked and mask.heads > 1):
-        def cost(tq: int, tk: int, way=way):
+    def search(way: Mask):
+        def cost(tq: int, tk: int):
             c = flash_cost(dims, tq, tk, hw, scale, masked, bf16, out_itemsize, way)
             return c.cycles + INSTRUCTION_CHARGE * c.instructions, c.actions
-        mapped = search_blocks(dims[1], dims[2], lambda tq, tk, way=way: flash_buffers(
+        return search_blocks(dims[1], dims[2], lambda tq, tk: flash_buffers(
             tq, tk, dims[3], masked, bf16, dims[2] * way.resident), cost, hw, objective)
+    return mask_ways(mask, masked, search, objective)
+
+
+def mask_ways(mask: Mask, masked: bool, search, objective: str):
+    """(search_blocks' best of `search(way)` over the ways to read a mask, that way): per key block, or
+    resident where heads share it; (None, mask) where none fits."""
+    best = None
+    for way in [mask] + [mask._replace(resident=True)] * (masked and mask.heads > 1):
+        mapped = search(way)
         if mapped and (best is None or objective_of(*mapped[1:], objective) < objective_of(*best[0][1:], objective)):
             best = (mapped, way)
     return best or (None, mask)

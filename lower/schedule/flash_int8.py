@@ -41,7 +41,7 @@ from ..codegen import tile_expr  # the emitter's own expression plan, so both co
 from ..graph.graph_ir import RECORDS, OpKind
 from .buffers import Buffer, words
 from .cascade import CascadeRecord
-from .flash import Walk, _sizes, pays, row_reduce, search_blocks
+from .flash import UNSHARED, Mask, Walk, _sizes, mask_ways, pays, row_reduce, search_blocks, shared_heads
 from .nest_cost import dma_cycles
 from .search import INSTRUCTION_CHARGE
 from .tensors import DTYPE_OF
@@ -66,6 +66,12 @@ class Int8Attention(CascadeRecord):
     saved_bytes: int
     mappings: tuple = ()          # its members keep their own tilings: the cascade's tile is its own
     roles: tuple[str, ...] = ROLES
+    mask: Mask = UNSHARED         # how a masked cascade reads its mask
+
+    @property
+    def mask_row(self) -> int:
+        """A resident mask row's length (the keys), else 0."""
+        return self.dims[2] * self.mask.resident
 
     def __str__(self) -> str:
         return (f"cascade {' -> '.join(self.layers)}: int8 attention, score rows in the scratchpad, query block "
@@ -208,8 +214,8 @@ def dims_of(p: Pattern) -> tuple[int, int, int, int]:
 class Shape(NamedTuple):
     """What the cost and the buffers need of a pattern: dims, each member's expression steps (func names),
     the roles whose values round to bf16, the temporaries an expression needs, the output's bytes per
-    element, the number of constants, the bytes of the largest and of them all, a mask's bytes per
-    element (0: unmasked)."""
+    element, the number of constants, the bytes of the largest and of them all, how it reads a mask
+    (None: unmasked)."""
 
     dims: tuple[int, int, int, int]
     steps: dict
@@ -219,20 +225,22 @@ class Shape(NamedTuple):
     n_consts: int
     const_bytes: int
     const_read: int
-    mask_itemsize: int = 0
+    mask: Mask | None = None
 
 
-def shape_of(p: Pattern, graph) -> Shape:
+def shape_of(p: Pattern, graph, layout, resident: bool = False) -> Shape:
+    """`p`'s Shape, a mask its heads share read `resident` or per key block."""
     exprs = {role: expr_of(n) or () for role, n in zip(p.roles, p.nodes, strict=True) if n.op != OpKind.REDUCE}
     temps = max(tile_expr.plan(expr_of(n) or (), n_args(n), frozenset()).temps
                 for n in p.nodes if n.op != OpKind.REDUCE)
     consts = {v.id: v for n in p.nodes for v in constants(n, graph).values()}
-    mask = p.mask and DTYPE_OF[p.mask_input(graph).dtype].itemsize
+    mask = p.mask and Mask(DTYPE_OF[p.mask_input(graph).dtype].itemsize,
+                           shared_heads(p.mask_input(graph), Walk(graph, layout)), resident)
     return Shape(dims_of(p), {role: tuple(s.func for s in e) for role, e in exprs.items()},
                  frozenset(r for r, n in zip(p.roles, p.nodes, strict=True) if n.output.dtype == "bfloat16"),
                  max(temps, 1), DTYPE_OF[p.pv.output.dtype].itemsize, len(consts),
                  -(-max((graph.constants[v].nbytes for v in consts), default=F32) // RECORD) * RECORD,
-                 sum(graph.constants[v].nbytes for v in consts), mask or 0)
+                 sum(graph.constants[v].nbytes for v in consts), mask or None)
 
 
 def int8_flash_buffers(sh: Shape, tq: int, tk: int) -> list[Buffer]:
@@ -246,7 +254,8 @@ def int8_flash_buffers(sh: Shape, tq: int, tk: int) -> list[Buffer]:
     def int8(name: str, elements: int, count: int) -> Buffer:
         return Buffer(name, Space.SPAD, words(elements, 1), count)
     row = ([Buffer("sf", Space.SPAD, tq * tk * F32, nk), int8("s8", tq * tk, 1),
-            Buffer("mask", Space.SPAD, tq * tk * F32, 2)] if sh.mask_itemsize else [int8("s8", tq * tk, nk)])
+            Buffer("mask", Space.SPAD, tq * (n if sh.mask.resident else tk) * F32, 2)] if sh.mask
+           else [int8("s8", tq * tk, nk)])
     return [int8("q", tq * d, 2), int8("kt", d * tk, 2), int8("v", tk * d, 2), *row,
             Buffer("e", Space.SPAD, tq * tk * F32, 2), int8("p", tq * tk, 2),
             Buffer("temps", Space.SPAD, wide * F32, sh.temps), Buffer("round", Space.SPAD, words(wide * 2, 2)),
@@ -302,15 +311,18 @@ def int8_flash_cost(sh: Shape, tq: int, tk: int, hw) -> tuple[float, ActionCount
             add(_block_vectors(sh, q, kb), reps)
         add(_end_vectors(sh, q, d), b * q_times)
     nq, nk = -(-m // tq), -(-n // tk)
-    masked = sh.mask_itemsize > 0
-    read = b * m * d + b * nq * 2 * n * d + sh.const_read + b * m * n * sh.mask_itemsize
+    mask = sh.mask or Mask(0)
+    reads_of_mask = b // mask.heads if mask.resident else b     # heads that LOAD a mask (a resident: per row)
+    read = b * m * d + b * nq * 2 * n * d + sh.const_read + reads_of_mask * m * n * mask.itemsize
     written = b * m * d * sh.out_itemsize
-    loads = b * nq * (1 + (2 + masked) * nk) + sh.n_consts
+    loads = b * nq * (1 + 2 * nk) + sh.n_consts + (sh.mask is not None) * reads_of_mask * nq * (
+        1 if mask.resident else nk)
     units = {"load": dma_cycles(loads, read, hw), "store": dma_cycles(b * nq, written, hw),
              "channel": (read + written) / hw.dma_bandwidth_bytes_per_cycle, "matrix": t["matrix"],
              "vector": t["vector"]}
     q0, k0 = min(tq, m), min(tk, n)
-    cycles = max(units.values()) + dma_cycles(3 + masked, (q0 + 2 * k0) * d + q0 * k0 * sh.mask_itemsize, hw)
+    cycles = max(units.values()) + dma_cycles(3 + (sh.mask is not None), (q0 + 2 * k0) * d + q0 * (
+        n if mask.resident else k0) * mask.itemsize, hw)
     acts = ActionCounts(macs_int8=t["macs"], macs_bf16=0.0, macs_fp32=0.0, vector_ops=t["ops"],
                         scratchpad_read_bytes=2 * t["ops"] * F32 + t["macs"] / hw.array_cols,
                         scratchpad_write_bytes=t["ops"] * F32 + read, accumulator_read_bytes=t["ops"] * F32 / 2,
@@ -320,9 +332,14 @@ def int8_flash_cost(sh: Shape, tq: int, tk: int, hw) -> tuple[float, ActionCount
 
 
 def map_int8_flash(sh: Shape, hw, objective: str):
-    """The (tq, tk) of least objective that fits, with its (charged cycles, energy), or None."""
-    return search_blocks(sh.dims[1], sh.dims[2], lambda tq, tk: int8_flash_buffers(sh, tq, tk),
-                         lambda tq, tk: int8_flash_cost(sh, tq, tk, hw), hw, objective)
+    """(the (tq, tk) of least objective that fits, with its (charged cycles, energy), or None; the shape
+    with the way it reads its mask, lower.schedule.flash.mask_ways)."""
+    def search(way):
+        shape = sh._replace(mask=way)
+        return search_blocks(sh.dims[1], sh.dims[2], lambda tq, tk: int8_flash_buffers(shape, tq, tk),
+                             lambda tq, tk: int8_flash_cost(shape, tq, tk, hw), hw, objective)
+    mapped, way = mask_ways(sh.mask or UNSHARED, sh.mask is not None, search, objective)
+    return mapped, sh._replace(mask=sh.mask and way)
 
 
 def choose_int8_flash(graph, layout, tilings: dict, hw, objective: str, excluded) -> list[Int8Attention]:
@@ -330,7 +347,9 @@ def choose_int8_flash(graph, layout, tilings: dict, hw, objective: str, excluded
     lower bound of the layers' own; one that does not fit is never emitted: the layers run alone."""
     chosen = []
     for p in match(graph, layout, excluded):
-        taken = pays(p, map_int8_flash(shape_of(p, graph), hw, objective), tilings, hw, objective)
+        mapped, sh = map_int8_flash(shape_of(p, graph, layout), hw, objective)
+        taken = pays(p, mapped, tilings, hw, objective)
         if taken is not None:
-            chosen.append(Int8Attention(tuple(n.name for n in p.nodes), taken[0], dims_of(p), taken[1], roles=p.roles))
+            chosen.append(Int8Attention(tuple(n.name for n in p.nodes), taken[0], dims_of(p), taken[1], roles=p.roles,
+                                        mask=sh.mask or UNSHARED))
     return chosen
