@@ -10,13 +10,22 @@ against fp32 PyTorch by cosine (>= 0.98, int8's target for attention)."""
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from test_int8_attention import COSINE, SelfAttention, _calibration, assert_matches_reference, cosine
 
 import stagec
 from stagec import zoo
 from stagec.isa import HardwareConfig
 from stagec.lower.graph.graph_ir import Graph
-from stagec.lower.schedule.flash_int8 import ROLES, Int8Attention, int8_flash_cost, map_int8_flash, match, shape_of
+from stagec.lower.schedule.flash_int8 import (
+    MASKED_ROLES,
+    ROLES,
+    Int8Attention,
+    int8_flash_cost,
+    map_int8_flash,
+    match,
+    shape_of,
+)
 from stagec.pipeline import PIPELINE, Compilation, Request, build_graph, position, run
 from stagec.precision import calibration_batches
 from stagec.report import make_report
@@ -38,10 +47,29 @@ def lowered(graph: Graph, hw, fuse_layers: bool = True) -> Compilation:
     return run(PIPELINE[position("pack"):], Compilation(Request(None, hw=hw, fuse_layers=fuse_layers), graph=graph))
 
 
-def attention_graph(heads: int, tokens: int, fallback: str = "bf16"):
-    """(model, x, int8 graph) of self-attention over `tokens` (width 16 a head)."""
+class MaskedSelfAttention(torch.nn.Module):
+    """BERT's self-attention: heads split from one projection, SDPA with a padding mask (keys from
+    `visible` on hidden) broadcast over heads and queries, an output projection (P·V's result int8)."""
+
+    def __init__(self, width: int, heads: int, visible: int):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+        self.heads, self.visible = heads, visible
+
+    def forward(self, x):
+        b, t, width = x.shape
+        q, k, v = (y.view(b, t, self.heads, -1).transpose(1, 2) for y in self.qkv(x).chunk(3, -1))
+        keep = (torch.arange(t) < self.visible).expand(t, -1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return self.out(o.transpose(1, 2).reshape(b, t, width))
+
+
+def attention_graph(heads: int, tokens: int, fallback: str = "bf16", visible: int | None = None):
+    """(model, x, int8 graph) of self-attention over `tokens` (width 16 a head), masked where `visible`."""
     torch.manual_seed(0)
-    model, x = SelfAttention(16 * heads, heads).eval(), torch.randn(1, tokens, 16 * heads)
+    width = 16 * heads
+    model = (SelfAttention(width, heads) if visible is None else MaskedSelfAttention(width, heads, visible)).eval()
+    x = torch.randn(1, tokens, width)
     _, graph = build_graph(model, (x,), quantize="int8", calibration=_calibration(x.shape), fallback=fallback)
     return model, x, graph
 
@@ -51,7 +79,22 @@ def attention_graph(heads: int, tokens: int, fallback: str = "bf16"):
 def test_int8_attention_runs_as_one_cascade(hw, fallback):
     """Self-attention (2 heads, 48 tokens): the scores, softmax and P·V run as one cascade whose int8
     P·V result is the layers' within 1 LSB; the outputs match the integer reference and PyTorch."""
-    model, x, graph = attention_graph(2, 48, fallback)
+    cascade = assert_one_cascade(*attention_graph(2, 48, fallback), hw)
+    assert cascade.roles == ROLES
+
+
+@pytest.mark.parametrize(("fallback", "heads"), [("fp32", 2), ("bf16", 1)], ids=["fp32", "bf16-one-head"])
+def test_masked_int8_attention_runs_as_one_cascade(fallback, heads):
+    """BERT's masked attention: the int8 scores dequantized and the fill SELECTed where the mask is 0 in
+    the float island (one layer), its max a float row's: one cascade, its float scores' row in the
+    scratchpad, its P·V result the layers' within 1 LSB, the outputs the integer reference's and PyTorch's."""
+    cascade = assert_one_cascade(*attention_graph(heads, 48, fallback, visible=35), TIGHT)
+    assert cascade.roles == MASKED_ROLES
+
+
+def assert_one_cascade(model, x, graph, hw) -> Int8Attention:
+    """The attention of `graph` runs as one cascade whose int8 P·V result is the layers' within 1 LSB (the
+    row sum's order); the outputs match the integer reference and PyTorch; DRAM falls. The cascade."""
     c = lowered(graph, hw)
     (cascade,) = [a for a in c.schedule.cascades if isinstance(a, Int8Attention)]
     assert int8_attention_of(c.program) == [cascade.to_dict()]
@@ -67,21 +110,28 @@ def test_int8_attention_runs_as_one_cascade(hw, fallback):
         assert cosine(got[0], model(x).numpy()) >= COSINE
     moved, moved_alone = (r.actions.dram_read_bytes + r.actions.dram_write_bytes for r in (report, unfused))
     # layer by layer writes the int8 scores, E (two bytes or four) and P, and reads each back: the cascade does not
-    assert moved + 2 * 2 * 48 * 48 * 4 <= moved_alone
+    assert moved + 2 * cascade.dims[0] * 48 * 48 * 4 <= moved_alone
+    return cascade
 
 
-def test_the_cost_counts_the_programs_dram_bytes_macs_and_vector_ops():
-    """The cost the mapper ranks the cascade by: its DRAM bytes, int8 MACs and vector ops are the
-    program's; the footprint it checked is the one the emitter allocated."""
-    _, _, graph = attention_graph(2, 40)
+@pytest.mark.parametrize("visible", [None, 27], ids=["unmasked", "masked"])
+def test_the_cost_counts_the_programs_dram_bytes_macs_and_vector_ops(visible):
+    """The cost the mapper ranks the cascade by: its DRAM bytes (a mask's too), int8 MACs and vector ops
+    are the program's; the mask, one for both heads, is LOADed once per query block (its row resident),
+    not once per head."""
+    _, _, graph = attention_graph(2, 40, visible=visible)
     c = lowered(graph, TIGHT)
     (cascade,) = [a for a in c.schedule.cascades if isinstance(a, Int8Attention)]
     (pattern,) = match(graph, c.layout)
-    sh = shape_of(pattern, graph)
+    sh = shape_of(pattern, graph, c.layout, cascade.mask.resident)
     _, acts = int8_flash_cost(sh, *cascade.tile, TIGHT)
     layers = [r for r in make_report(c.program).layers if r.name in cascade.layers]
     for action in ("dram_read_bytes", "dram_write_bytes", "macs_int8", "vector_ops"):
         assert getattr(acts, action) == sum(getattr(r.actions, action) for r in layers), action
+    if visible is not None:
+        assert cascade.mask.heads == 2 and cascade.mask.resident
+        _, per_head = int8_flash_cost(shape_of(pattern, graph, c.layout), *cascade.tile, TIGHT)
+        assert per_head.dram_read_bytes - acts.dram_read_bytes == 40 * 40 * 2     # a bf16 mask read once less
 
 
 def test_an_attention_that_does_not_fit_runs_layer_by_layer():
@@ -93,7 +143,7 @@ def test_an_attention_that_does_not_fit_runs_layer_by_layer():
     hw = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=64 * 1024, accumulator_bytes=256)
     c = lowered(graph, hw)
     (pattern,) = match(graph, c.layout)
-    assert map_int8_flash(shape_of(pattern, graph), hw, "edp") is None
+    assert map_int8_flash(shape_of(pattern, graph, c.layout), hw, "edp")[0] is None
     assert not int8_attention_of(c.program)
     y, _ = stagec.simulate(c.program, x.numpy())
     assert_matches_reference(graph, [x.numpy()], [y], fp32_tolerance=1e-5)

@@ -15,11 +15,13 @@ last layer, when V, its last input, has been computed.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from stagec.isa.instructions import AccMode, DType, Operand, Space, VectorFunc
 
-from ..schedule.flash import CONSTS, ROWS, flash_buffers
+from ..schedule.flash import CONSTS, F32, ROWS, flash_buffers
 from .tile_expr import LocalTile, round_bf16
 
 
@@ -32,10 +34,10 @@ def emit_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
         em.layer, em.layer_name = where[role]
 
     at("scores")
-    _, m, n, d = cascade.dims
+    _, _, n, d = cascade.dims
     tq, tk = cascade.tile
     masked = cascade.fill is not None
-    bases = em.allocate(flash_buffers(tq, tk, d, masked, cascade.bf16))
+    bases = em.allocate(flash_buffers(tq, tk, d, masked, cascade.bf16, cascade.mask_row))
     consts = dict(zip(CONSTS, bases["consts"], strict=True))
     # a -inf fill held as float32's lowest: a key block whose every key a row masks then gives the row
     # a finite running max, which the next block's alpha = exp(m_old - m_new) = 0 wipes out (with -inf,
@@ -49,18 +51,38 @@ def emit_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
     scores, pv = nodes[0], nodes[-1]
     views = [ctx.tensor(v) for v in (scores.inputs[0], scores.inputs[1], pv.inputs[1], pv.output)]
     views += [ctx.tensor(nodes[1].inputs[0])] if masked else []
-    step = block = 0
-    for b in range(cascade.dims[0]):
-        head = [_select(t, b) for t in views]
-        for q0 in range(0, m, tq):
-            _query_block(em, at, bases, cascade, head, q0, min(tq, m - q0), step, block)
-            step, block = step + -(-n // tk), block + 1
+    zero = Operand(Space.SPAD, consts["zero"], (0, 0, 0)) if masked else None
+    for block, (b, q0, qr, row) in enumerate(query_blocks(em, at, cascade, views, bases, zero)):
+        _query_block(em, at, bases, cascade, [_select(t, b) for t in views], (q0, qr, row), block * -(-n // tk),
+                     block)
 
 
-def _query_block(em, at, bases: dict, cascade, head: list, q0: int, qr: int, step: int, block: int) -> None:
-    """Rows q0..q0+qr of one head (`head`: its Q, K^T, V, output and mask views): `step` key blocks
-    and `block` query blocks came before (the double buffers' parities)."""
+def query_blocks(em, at, cascade, views: list, bases: dict, zero: Operand | None = None):
+    """(head, q0, qr, the base of a resident mask row or 0) of each query block in emission order: the
+    heads that share a resident mask row one after another per query block, the row LOADed (at the mask's
+    layer) before the first of them (its zeros found against `zero` where given: the float cascade's
+    CMP_EQ, lower.schedule.flash.mask_zeros)."""
+    _, m, n, _ = cascade.dims
+    tq, heads = cascade.tile[0], cascade.mask.heads if cascade.mask_row else 1
+    for count, (outer, q0) in enumerate(itertools.product(range(0, cascade.dims[0], heads), range(0, m, tq))):
+        qr, row = min(tq, m - q0), 0
+        if cascade.mask_row:
+            at("mask")
+            row = bases["mask"][count % 2]
+            em.load_box(_select(views[4], outer), (q0, 0), (0, 1), (qr, n), Space.SPAD, row)
+            if zero is not None:
+                found = Operand(Space.SPAD, row, (0, n, 1))
+                em.vector(VectorFunc.CMP_EQ, found, found, zero, (1, qr, n))
+        for b in range(outer, outer + heads):
+            yield b, q0, qr, row
+
+
+def _query_block(em, at, bases: dict, cascade, head: list, rows_at: tuple, step: int, block: int) -> None:
+    """Rows q0..q0+qr of one head (`head`: its Q, K^T, V, output and mask views; `rows_at`: q0, qr and the
+    base of a resident mask row, else 0): `step` key blocks and `block` query blocks came before (the
+    double buffers' parities)."""
     q_t, kt_t, v_t, out_t, *mask_t = head
+    q0, qr, mask_row = rows_at
     _, _, n, d = cascade.dims
     tk = cascade.tile[1]
     rows = dict(zip(ROWS, bases["rows"], strict=True))
@@ -85,7 +107,7 @@ def _query_block(em, at, bases: dict, cascade, head: list, q0: int, qr: int, ste
         em.load_box(kt_t, (0, k0), (0, 1), (d, kb), Space.SPAD, kt, local=local)
         em.matmul(Operand(Space.SPAD, qb, (0, d, 1)), Operand(Space.SPAD, kt, (kb, 1, 0)),
                   Operand(Space.ACC, bases["s"][slot], (0, kb, 1)), 1, qr, d, kb, accumulate=False, dtype=dtype)
-        if mask_t:
+        if mask_t and not mask_row:
             at("mask")
             em.load_box(mask_t[0], (q0, k0), (0, 1), (qr, kb), Space.SPAD, bases["mask"][slot])
 
@@ -98,8 +120,9 @@ def _query_block(em, at, bases: dict, cascade, head: list, q0: int, qr: int, ste
         v, p = bases["v"][slot], bases["p"][slot]
         at("pv")
         em.load_box(v_t, (k0, 0), (0, 1), (kb, d), Space.SPAD, v, local=local)
-        _finish_scores(em, at, bases, cascade, slot, qr, kb)
-        rounded("scores", bases["s"][slot], Space.ACC, (1, qr, kb))
+        mask = mask_t and (Operand(Space.SPAD, mask_row + k0 * F32, (0, n, 1)) if mask_row
+                           else Operand(Space.SPAD, bases["mask"][slot], (0, kb, 1)))
+        _finish_scores(em, at, bases, cascade, (slot, qr, kb), mask, rounded)
         pb = bases["pb"][slot] if cascade.bf16 else None     # P rounded to bf16, the array's operand
         cur, nxt = _softmax_block(em, at, rows, cur, nxt, (bases["s"][slot], p, pb), o, qr, kb, d, first)
         at("pv")
@@ -115,19 +138,23 @@ def _query_block(em, at, bases: dict, cascade, head: list, q0: int, qr: int, ste
     em.store_box(out_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, ob)
 
 
-def _finish_scores(em, at, bases: dict, cascade, slot: int, qr: int, kb: int) -> None:
-    """S's block as the layers compute it (lower.schedule.flash.score_vectors): times the scale; the
-    fill where the mask's block is zero."""
+def _finish_scores(em, at, bases: dict, cascade, block: tuple, mask: Operand, rounded) -> None:
+    """S's block (`block`: its slot, rows and keys) as the layers compute it (lower.schedule.flash.
+    score_vectors): times the scale, rounded where the scores' layer stores it (bf16); the fill where
+    the mask (`mask`, its block) is zero, its zeros found here but in a resident row (the fill held at
+    float32's lowest, not rounded: bf16's would be -inf, and exp gives 0 for either)."""
+    slot, qr, kb = block
     consts = dict(zip(CONSTS, bases["consts"], strict=True))
     tile = (1, qr, kb)
     s_op = Operand(Space.ACC, bases["s"][slot], (0, kb, 1))
     if cascade.scale is not None:
         at("scores")
         em.vector(VectorFunc.MUL, s_op, s_op, Operand(Space.SPAD, consts["scale"], (0, 0, 0)), tile)
+    rounded("scores", bases["s"][slot], Space.ACC, tile)
     if cascade.fill is not None:
         at("mask")
-        mask = Operand(Space.SPAD, bases["mask"][slot], (0, kb, 1))
-        em.vector(VectorFunc.CMP_EQ, mask, mask, Operand(Space.SPAD, consts["zero"], (0, 0, 0)), tile)
+        if not cascade.mask_row:
+            em.vector(VectorFunc.CMP_EQ, mask, mask, Operand(Space.SPAD, consts["zero"], (0, 0, 0)), tile)
         em.vector(VectorFunc.SELECT, s_op, mask, Operand(Space.SPAD, consts["fill"], (0, 0, 0)), tile)
 
 

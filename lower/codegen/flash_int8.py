@@ -15,39 +15,37 @@ from __future__ import annotations
 from stagec.isa.instructions import AccMode, DType, Operand, Space, VectorFunc
 
 from ..graph.graph_ir import OpKind
-from ..schedule.flash_int8 import ROLES, ROWS, Pattern, constants, expr_of, int8_flash_buffers, shape_of
+from ..schedule.flash_int8 import F32, ROWS, Pattern, constants, expr_of, int8_flash_buffers, pattern_of, shape_of
 from ..schedule.tensors import DTYPE_OF, local_type
 from . import tile_expr
-from .flash import _select
+from .flash import _select, query_blocks
 
 LocalTile = tile_expr.LocalTile
 
 
 def emit_int8_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
     """Emit `cascade` (an Int8Attention) whose layers are `nodes`, layer indices `layers`."""
-    em, p = ctx.em, Pattern(*nodes)
-    where = {role: (layer, node.name) for role, layer, node in zip(ROLES, layers, nodes, strict=True)}
+    em, p = ctx.em, pattern_of(nodes, cascade.roles)
+    where = {role: (layer, node.name) for role, layer, node in zip(cascade.roles, layers, nodes, strict=True)}
 
     def at(role: str) -> None:
         em.layer, em.layer_name = where[role]
 
     at("scores")
-    batch, m, n, _ = cascade.dims
-    tq, tk = cascade.tile
-    bases = em.allocate(int8_flash_buffers(shape_of(p, ctx.graph), tq, tk))
-    consts = {}
-    for role, node in zip(ROLES, nodes, strict=True):
+    n, (tq, tk) = cascade.dims[2], cascade.tile
+    bases = em.allocate(int8_flash_buffers(shape_of(p, ctx.graph, ctx.layout, cascade.mask.resident), tq, tk))
+    consts, loaded = {}, {}     # by the input that reads it; by the constant
+    for role, node in zip(cascade.roles, nodes, strict=True):
         at(role)
-        for v in constants(node, ctx.graph):
-            if v.id not in consts:
-                consts[v.id] = _load_constant(ctx, v, bases["consts"][len(consts)])
+        for v, source in constants(node, ctx.graph).items():     # by value id
+            if source.id not in loaded:
+                loaded[source.id] = _load_constant(ctx, source, bases["consts"][len(loaded)])
+            consts[v] = loaded[source.id]
     views = [ctx.tensor(v) for v in (p.scores.inputs[0], p.scores.inputs[1], p.pv.inputs[1], p.pv.output)]
-    step = block = 0
-    for b in range(batch):
-        head = [_select(t, b) for t in views]
-        for q0 in range(0, m, tq):
-            _query_block(em, at, bases, consts, p, head, (q0, min(tq, m - q0)), cascade, step, block)
-            step, block = step + -(-n // tk), block + 1
+    views += [ctx.tensor(p.mask_input(ctx.graph))] if p.mask else []
+    for block, (b, q0, qr, row) in enumerate(query_blocks(em, at, cascade, views, bases)):
+        _query_block(em, at, bases, consts, p, [_select(t, b) for t in views], (q0, qr, row), cascade,
+                     block * -(-n // tk), block)
 
 
 def _load_constant(ctx, v, base: int) -> LocalTile:
@@ -60,10 +58,11 @@ def _load_constant(ctx, v, base: int) -> LocalTile:
 
 def _query_block(em, at, bases: dict, consts: dict, p: Pattern, head: list, rows_at: tuple, cascade, step: int,
                  block: int) -> None:
-    """Query rows q0 .. q0 + qr of one head (`head`: its Q, K^T, V and output views): `step` key blocks
-    and `block` query blocks came before (the double buffers' parities)."""
-    (q0, qr), (tk, (_, _, n, d)) = rows_at, (cascade.tile[1], cascade.dims)
-    q_t, kt_t, v_t, out_t = head
+    """Query rows q0 .. q0 + qr of one head (`head`: its Q, K^T, V, output and mask views; `rows_at`: q0, qr
+    and a resident mask row's base, else 0): `step` key blocks and `block` query blocks came before (the
+    double buffers' parities)."""
+    (q0, qr, _), (tk, (_, _, n, d)) = rows_at, (cascade.tile[1], cascade.dims)
+    q_t, kt_t, v_t, out_t, *mask_t = head
     rows = dict(zip(ROWS, bases["rows"], strict=True))
     qb, ob, o = bases["q"][block % 2], bases["out"][block % 2], bases["o"][0]
     line = (1, qr, 1)
@@ -86,7 +85,9 @@ def _query_block(em, at, bases: dict, consts: dict, p: Pattern, head: list, rows
     at("scores")
     em.load_box(q_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, qb)
     keys = list(enumerate(range(0, n, tk)))
-    m8 = LocalTile(Space.SPAD, rows["m"], line, DType.I8)
+    # the row the max runs over and exp reads: the int8 scores, or (masked) the float island's masked scores
+    masked, kept = p.mask is not None, []
+    m8, mf = LocalTile(Space.SPAD, rows["m"], line, DType.I8), LocalTile(Space.SPAD, rows["mf"], line)
     for j, k0 in keys:
         kb, slot = min(tk, n - k0), (step + j) % 2
         counts, kt = (1, qr, kb), bases["kt"][slot]
@@ -94,22 +95,29 @@ def _query_block(em, at, bases: dict, consts: dict, p: Pattern, head: list, rows
         em.load_box(kt_t, (0, k0), (0, 1), (d, kb), Space.SPAD, kt)
         em.matmul(Operand(Space.SPAD, qb, (0, d, 1)), Operand(Space.SPAD, kt, (kb, 1, 0)),
                   Operand(Space.ACC, bases["s"][slot], (0, kb, 1)), 1, qr, d, kb, accumulate=False, dtype=DType.I8)
-        s8 = LocalTile(Space.SPAD, bases["s8"][j], counts, DType.I8)
+        s8 = LocalTile(Space.SPAD, bases["s8"][0 if masked else j], counts, DType.I8)
         expr(p.scores, [LocalTile(Space.ACC, bases["s"][slot], counts, DType.I32)], counts, s8)
+        row = s8
+        if masked:
+            at("mask")
+            row = LocalTile(Space.SPAD, bases["sf"][j], counts)
+            expr(p.mask, [s8, _mask_block(em, bases, mask_t[0], rows_at, (k0, slot), counts)], counts, row)
+        kept.append(row)
         at("max")
-        em.vector(VectorFunc.RMAX, m8.operand(counts), s8.operand(counts), None, counts,
-                  acc=AccMode.MAX if j else AccMode.OVERWRITE, dtype=DType.I8)
-    at("dequant")
-    mf = LocalTile(Space.SPAD, rows["mf"], line)
-    expr(p.dequant, [m8], line, mf)
-    total = LocalTile(Space.SPAD, rows["l"], line)
+        top = mf if masked else m8
+        em.vector(VectorFunc.RMAX, top.operand(counts), row.operand(counts), None, counts,
+                  acc=AccMode.MAX if j else AccMode.OVERWRITE, dtype=top.dtype)
+    if not masked:
+        at("dequant")
+        expr(p.dequant, [m8], line, mf)
+    total, r = LocalTile(Space.SPAD, rows["l"], line), LocalTile(Space.SPAD, rows["r"], line)
     for j, k0 in keys:
         kb, slot = min(tk, n - k0), (step + j) % 2
         counts, v = (1, qr, kb), bases["v"][slot]
         e = LocalTile(Space.SPAD, bases["e"][slot], counts)
         pt = LocalTile(Space.SPAD, bases["p"][slot], counts, DType.I8)
         at("exp")
-        expr(p.exp, [LocalTile(Space.SPAD, bases["s8"][j], counts, DType.I8), mf], counts, e)
+        expr(p.exp, [kept[j], mf], counts, e)
         at("sum")
         em.vector(VectorFunc.RSUM, total.operand(counts), e.operand(counts), None, counts,
                   acc=AccMode.ADD if j else AccMode.OVERWRITE)
@@ -122,10 +130,19 @@ def _query_block(em, at, bases: dict, consts: dict, p: Pattern, head: list, rows
     at("sum")
     rounded(p.row_sum, total)
     at("recip")
-    r = LocalTile(Space.SPAD, rows["r"], line)
     expr(p.recip, [total], line, r)
     at("pv")
     counts = (1, qr, d)
     out = LocalTile(Space.SPAD, ob, counts, local_type(DTYPE_OF[p.pv.output.dtype]))
     expr(p.pv, [LocalTile(Space.ACC, o, counts, DType.I32), r], counts, out)
     em.store_box(out_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, ob)
+
+
+def _mask_block(em, bases: dict, mask_t, rows_at: tuple, keys: tuple, counts) -> LocalTile:
+    """The mask's block of `counts` at query rows `rows_at` (q0, qr, a resident row's base or 0) and keys
+    from `keys`[0]: a resident row's keys from there on, else LOADed into the block's slot `keys`[1]."""
+    (q0, qr, row), (k0, slot) = rows_at, keys
+    if row:
+        return LocalTile(Space.SPAD, row + k0 * F32, (1, qr, mask_t.shape[-1]))
+    em.load_box(mask_t, (q0, k0), (0, 1), (qr, counts[2]), Space.SPAD, bases["mask"][slot])
+    return LocalTile(Space.SPAD, bases["mask"][slot], counts)

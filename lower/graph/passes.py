@@ -99,11 +99,14 @@ def defer_row_scale(graph: Graph) -> Graph:
 
 
 def _deferred_row_scale(node: Node, single, ids) -> list[Node] | None:
-    """The nodes replacing MATMUL `node` whose left operand is (a reshape of) a single-use x * r,
+    """The nodes replacing MATMUL `node` whose left operand is (reshapes of) a single-use x * r,
     r one scale per row of x, or None."""
     a = node.inputs[0]
-    view = single(a, OpKind.RESHAPE)
-    scaled = single(view.inputs[0] if view else a, OpKind.ELEMENTWISE)
+    view, source = single(a, OpKind.RESHAPE), a
+    # one head's attention squeezes its head dim, then bmm its batch dim: two reshapes after x * r
+    while (inner := single(source, OpKind.RESHAPE)) is not None:
+        source = inner.inputs[0]
+    scaled = single(source, OpKind.ELEMENTWISE)
     if (scaled is None or node.attr("epilogue") or len(node.inputs) != 2 or a.dtype != "float32"
             or scaled.attr("expr") != (Step("mul", (0, 1)),) or a.shape[-1] != scaled.output.shape[-1]):
         return None

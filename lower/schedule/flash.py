@@ -4,9 +4,9 @@ The pattern (what a traced attention becomes after defer_row_scale): S = Q @ K^T
 epilogue none or a constant scale), optionally masked (select(pred, fill, S), fill a constant:
 BERT's padding mask), m = max(S) and l = sum(E) over S's rows (REDUCEs), E = exp(S - m) (an
 ELEMENTWISE), r = recip(l), O = (E @ V) * r (a batched MATMUL whose epilogue is the deferred row
-scale), every intermediate read by the pattern alone, float32 throughout or a bf16 graph's, unmasked
-(S, P, l and r then rounded to bf16 where the layers store them, the matmuls bf16 x bf16; the online
-rescaling makes P's rounding differ from the layers' by a bf16 step at most); int8 attention requantizes
+scale), every intermediate read by the pattern alone, float32 throughout or a bf16 graph's (S, P, l
+and r then rounded to bf16 where the layers store them, S before the mask, the matmuls bf16 x bf16;
+the online rescaling makes P's rounding differ from the layers' by a bf16 step at most); int8 attention requantizes
 the scores and quantizes P at a fixed scale, which an online softmax's rescaling does not commute
 with: lower.schedule.flash_int8 keeps its score rows in the scratchpad instead).  Views between them
 (reshapes, broadcasts) emit nothing.
@@ -18,7 +18,9 @@ softmax (Milakov & Gimelshein 2018; Dao et al. 2022): the running row max m and 
 new max rescales l and the output accumulator by alpha = exp(m_old - m_new), P = exp(S - m_new) goes
 to the scratchpad, and the array adds P @ V into the output accumulator. After the last key block
 the output is multiplied by 1/l and stored. DRAM sees Q and the output once and K and V once per
-query block.
+query block.  A mask that several heads share (BERT's, broadcast over its heads) may instead stay
+resident: a query block's whole mask row LOADed once, its zeros found once, and those heads run one
+after another over it (`Mask`, chosen by cost where it fits).
 
 `flash_cost` counts the instructions the emitter (lower.codegen.flash) issues and composes them as
 the timing simulator charges them, the units overlapping: the busiest of the load queue, the
@@ -50,6 +52,20 @@ ROWS = ("m", "m_next", "l", "alpha", "rowwise")   # the per-row statistics, one 
 CONSTS = ("scale", "fill", "zero")                  # scalars the vector unit reads (those a cascade has)
 
 
+class Mask(NamedTuple):
+    """How a cascade reads its mask: the bytes of its DRAM element; how many consecutive heads (the
+    trailing batch dims) read the same mask (BERT's broadcasts over all its heads); `resident`: a
+    query block's whole mask row LOADed once for those heads (its zeros found once), else each key
+    block's mask LOADed for every head."""
+
+    itemsize: int = F32
+    heads: int = 1
+    resident: bool = False
+
+
+UNSHARED = Mask()
+
+
 @dataclass(frozen=True)
 class FlashAttention(CascadeRecord):
     """Attention's layers (node names: S's matmul, the mask's select if any, the max, the exp, the sum,
@@ -66,6 +82,12 @@ class FlashAttention(CascadeRecord):
     mappings: tuple = ()          # its members keep their own tilings: the cascade's tile is its own
     bf16: bool = False            # a bf16 graph's (its values rounded as the layers store them)
     out_itemsize: int = F32       # bytes of an output element (a bf16 graph may return float32)
+    mask: Mask = UNSHARED         # how a masked cascade reads its mask
+
+    @property
+    def mask_row(self) -> int:
+        """A resident mask row's length (the keys), else 0."""
+        return self.dims[2] * (self.fill is not None and self.mask.resident)
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -97,17 +119,19 @@ class Attention(NamedTuple):
 
 
 ROLES = ("scores", "mask", "max", "exp", "sum", "recip", "pv")
-def flash_buffers(tq, tk, d, masked: bool = False, bf16: bool = False) -> list[Buffer]:
+def flash_buffers(tq, tk, d, masked: bool = False, bf16: bool = False, mask_row: int = 0) -> list[Buffer]:
     """What a flash cascade holds: Q's, K^T's, V's, P's and the output's blocks (two each, so the next
     block's loads and the last one's store overlap), the per-row statistics; S's blocks (two) and
-    the output accumulator in the accumulator; bf16, P's bf16 blocks (two) and a rounding's scratch."""
+    the output accumulator in the accumulator; bf16, P's bf16 blocks (two) and a rounding's scratch;
+    masked, the mask's blocks (two), or two resident rows of `mask_row` keys."""
     block = words(tq * tk * 2, 2)
     narrow = bf16 * [Buffer("pb", Space.SPAD, block, 2), Buffer("round", Space.SPAD, block)]
     return [Buffer("q", Space.SPAD, tq * d * F32, 2), Buffer("kt", Space.SPAD, d * tk * F32, 2),
             Buffer("v", Space.SPAD, tk * d * F32, 2), Buffer("p", Space.SPAD, tq * tk * F32, 2),
             Buffer("out", Space.SPAD, tq * d * F32, 2), Buffer("rows", Space.SPAD, tq * F32, len(ROWS)),
             Buffer("consts", Space.SPAD, F32, len(CONSTS)), Buffer("s", Space.ACC, tq * tk * F32, 2),
-            Buffer("o", Space.ACC, tq * d * F32)] + masked * [Buffer("mask", Space.SPAD, tq * tk * F32, 2)] + narrow
+            Buffer("o", Space.ACC, tq * d * F32),
+            *masked * [Buffer("mask", Space.SPAD, tq * (mask_row or tk) * F32, 2)], *narrow]
 
 
 class FlashCost(NamedTuple):
@@ -148,12 +172,17 @@ def block_vectors(q: int, t: int, d: int, first: bool) -> list[Vec]:
             + [Vec(q * t, reduce=t, spad_r=qt + (not first) * w, spad_w=w)] + scale_o)
 
 
-def score_vectors(q: int, t: int, scale: bool, masked: bool) -> list[Vec]:
+def score_vectors(q: int, t: int, scale: bool, masked: bool, resident: bool = False) -> list[Vec]:
     """S's block finished as the layers compute it: times the scale, then the mask (its block's
-    zeros found, CMP_EQ in place, and the fill SELECTed there)."""
+    zeros found, but where a resident row's were, and the fill SELECTed there)."""
     qt = q * t * F32
     return (scale * [Vec(q * t, spad_r=F32, acc_r=qt, acc_w=qt)]
-            + masked * [Vec(q * t, spad_r=qt + F32, spad_w=qt), Vec(q * t, spad_r=qt + F32, acc_r=qt, acc_w=qt)])
+            + masked * (not resident) * mask_zeros(q * t) + masked * [Vec(q * t, spad_r=qt + F32, acc_r=qt, acc_w=qt)])
+
+
+def mask_zeros(elements: int) -> list[Vec]:
+    """A mask's zeros found: CMP_EQ against 0 in place."""
+    return [Vec(elements, spad_r=elements * F32 + F32, spad_w=elements * F32)]
 
 
 def final_vectors(q: int, d: int) -> list[Vec]:
@@ -189,11 +218,12 @@ def _sizes(total: int, tile: int) -> list[tuple[int, int]]:
 
 
 def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = False, bf16: bool = False,
-               out_itemsize: int = F32) -> FlashCost:
+               out_itemsize: int = F32, mask: Mask = UNSHARED) -> FlashCost:
     """The cost of a flash cascade of `dims` (batch, M, N, D) in blocks of tq x tk, its scores
-    scaled and masked or not, float32 or bf16 (S, P, l and r rounded as the layers store them), its
-    output of `out_itemsize` bytes an element, as lower.codegen.flash emits it (module doc)."""
+    scaled and masked (read as `mask` says) or not, float32 or bf16 (S, P, l and r rounded as the layers
+    store them), its output of `out_itemsize` bytes an element, as lower.codegen.flash emits it (module doc)."""
     b, m, n, d = dims
+    resident = masked and mask.resident
     t = dict.fromkeys(("matrix", "vector", "vector_ops", "spad_r", "spad_w", "acc_r", "acc_w", "macs",
                        "instructions"), 0.0)
 
@@ -221,15 +251,18 @@ def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = F
                 t["acc_r"] += b * q_times * times * mm[3]
                 t["acc_w"] += b * q_times * times * mm[4]
             t["instructions"] += b * q_times * times * 2
-            add(score_vectors(q, kb, scale, masked) + block_vectors(q, kb, d, first) + bf16 * 2 * rounding(q * kb),
-                b * q_times * times)
+            add(score_vectors(q, kb, scale, masked, resident) + block_vectors(q, kb, d, first)
+                + bf16 * 2 * rounding(q * kb), b * q_times * times)
         add(final_vectors(q, d) + bf16 * 2 * rounding(q), b * q_times)
+        add(resident * mask_zeros(q * n), b // mask.heads * q_times)
     nq = -(-m // tq)
     consts = scale + 2 * masked                 # LOADs of one element each, once
-    loads = b * nq * (1 + (2 + masked) * nk) + consts
+    mask_loads = b // mask.heads * nq if resident else b * nq * nk
+    loads = b * nq * (1 + 2 * nk) + masked * mask_loads + consts
     item = 2 if bf16 else F32
     q_bytes, out_bytes = b * m * d * item, b * m * d * out_itemsize
-    read = q_bytes + b * nq * 2 * n * d * item + masked * b * m * n * F32 + consts * F32
+    mask_bytes = masked * (b // mask.heads if resident else b) * m * n * mask.itemsize
+    read = q_bytes + b * nq * 2 * n * d * item + mask_bytes + consts * F32
     acts = ActionCounts(macs_int8=0.0, macs_bf16=bf16 * t["macs"], macs_fp32=(not bf16) * t["macs"],
                         vector_ops=t["vector_ops"],
                         scratchpad_read_bytes=t["spad_r"] + q_bytes, scratchpad_write_bytes=t["spad_w"] + read,
@@ -239,11 +272,11 @@ def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = F
              "channel": (read + out_bytes) / hw.dma_bandwidth_bytes_per_cycle,
              "matrix": t["matrix"], "vector": t["vector"]}
     q0, k0 = min(tq, m), min(tk, n)
-    fill = dma_cycles(3 + masked, (q0 + 2 * k0) * d * item + masked * q0 * k0 * F32, hw)
+    fill = dma_cycles(3 + masked, (q0 + 2 * k0) * d * item + masked * q0 * (n if resident else k0) * mask.itemsize, hw)
     drain = sum(float(vector_cycles(v.elements, hw.vector_lanes, transcendental=v.transcendental,
                                     cycles_per_transcendental=hw.vector_cycles_per_transcendental))
                 for v in final_vectors(q0, d)) + dma_cycles(1, q0 * d * out_itemsize, hw)
-    spad, acc = local_bytes(flash_buffers(tq, tk, d, masked, bf16))
+    spad, acc = local_bytes(flash_buffers(tq, tk, d, masked, bf16, n * resident))
     return FlashCost(fill + max(units.values()) + drain, int(loads + b * nq + t["instructions"]), acts, units,
                      int(spad), int(acc))
 
@@ -280,6 +313,28 @@ class Walk:
                 todo += [c.output] if self.view(c) else []
                 out |= set() if self.view(c) else {c.name}
         return out
+
+
+def shared_heads(mask, walk: Walk) -> int:
+    """How many consecutive heads read one mask: the trailing batch dims of `mask` ([*batch, M, N]) that
+    the BROADCASTs it views (its only views) do not vary it over."""
+    chain, v = [], mask
+    while walk.view(p := walk.producer.get(v.id)):
+        if p.op != OpKind.BROADCAST:
+            return 1
+        chain.append(p)
+        v = p.inputs[0]
+    varies = [size > 1 for size in v.shape]
+    for p in reversed(chain):       # from the source outwards: an output dim varies where its input dim does
+        inner, varies = varies, [False] * len(p.output.shape)
+        for i, d in enumerate(p.attr("dims")):
+            varies[d] = inner[i]
+    heads = 1
+    for size, varying in zip(reversed(mask.shape[:-2]), reversed(varies[:-2]), strict=True):
+        if varying:
+            break
+        heads *= size
+    return heads
 
 
 def row_reduce(node, func: str) -> bool:
@@ -335,11 +390,12 @@ def match(graph, layout, excluded=frozenset()) -> list[Attention]:
 
 
 def _one_float(a: Attention, graph) -> bool:
-    """Whether the attention computes in float32, or unmasked in bf16 (its constants float32, its result
-    either: a bf16 graph's last layer returns the model's float32)."""
+    """Whether the attention computes in float32 or in bf16 (its constants float32, a mask's fill a view
+    of one, its result either: a bf16 graph's last layer returns the model's float32)."""
+    fill = a.mask.inputs[1] if a.mask is not None else None
     held = {v.dtype for n in a.nodes for v in (*n.inputs, n.output) if v.id not in graph.constants
-            and v is not a.pv.output}
-    return (held == {"float32"} or held == {"bfloat16"} and a.mask is None) and a.pv.output.dtype in (
+            and v is not a.pv.output and v is not fill}
+    return held in ({"float32"}, {"bfloat16"}) and a.pv.output.dtype in (
         "float32", "bfloat16") and all(graph.constants[v.id].dtype == "float32" for n in a.nodes for v in n.inputs
                                        if v.id in graph.constants)
 
@@ -381,13 +437,27 @@ def search_blocks(m: int, n: int, buffers, cost, hw, objective: str):
 
 
 def map_flash(dims, hw, objective: str, scale: bool = False, masked: bool = False, bf16: bool = False,
-              out_itemsize: int = F32):
-    """The (tq, tk) of least objective that fits, with its (charged cycles, energy), or None."""
-    def cost(tq: int, tk: int):
-        c = flash_cost(dims, tq, tk, hw, scale, masked, bf16, out_itemsize)
-        return c.cycles + INSTRUCTION_CHARGE * c.instructions, c.actions
-    return search_blocks(dims[1], dims[2], lambda tq, tk: flash_buffers(tq, tk, dims[3], masked, bf16), cost, hw,
-                         objective)
+              out_itemsize: int = F32, mask: Mask = UNSHARED):
+    """(the (tq, tk) of least objective that fits, with its (charged cycles, energy), or None; the way it
+    reads its mask): a mask that several heads share is kept resident where that pays and fits."""
+    def search(way: Mask):
+        def cost(tq: int, tk: int):
+            c = flash_cost(dims, tq, tk, hw, scale, masked, bf16, out_itemsize, way)
+            return c.cycles + INSTRUCTION_CHARGE * c.instructions, c.actions
+        return search_blocks(dims[1], dims[2], lambda tq, tk: flash_buffers(
+            tq, tk, dims[3], masked, bf16, dims[2] * way.resident), cost, hw, objective)
+    return mask_ways(mask, masked, search, objective)
+
+
+def mask_ways(mask: Mask, masked: bool, search, objective: str):
+    """(search_blocks' best of `search(way)` over the ways to read a mask, that way): per key block, or
+    resident where heads share it; (None, mask) where none fits."""
+    best = None
+    for way in [mask] + [mask._replace(resident=True)] * (masked and mask.heads > 1):
+        mapped = search(way)
+        if mapped and (best is None or objective_of(*mapped[1:], objective) < objective_of(*best[0][1:], objective)):
+            best = (mapped, way)
+    return best or (None, mask)
 
 
 def pays(a, mapped, tilings: dict, hw, objective: str):
@@ -404,14 +474,16 @@ def pays(a, mapped, tilings: dict, hw, objective: str):
 def choose_flash(graph, layout, tilings: dict, hw, objective: str, excluded) -> list[FlashAttention]:
     """The attentions (`match`) that run flash-style: where a tiling fits and its objective is below
     a lower bound of the layers' own (a cascade that does not fit is never emitted: the layers run alone)."""
-    chosen = []
+    chosen, walk = [], Walk(graph, layout)
     for a in match(graph, layout, excluded):
         dims = dims_of(a)
         bf16 = a.scores.inputs[0].dtype == "bfloat16"
         out = DTYPE_OF[a.pv.output.dtype].itemsize
-        mapped = map_flash(dims, hw, objective, a.scale is not None, a.fill is not None, bf16, out)
+        mask = UNSHARED if a.mask is None else Mask(DTYPE_OF[a.mask.inputs[0].dtype].itemsize,
+                                                    shared_heads(a.mask.inputs[0], walk))
+        mapped, mask = map_flash(dims, hw, objective, a.scale is not None, a.fill is not None, bf16, out, mask)
         taken = pays(a, mapped, tilings, hw, objective)
         if taken is not None:
             chosen.append(FlashAttention(tuple(n.name for n in a.nodes), taken[0], dims, taken[1], a.scale, a.fill,
-                                         bf16=bf16, out_itemsize=out))
+                                         bf16=bf16, out_itemsize=out, mask=mask))
     return chosen

@@ -5,11 +5,14 @@ What quantization makes of attention (lower.graph.quantize, its softmax a float 
 dequantized (the island's float), E = exp(S * s - mf), l = sum(E) over the rows, r = recip(l), P =
 quantize(E) (int8 at the fixed scale calibration gave E, in [0, 1]), O = (P @ V) times r and
 requantized in P·V's epilogue.  Layer by layer S, E, P and their row vectors go to DRAM and back
-(Whisper-tiny: 77% of the int8 encoder's DRAM traffic).
+(Whisper-tiny: 77% of the int8 encoder's DRAM traffic).  Masked (BERT's padding mask), the float
+island starts one layer earlier: Sf = S dequantized with the fill SELECTed where the mask is 0 (one
+ELEMENTWISE, bf16 or float32, `MASKED_ROLES`), m = max(Sf) a float row's, E = exp(Sf - m).
 
 Here they run per head and query block of `tq` rows, in two sweeps over key blocks of `tk`:
 the first computes S's blocks on the array (int8 Q, K^T) and keeps them, int8, in the scratchpad (a
-query block's whole score row: tq x N bytes), their row max running; then mf, and the second
+query block's whole score row: tq x N bytes; masked, the mask's block LOADed per head and the masked
+float scores kept instead: tq x N words), their row max running; then mf, and the second
 computes each block's E, adds its row sums into l, quantizes it to P and adds P @ V into the output
 accumulator (int32).  Last r, P·V's epilogue, one STORE.  Every member computes what its layer
 computes, in the same order (the max is the whole row's before any exp, as the layers'): no
@@ -38,7 +41,7 @@ from ..codegen import tile_expr  # the emitter's own expression plan, so both co
 from ..graph.graph_ir import RECORDS, OpKind
 from .buffers import Buffer, words
 from .cascade import CascadeRecord
-from .flash import Walk, _sizes, pays, row_reduce, search_blocks
+from .flash import UNSHARED, Mask, Walk, _sizes, mask_ways, pays, row_reduce, search_blocks, shared_heads
 from .nest_cost import dma_cycles
 from .search import INSTRUCTION_CHARGE
 from .tensors import DTYPE_OF
@@ -47,7 +50,8 @@ F32 = 4
 RECORD = REQUANT_RECORD_BYTES    # a constant's slot: a record's size and alignment, at least
 HARD = {f.name.lower() for f in TRANSCENDENTAL}
 ROLES = ("scores", "max", "dequant", "exp", "sum", "recip", "quant", "pv")
-ROWS = ("m", "mf", "l", "r")     # per query row: the int8 max, its float, the sum, its reciprocal
+MASKED_ROLES = ("scores", "mask", "max", "exp", "sum", "recip", "quant", "pv")
+ROWS = ("m", "mf", "l", "r")     # per query row: the int8 max, its float (masked: the float max), the sum, 1/sum
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,12 @@ class Int8Attention(CascadeRecord):
     saved_bytes: int
     mappings: tuple = ()          # its members keep their own tilings: the cascade's tile is its own
     roles: tuple[str, ...] = ROLES
+    mask: Mask = UNSHARED         # how a masked cascade reads its mask
+
+    @property
+    def mask_row(self) -> int:
+        """A resident mask row's length (the keys), else 0."""
+        return self.dims[2] * self.mask.resident
 
     def __str__(self) -> str:
         return (f"cascade {' -> '.join(self.layers)}: int8 attention, score rows in the scratchpad, query block "
@@ -69,29 +79,59 @@ class Int8Attention(CascadeRecord):
 
 
 class Pattern(NamedTuple):
-    """A matched int8 attention's nodes, in ROLES' order."""
+    """A matched int8 attention's nodes (`roles`); masked, `mask` the node that masks the int8 scores,
+    the float island's first (BERT's: S dequantized, the fill SELECTed where the mask is 0), and the max
+    the float row's (no `dequant`)."""
 
     scores: object
     row_max: object
-    dequant: object
     exp: object
     row_sum: object
     recip: object
     quant: object
     pv: object
+    dequant: object = None
+    mask: object = None
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return ROLES if self.mask is None else MASKED_ROLES
 
     @property
     def nodes(self) -> list:
-        return list(self)
+        return [getattr(self, FIELDS[role]) for role in self.roles]
+
+    def mask_input(self, graph):
+        """The mask that the mask node reads (its tensor operand after the scores)."""
+        ones = constants(self.mask, graph)
+        return [v for v in self.mask.inputs if v.id not in ones][1]
+
+
+FIELDS = {"scores": "scores", "mask": "mask", "max": "row_max", "dequant": "dequant", "exp": "exp", "sum": "row_sum",
+          "recip": "recip", "quant": "quant", "pv": "pv"}
+
+
+def pattern_of(nodes: list, roles: tuple[str, ...]) -> Pattern:
+    """The pattern whose nodes in `roles`' order are `nodes`."""
+    return Pattern(**{FIELDS[role]: node for role, node in zip(roles, nodes, strict=True)})
 
 
 def expr_of(node):
     return node.attr("epilogue") if node.op == OpKind.MATMUL else node.attr("expr")
 
 
-def constants(node, graph) -> list:
-    """The one-element constants (a scalar, or one record) that `node`'s expression reads."""
-    return [v for v in node.inputs if v.id in graph.constants and _one(v, node)]
+def constants(node, graph) -> dict:
+    """The one-element constants (a scalar, or one record) that `node`'s expression reads, by the input
+    that reads each: the constant itself, or a view of one (a mask's fill, broadcast to the scores)."""
+    producer, found = graph.producer(), {}
+    for v in node.inputs:
+        source, p = v, producer.get(v.id)
+        while source.id not in graph.constants and p is not None and p.op in (OpKind.BROADCAST, OpKind.RESHAPE):
+            source = p.inputs[0]
+            p = producer.get(source.id)
+        if source.id in graph.constants and (_one(v, node) if source is v else source.size == 1):
+            found[v.id] = source
+    return found
 
 
 def n_args(node) -> int:
@@ -113,7 +153,7 @@ def match(graph, layout, excluded=frozenset()) -> list[Pattern]:
 
     def others(node, first: int = 0) -> list:
         """The inputs of `node` from `first` on that are not its one-element constants."""
-        ones = {v.id for v in constants(node, graph)}
+        ones = constants(node, graph)
         return [v for v in node.inputs[first:] if v.id not in ones]
 
     def single(node, op):
@@ -129,22 +169,41 @@ def match(graph, layout, excluded=frozenset()) -> list[Pattern]:
         exp, total = single(quant, OpKind.ELEMENTWISE), single(recip, OpKind.REDUCE)
         if exp is None or total is None or not any(s.func == "exp" for s in exp.attr("expr")):
             continue
-        operands = others(exp)     # the scores, then the row max's float (the order the emitter passes them)
-        s = node_of(operands[0], OpKind.MATMUL) if len(operands) == 2 else None
-        dq = node_of(operands[1], OpKind.ELEMENTWISE) if len(operands) == 2 else None
-        mx = single(dq, OpKind.REDUCE)
+        operands = others(exp)     # the scores (masked: the float scores), then the row max (its float)
+        if len(operands) != 2:
+            continue
+        mask = node_of(operands[0], OpKind.ELEMENTWISE)
+        if mask is not None:       # the float scores: the int8 scores masked, then the mask (the emitter's order)
+            masked_from, dq, mx = others(mask), None, node_of(operands[1], OpKind.REDUCE)
+            s = node_of(masked_from[0], OpKind.MATMUL) if _masks(mask, masked_from) else None
+        else:
+            s, dq = node_of(operands[0], OpKind.MATMUL), node_of(operands[1], OpKind.ELEMENTWISE)
+            mx = single(dq, OpKind.REDUCE)
         if s is None or mx is None or any(v.dtype != "int8" for v in (*s.inputs[:2], s.output)) or others(s, 2):
             continue
-        p = Pattern(s, mx, dq, exp, total, recip, quant, pv)
-        expected = [{mx.name, exp.name}, {dq.name}, {exp.name}, {total.name, quant.name}, {recip.name}, {pv.name},
-                    {pv.name}]
-        if (not row_reduce(mx, "max") or not row_reduce(total, "sum") or node_of(mx.inputs[0], OpKind.MATMUL) is not s
+        p = Pattern(s, mx, exp, total, recip, quant, pv, dq, mask)
+        expected = ([{mask.name}, {mx.name, exp.name}] if mask else [{mx.name, exp.name}, {dq.name}]) + [
+            {exp.name}, {total.name, quant.name}, {recip.name}, {pv.name}, {pv.name}]
+        if (not row_reduce(mx, "max") or not row_reduce(total, "sum")
+                or node_of(mx.inputs[0], OpKind.ELEMENTWISE if mask else OpKind.MATMUL) is not (mask or s)
                 or node_of(total.inputs[0], OpKind.ELEMENTWISE) is not exp
                 or any(readers(n) != want for n, want in zip(p.nodes[:-1], expected, strict=True))
                 or any(n.name in excluded for n in p.nodes) or s.output.shape[-1] > MAX_COUNT):
             continue
         found.append(p)
     return found
+
+
+def _masks(mask, operands: list) -> bool:
+    """Whether `mask`'s tensor operands are the scores and then a float mask of their [*batch, M, N] (its
+    batch dims' shape may differ: the emitter selects a head of each by its flat index)."""
+    if len(operands) != 2 or mask.output.dtype not in FLOATS or operands[1].dtype not in FLOATS:
+        return False
+    scores, m = mask.output.shape, operands[1].shape
+    return m[-2:] == scores[-2:] and math.prod(m[:-2]) == math.prod(scores[:-2])
+
+
+FLOATS = ("float32", "bfloat16")
 
 
 def dims_of(p: Pattern) -> tuple[int, int, int, int]:
@@ -155,7 +214,8 @@ def dims_of(p: Pattern) -> tuple[int, int, int, int]:
 class Shape(NamedTuple):
     """What the cost and the buffers need of a pattern: dims, each member's expression steps (func names),
     the roles whose values round to bf16, the temporaries an expression needs, the output's bytes per
-    element, the number of constants, the bytes of the largest and of them all."""
+    element, the number of constants, the bytes of the largest and of them all, how it reads a mask
+    (None: unmasked)."""
 
     dims: tuple[int, int, int, int]
     steps: dict
@@ -165,30 +225,38 @@ class Shape(NamedTuple):
     n_consts: int
     const_bytes: int
     const_read: int
+    mask: Mask | None = None
 
 
-def shape_of(p: Pattern, graph) -> Shape:
-    exprs = {role: expr_of(n) or () for role, n in zip(ROLES, p.nodes, strict=True) if n.op != OpKind.REDUCE}
+def shape_of(p: Pattern, graph, layout, resident: bool = False) -> Shape:
+    """`p`'s Shape, a mask its heads share read `resident` or per key block."""
+    exprs = {role: expr_of(n) or () for role, n in zip(p.roles, p.nodes, strict=True) if n.op != OpKind.REDUCE}
     temps = max(tile_expr.plan(expr_of(n) or (), n_args(n), frozenset()).temps
                 for n in p.nodes if n.op != OpKind.REDUCE)
-    consts = {v.id: v for n in p.nodes for v in constants(n, graph)}
+    consts = {v.id: v for n in p.nodes for v in constants(n, graph).values()}
+    mask = p.mask and Mask(DTYPE_OF[p.mask_input(graph).dtype].itemsize,
+                           shared_heads(p.mask_input(graph), Walk(graph, layout)), resident)
     return Shape(dims_of(p), {role: tuple(s.func for s in e) for role, e in exprs.items()},
-                 frozenset(r for r, n in zip(ROLES, p.nodes, strict=True) if n.output.dtype == "bfloat16"),
+                 frozenset(r for r, n in zip(p.roles, p.nodes, strict=True) if n.output.dtype == "bfloat16"),
                  max(temps, 1), DTYPE_OF[p.pv.output.dtype].itemsize, len(consts),
                  -(-max((graph.constants[v].nbytes for v in consts), default=F32) // RECORD) * RECORD,
-                 sum(graph.constants[v].nbytes for v in consts))
+                 sum(graph.constants[v].nbytes for v in consts), mask or None)
 
 
 def int8_flash_buffers(sh: Shape, tq: int, tk: int) -> list[Buffer]:
-    """Q's block, K^T's and V's blocks (two each), the score row (int8, every key block), E's and P's
-    blocks (two each), the temporaries and the bf16 rounding's scratch, the row statistics, the
-    output's block (two), the constants; S's blocks (two) and the output accumulator."""
+    """Q's block, K^T's and V's blocks (two each), the score row (int8, every key block; masked, the
+    float scores' row, an int8 block and the mask's blocks, two), E's and P's blocks (two each), the
+    temporaries and the bf16 rounding's scratch, the row statistics, the output's block (two), the
+    constants; S's blocks (two) and the output accumulator."""
     _, _, n, d = sh.dims
-    wide = max(tk, d) * tq
+    wide, nk = max(tk, d) * tq, -(-n // tk)
 
     def int8(name: str, elements: int, count: int) -> Buffer:
         return Buffer(name, Space.SPAD, words(elements, 1), count)
-    return [int8("q", tq * d, 2), int8("kt", d * tk, 2), int8("v", tk * d, 2), int8("s8", tq * tk, -(-n // tk)),
+    row = ([Buffer("sf", Space.SPAD, tq * tk * F32, nk), int8("s8", tq * tk, 1),
+            Buffer("mask", Space.SPAD, tq * (n if sh.mask.resident else tk) * F32, 2)] if sh.mask
+           else [int8("s8", tq * tk, nk)])
+    return [int8("q", tq * d, 2), int8("kt", d * tk, 2), int8("v", tk * d, 2), *row,
             Buffer("e", Space.SPAD, tq * tk * F32, 2), int8("p", tq * tk, 2),
             Buffer("temps", Space.SPAD, wide * F32, sh.temps), Buffer("round", Space.SPAD, words(wide * 2, 2)),
             Buffer("rows", Space.SPAD, tq * F32, len(ROWS)),
@@ -199,15 +267,18 @@ def int8_flash_buffers(sh: Shape, tq: int, tk: int) -> list[Buffer]:
 
 def _expr(sh: Shape, role: str, elements: int) -> list:
     """(elements, transcendental) of the vector instructions of a member's expression over `elements`,
-    and of its bf16 rounding where the layers keep its value bf16."""
-    return [(elements, f in HARD) for f in sh.steps.get(role, ())] + 2 * [(elements, False)] * (role in sh.rounded)
+    and of its bf16 rounding where the layers keep its value bf16.  A select COPYs its on_false first
+    (lower.codegen.tile_expr.emit; a mask's fill, a constant, is never computed in place)."""
+    steps = sh.steps.get(role, ())
+    return ([(elements, f in HARD) for f in steps] + [(elements, False)] * steps.count("select")
+            + 2 * [(elements, False)] * (role in sh.rounded))
 
 
 def _block_vectors(sh: Shape, q: int, t: int) -> list:
-    """One key block of t columns for q query rows (lower.codegen.flash_int8's): S's epilogue, the
-    running max, E's expression, its row sums, P's expression."""
-    return (_expr(sh, "scores", q * t) + [(q * t, False)] + _expr(sh, "exp", q * t) + [(q * t, False)]
-            + _expr(sh, "quant", q * t))
+    """One key block of t columns for q query rows (lower.codegen.flash_int8's): S's epilogue, the mask's
+    expression, the running max, E's expression, its row sums, P's expression."""
+    return (_expr(sh, "scores", q * t) + _expr(sh, "mask", q * t) + [(q * t, False)] + _expr(sh, "exp", q * t)
+            + [(q * t, False)] + _expr(sh, "quant", q * t))
 
 
 def _end_vectors(sh: Shape, q: int, d: int) -> list:
@@ -240,13 +311,18 @@ def int8_flash_cost(sh: Shape, tq: int, tk: int, hw) -> tuple[float, ActionCount
             add(_block_vectors(sh, q, kb), reps)
         add(_end_vectors(sh, q, d), b * q_times)
     nq, nk = -(-m // tq), -(-n // tk)
-    read = b * m * d + b * nq * 2 * n * d + sh.const_read
+    mask = sh.mask or Mask(0)
+    reads_of_mask = b // mask.heads if mask.resident else b     # heads that LOAD a mask (a resident: per row)
+    read = b * m * d + b * nq * 2 * n * d + sh.const_read + reads_of_mask * m * n * mask.itemsize
     written = b * m * d * sh.out_itemsize
-    loads = b * nq * (1 + 2 * nk) + sh.n_consts
+    loads = b * nq * (1 + 2 * nk) + sh.n_consts + (sh.mask is not None) * reads_of_mask * nq * (
+        1 if mask.resident else nk)
     units = {"load": dma_cycles(loads, read, hw), "store": dma_cycles(b * nq, written, hw),
              "channel": (read + written) / hw.dma_bandwidth_bytes_per_cycle, "matrix": t["matrix"],
              "vector": t["vector"]}
-    cycles = max(units.values()) + dma_cycles(3, (min(tq, m) + 2 * min(tk, n)) * d, hw)
+    q0, k0 = min(tq, m), min(tk, n)
+    cycles = max(units.values()) + dma_cycles(3 + (sh.mask is not None), (q0 + 2 * k0) * d + q0 * (
+        n if mask.resident else k0) * mask.itemsize, hw)
     acts = ActionCounts(macs_int8=t["macs"], macs_bf16=0.0, macs_fp32=0.0, vector_ops=t["ops"],
                         scratchpad_read_bytes=2 * t["ops"] * F32 + t["macs"] / hw.array_cols,
                         scratchpad_write_bytes=t["ops"] * F32 + read, accumulator_read_bytes=t["ops"] * F32 / 2,
@@ -256,9 +332,14 @@ def int8_flash_cost(sh: Shape, tq: int, tk: int, hw) -> tuple[float, ActionCount
 
 
 def map_int8_flash(sh: Shape, hw, objective: str):
-    """The (tq, tk) of least objective that fits, with its (charged cycles, energy), or None."""
-    return search_blocks(sh.dims[1], sh.dims[2], lambda tq, tk: int8_flash_buffers(sh, tq, tk),
-                         lambda tq, tk: int8_flash_cost(sh, tq, tk, hw), hw, objective)
+    """(the (tq, tk) of least objective that fits, with its (charged cycles, energy), or None; the shape
+    with the way it reads its mask, lower.schedule.flash.mask_ways)."""
+    def search(way):
+        shape = sh._replace(mask=way)
+        return search_blocks(sh.dims[1], sh.dims[2], lambda tq, tk: int8_flash_buffers(shape, tq, tk),
+                             lambda tq, tk: int8_flash_cost(shape, tq, tk, hw), hw, objective)
+    mapped, way = mask_ways(sh.mask or UNSHARED, sh.mask is not None, search, objective)
+    return mapped, sh._replace(mask=sh.mask and way)
 
 
 def choose_int8_flash(graph, layout, tilings: dict, hw, objective: str, excluded) -> list[Int8Attention]:
@@ -266,7 +347,9 @@ def choose_int8_flash(graph, layout, tilings: dict, hw, objective: str, excluded
     lower bound of the layers' own; one that does not fit is never emitted: the layers run alone."""
     chosen = []
     for p in match(graph, layout, excluded):
-        taken = pays(p, map_int8_flash(shape_of(p, graph), hw, objective), tilings, hw, objective)
+        mapped, sh = map_int8_flash(shape_of(p, graph, layout), hw, objective)
+        taken = pays(p, mapped, tilings, hw, objective)
         if taken is not None:
-            chosen.append(Int8Attention(tuple(n.name for n in p.nodes), taken[0], dims_of(p), taken[1]))
+            chosen.append(Int8Attention(tuple(n.name for n in p.nodes), taken[0], dims_of(p), taken[1], roles=p.roles,
+                                        mask=sh.mask or UNSHARED))
     return chosen
