@@ -129,11 +129,15 @@ class VectorFunc(enum.IntEnum):
     LUT = 41
     # int8/int32 -> int32 by the same records, a left shift first and no int8 saturation (TFLite Add's inputs)
     RESCALE = 44
+    # float: dst = min(max(src1 + bias, lo), hi) by records (bias, lo, hi, 0): a conv's bias add and its
+    # ReLU / ReLU6 / hardtanh as one pass over the tile (the fp32 analogue of REQUANT's output stage)
+    CLAMP = 45
 
 
 # a REQUANT record: int32 multiplier, shift, zero point, saturation bounds, bias, three reserved words (0), a power
 # of two so records stay aligned in a buffer of them
 REQUANT_RECORD_BYTES = 32
+CLAMP_RECORD_WORDS = 4      # a CLAMP record: bias, lo, hi, one reserved word (0): 16 bytes, a power of two
 LUT_ENTRIES = 256           # a LUT table: one int8 per int8 input, the entry of q at q + 128
 RECORD_ALIGN = 16           # an element aligns to its size, a record (REQUANT's, a LUT table) to at most this
 MAX_COUNT = 65535           # the largest iteration count n[i] (u16)

@@ -27,6 +27,7 @@ import numpy as np
 from stagec.errors import SimulationError
 
 from .instructions import (
+    CLAMP_RECORD_WORDS,
     ITEMSIZE,
     LUT_ENTRIES,
     REQUANT_RECORD_BYTES,
@@ -40,7 +41,7 @@ from .instructions import (
     Space,
     VectorFunc,
 )
-from .semantics import NUMPY, accumulate, cast, lookup, pad_value, widen
+from .semantics import NUMPY, accumulate, cast, clamp, lookup, pad_value, widen
 
 OPERANDS = ("x", "y", "z")
 LOCAL = frozenset({Space.SPAD, Space.ACC})
@@ -299,6 +300,9 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     _vf(VectorFunc.RESCALE, lambda ns, x, r: ns.rescale(x, r[..., 0], r[..., 1], r[..., 2], r[..., 3]), sources=2,
         src2_words=REQUANT_RECORD_BYTES // 4, src2_dtype=int(DType.I32),
         types=frozenset({(DType.I8, DType.I32), (DType.I32, DType.I32)})),
+    # f32 -> f32 by records (bias, lo, hi, 0): a float layer's bias add and clamp (ReLU, ReLU6, hardtanh)
+    _vf(VectorFunc.CLAMP, lambda ns, x, r: clamp(ns.xp, x, r), sources=2, src2_words=CLAMP_RECORD_WORDS,
+        types=frozenset({(DType.F32, DType.F32)})),
 )}
 # For the compiler (lower.codegen.vector, stagec.layers); the toolchain reads func_table("transcendental").
 TRANSCENDENTAL = frozenset(VectorFunc(f) for f, d in VECTOR_FUNCS.items() if d.transcendental)

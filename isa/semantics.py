@@ -140,6 +140,12 @@ def requantize(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, zero_po
     return np.minimum(np.maximum(y, lo), hi).astype(np.int8)
 
 
+def clamp(xp, x, records):
+    """min(max(x + bias, lo), hi) by records (bias, lo, hi, 0) on the last axis: the CLAMP vector
+    function and the graph's clamp step (one rounding, the add's; max and min are exact)."""
+    return xp.minimum(xp.maximum(x + records[..., 0], records[..., 1]), records[..., 2])
+
+
 def lookup(ns: Namespace, x, table):
     """table[x + 128] of int8 x, a table (256 entries, last axis) per leading index of x's batch
     (its axes before the instruction's three): the LUT vector function."""

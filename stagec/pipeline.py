@@ -40,6 +40,7 @@ from stagec.lower.graph.activations import split_activations
 from stagec.lower.graph.bfloat16 import to_bfloat16
 from stagec.lower.graph.calibrate import calibrate, channel_ranges
 from stagec.lower.graph.canonicalize import canonicalize
+from stagec.lower.graph.clamp import fold_clamps
 from stagec.lower.graph.graph_ir import Graph, check_graph
 from stagec.lower.graph.hoist_affine import hoist_affine
 from stagec.lower.graph.integer_ops import integer_op_set
@@ -340,6 +341,8 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("fuse_quantized", GraphPass(lambda g: fuse_epilogues(fuse_elementwise(g)), fusion=True), when=_quantizing),
     # bf16: activations and weights bf16 in DRAM, inputs and outputs as the model has them (int8: the islands')
     Stage("bf16", _bf16, when=lambda r: r.quantize in ("int8", "bf16")),
+    # float32: a conv/matmul's bias add and ReLU/ReLU6/hardtanh -> one clamp step (isa CLAMP)
+    Stage("fold_clamps", GraphPass(fold_clamps, fusion=True), when=lambda r: r.quantize is None),
     # depthwise convs that run cheaper packed on the array -> grouped convs (lower.schedule.pack)
     Stage("pack", _pack),
     # tune=: mappings by gradient on the cost model (stagec.tune), with the collector on

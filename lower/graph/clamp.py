@@ -1,0 +1,60 @@
+"""A float layer's bias add and clamp as one clamp step (isa CLAMP), so its epilogue is one vector pass.
+
+A float32 CONV/MATMUL whose epilogue is [add(acc, per-channel bias)] then a clamp to constant bounds
+(ReLU, ReLU6, hardtanh: relu, max and min with scalars; lower.graph.activations.clamp_bounds) took
+one vector instruction a step over every output tile: MobileNetV2's expand and depthwise layers
+three (add, max, min).  `clamp(acc, r)` does them in one, by float32 records (bias, lo, hi, 0) per
+channel (one record for the tensor without a bias), as REQUANT carries int8's bias and bounds.  The
+add rounds as before and max and min are exact, so the result is the same (a -0.0 may become +0.0).
+int8 keeps its clamps in REQUANT's bounds (lower.graph.quantize): this pass leaves int8 layers alone.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import numpy as np
+
+from .activations import bias_steps, clamp_bounds, scalar
+from .graph_ir import MATRIX_OPS, Graph, Node, Step, Value
+
+
+def clamp_records(node: Node, consts) -> np.ndarray | None:
+    """The float32 clamp records of a float32 CONV/MATMUL whose whole epilogue (two steps or more) is
+    [bias add] then a clamp to constant bounds, shaped as the bias ([4] without one); else None."""
+    expr = node.attr("epilogue") or ()
+    if (node.op not in MATRIX_OPS or len(expr) < 2
+            or not node.inputs[0].dtype == node.output.dtype == "float32"):
+        return None
+    bias, k = bias_steps(node, consts)
+    n_in = len(node.inputs) - 1
+
+    def scalar_of(a):
+        return scalar(node.inputs[a + 1], consts) if 0 < a < n_in else None
+    bounds = clamp_bounds(expr[k:], n_in if k else 0, n_in + k, scalar_of)
+    if bounds is None:
+        return None
+    shape = node.inputs[max(expr[0].args) + 1].shape if k else ()
+    words = [bias.reshape(shape) if k else np.zeros(shape), *(np.full(shape, b) for b in bounds), np.zeros(shape)]
+    return np.stack(words, axis=-1).astype(np.float32)
+
+
+def fold_clamps(graph: Graph) -> Graph:
+    """Each float32 CONV/MATMUL epilogue of a bias add and a clamp (module doc) as one clamp step."""
+    consts = dict(graph.constants)
+    ids = graph.fresh_ids()
+    nodes = []
+    for node in graph.nodes:
+        records = clamp_records(node, consts)
+        if records is None:
+            nodes.append(node)
+            continue
+        r = Value(next(ids), records.shape, "float32")
+        consts[r.id] = records
+        nodes.append(Node(node.op, (*node.inputs[:2], r), node.output, node.attrs, node.name)
+                     .with_attrs(epilogue=(Step("clamp", (0, 1)),)))
+    if len(consts) == len(graph.constants):
+        return graph
+    live = {v.id for n in nodes for v in n.inputs} | {v.id for v in graph.outputs}   # bias and bounds: in records
+    return Graph(graph.inputs, graph.outputs, tuple(nodes),
+                 MappingProxyType({k: a for k, a in consts.items() if k in live}))
