@@ -16,7 +16,7 @@ from stagec.lower.schedule import cascade_map
 from stagec.lower.schedule.cascade import cascade_cost
 from stagec.lower.schedule.halo import ahead_shape, depthwise_at
 from stagec.lower.schedule.nest import ConvProblem, Exact, LayerShape
-from stagec.pipeline import PIPELINE, Compilation, Request, run
+from stagec.pipeline import PIPELINE, Compilation, Request, position, run
 from stagec.report import make_report
 from stagec.sim.energy import energy_pj
 
@@ -141,16 +141,21 @@ def test_random_inverted_blocks_on_random_hardware(c, expand, size, kernel, stri
     check_fused_against_unfused(model, x, hw)
 
 
+def unclamped_graph(model, x):
+    """The graph before fold_clamps: with its ReLU6 as three vector steps a depthwise conv packs alone where,
+    its epilogue one CLAMP (lower.graph.clamp), the vector unit runs it cheaper (pack_depthwise keeps it)."""
+    return run(PIPELINE[:position("fold_clamps")], Compilation(Request(model, (x,)))).graph
+
+
 def test_a_depthwise_conv_that_packs_alone_stays_on_the_vector_unit_for_its_cascade():
     """At 56x56 over 32 channels the depthwise conv alone runs cheaper packed on the array, but its
     block runs cheaper as one cascade with it on the vector unit (lower.schedule.pack.fuses_instead):
     fused it stays depthwise, in the block's cascade; layer by layer it packs; the outputs agree."""
     from stagec.lower.graph.graph_ir import OpKind
     from stagec.lower.schedule.pack import pack_depthwise
-    from stagec.pipeline import build_graph
 
     model, x = block(1, size=56, c=16, expand=2, out=16)
-    _, graph = build_graph(model, (x,))
+    graph = unclamped_graph(model, x)
     hw = HardwareConfig()
 
     def groups(g):
@@ -172,14 +177,13 @@ def test_a_stems_depthwise_conv_after_a_full_conv_stays_on_the_vector_unit_for_i
     stays depthwise, in that cascade; layer by layer it packs; the outputs agree."""
     from stagec.lower.graph.graph_ir import OpKind
     from stagec.lower.schedule.pack import pack_depthwise
-    from stagec.pipeline import build_graph
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, stride=2, padding=1), torch.nn.ReLU6(),
                                 torch.nn.Conv2d(32, 32, 3, padding=1, groups=32), torch.nn.ReLU6(),
                                 torch.nn.Conv2d(32, 16, 1)).eval()
     x = torch.randn(1, 3, 112, 112)
-    _, graph = build_graph(model, (x,))
+    graph = unclamped_graph(model, x)
 
     def groups(g):
         return [n.attr("groups") for n in g.nodes if n.op == OpKind.CONV]
