@@ -135,9 +135,8 @@ def check_layer(c, size, k, stride, padding, hw=HW, tile=None):
 
 @pytest.mark.parametrize(("c", "size", "k", "stride", "padding", "tile"), [
     (6, 9, 3, 1, 1, (4, 5, 4, 1)),     # edge tiles of every size, channels 4 + 2
-    (7, 9, 5, 1, 2, (3, 9, 7, 1)),     # 5x5, channels 7
     (5, 12, 5, 2, 0, (2, 4, 3, 1)),    # 5x5 stride 2, unpadded
-], ids=["3x3", "5x5", "5x5-s2-unpadded"])
+], ids=["3x3", "5x5-s2-unpadded"])
 def test_an_int8_depthwise_as_dot_products_keeps_its_integers_and_its_price(c, size, k, stride, padding, tile):
     check_layer(c, size, k, stride, padding, tile=tile)
 
