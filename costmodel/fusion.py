@@ -27,7 +27,7 @@ from stagec.isa.instructions import MAX_COUNT
 from stagec.lower.schedule.cascade import MAX_MEMBERS, cascade_cost
 from stagec.lower.schedule.cascade_map import _mappings, map_cascade
 from stagec.lower.schedule.halo import depthwise_at
-from stagec.lower.schedule.nest import MATRIX, LayerShape
+from stagec.lower.schedule.nest import MATRIX, LayerShape, dots
 from stagec.sim.energy import energy_pj
 
 from .smooth import Relaxed
@@ -76,7 +76,7 @@ def _segment_start(nests, hw, objective: str):
     theta[:2] = np.log([th, tw])
     for i, m in enumerate(ms):
         theta[2 + 2 * i] = np.log(max(m.tile_o, 1))
-        theta[3 + 2 * i] = 3.0 if m.weights_resident else -3.0
+        theta[3 + 2 * i] = 3.0 if m.weights_resident or m.dot else -3.0
     theta[-2:] = [3.0 if ms[-1].single_acc else -3.0, -3.0 if chunk is None else 3.0]
     return jnp.asarray(theta)
 
@@ -92,7 +92,7 @@ def segment_cost(Ls, theta, hw, smooth):
         return jnp.where(smooth == 0, jnp.round(t), t)
     axes = [tile(theta[0], Ls[d].oh), tile(theta[1], Ls[d].ow)]
     for i, L in enumerate(Ls):
-        axes += [tile(theta[2 + 2 * i], L.o), jax.nn.sigmoid(theta[3 + 2 * i]) * (L.kind == MATRIX)]
+        axes += [tile(theta[2 + 2 * i], L.o), jax.nn.sigmoid(theta[3 + 2 * i]) * ((L.kind == MATRIX) | dots(L))]
     chunked = jax.nn.sigmoid(theta[-1]) * (Ls[-1].o <= MAX_COUNT)
     axes += [jax.nn.sigmoid(theta[-2]) * (Ls[-1].kind == MATRIX), chunked]
     cost = cascade_cost(Ls, _mappings(Ls, axes, 1.0), hw, Relaxed(smooth), chunked)

@@ -122,6 +122,9 @@ class VectorFunc(enum.IntEnum):
     RSUM = 32
     RMAX = 33
     RMIN = 34
+    # sum over i2 of src1 * src2: int8 x int8 -> int32 dot products of runs contiguous in both (Arm's SDOT,
+    # Helium's VMLADAV: four int8 products summed into each 32-bit lane)
+    RDOT = 35
     # int32 -> int8: a per-channel int32 bias added, then a fixed-point multiplier, shift and zero point
     # (TFLite/gemmlowp rounding; the bias as Ethos-U's scale-bias records carry it)
     REQUANT = 40

@@ -206,6 +206,7 @@ class VectorFuncDef:
     src2_words: int = 1         # > 1: src2 is records of that many words (strides count records)
     src2_dtype: int = -1        # the DType of src2's words; -1: the instruction's dtype
     src2_once: bool = False     # src2 is one record for the whole instruction (dims 1, strides 0): a table
+    runs: bool = False          # its sources are read as contiguous runs over i2 (strides s2 of 1): packed lanes
     types: frozenset | None = None          # legal (dtype, out_dtype) pairs; None: equal types
 
     @property
@@ -240,6 +241,11 @@ def _multiply(ns, a, b):
 def _sum(ns, x):
     """The sum over i2; int8 sums in int32 (a widening add across lanes, as Arm's SADDLV), wrapping."""
     return ns.xp.sum(x.astype(np.int32) if x.dtype == np.int8 else x, axis=-1)
+
+
+def _dot(ns, a, b):
+    """The sum over i2 of a * b; int8 products and their sums in int32, wrapping (as SDOT)."""
+    return ns.xp.sum(_multiply(ns, a, b), axis=-1)
 
 
 def _floor_div(ns, a, b):
@@ -287,6 +293,7 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     _vf(VectorFunc.RSUM, _sum, reduction=True, types=SAME_TYPES | {(DType.I8, DType.I32)}),
     _vf(VectorFunc.RMAX, lambda ns, x: ns.xp.max(x, axis=-1), reduction=True),
     _vf(VectorFunc.RMIN, lambda ns, x: ns.xp.min(x, axis=-1), reduction=True),
+    _vf(VectorFunc.RDOT, _dot, sources=2, reduction=True, runs=True, types=frozenset({(DType.I8, DType.I32)})),
     # i32 -> i8 by records (Q31 multiplier, shift, zero point, saturation bounds, bias): the bias added (int32,
     # wrapping), TFLite/gemmlowp rounding, then TFLite's activation_min/max (isa.semantics.saturation_bounds)
     _vf(VectorFunc.REQUANT, lambda ns, x, r: ns.requantize(x, r[..., 0], r[..., 1], r[..., 2], r[..., 3], r[..., 4]),
@@ -463,6 +470,9 @@ OPCODES: dict[int, OpcodeDef] = {d.opcode: d for d in (
               mode=AccMode, modes=frozenset(AccMode), mode_key="acc", takes_func=True,
               checks=(Check("x_strides", "a reduction's destination stride over the reduced dim (s2) must be 0",
                             lambda f: func_table("reduction")[f.func].astype(bool) & (f.strides("x")[:, 2] != 0)),
+                      Check("y_strides", "RDOT reads its sources as runs over i2: their strides s2 must be 1",
+                            lambda f: func_table("runs")[f.func].astype(bool)
+                            & ((f.strides("y")[:, 2] != 1) | (f.strides("z")[:, 2] != 1))),
                       Check("z_strides", "a table (src2 of LUT) is one for the instruction: its strides must be 0",
                             lambda f: func_table("src2_once")[f.func].astype(bool) & (f.strides("z") != 0).any(1)),
                       Check("mode", "a bf16 destination cannot accumulate (each step would round): accumulate in "

@@ -7,6 +7,13 @@ tile [rows, cols, channels] that reads a strided window of the input halo:
     depthwise:  acc (+)= halo_window(tap) * weights[tap, channels]
     max pool:   acc max= halo_window(tap)        (padding is -inf)
     sum pool:   acc  += halo_window(tap)
+
+An int8 depthwise mapped `dot` (lower.schedule.nest.TileMapping) holds its halo channel-major
+([channel][row][column]: the DMA lays it out so, or in a cascade a COPY turns the window) and its weights
+[channel][tap], so that a kernel row's taps over an output are a run of kw int8 in both; an RDOT per
+output row and kernel row sums them (the same int32 sums, int8 packed in the lanes):
+
+    dot:        acc[row] (+)= sum over kw of halo[channels, row * sh + kh, cols * sw + kw] * weights[channels, kh, kw]
 """
 
 from __future__ import annotations
@@ -97,14 +104,15 @@ class WindowNest:
                 write(n, c0, oh0, ow0, (th, tw, tc), result)
 
     def load_weights(self, c0: int, tc: int) -> int | None:
-        """LOAD a channel tile's weights, [taps, tc]; their base."""
+        """LOAD a channel tile's weights, [taps, tc] (a dot mapping's [tc, taps]); their base."""
         p, w, em = self.p, self.w, self.em
         if w is None:
             return None
         at = c0 * p.kh * p.kw * w.dtype.itemsize if self.resident else 0
         slot = 0 if self.resident else (c0 // self.m.tile_o) % self.bufs
         w_base = self.bases["weights"][slot] + at
-        em.load_box(w, (c0, 0, 0, 0), (2, 3, 0), (p.kh, p.kw, tc), Space.SPAD, w_base, local=w.dtype)
+        axes, counts = ((0, 2, 3), (tc, p.kh, p.kw)) if self.m.dot else ((2, 3, 0), (p.kh, p.kw, tc))
+        em.load_box(w, (c0, 0, 0, 0), axes, counts, Space.SPAD, w_base, local=w.dtype)
         return w_base
 
     def tile(self, epi: Epilogue, n, oh0, th, ow0, tw, c0, tc, w_base, final=None, inside=None) -> tile_expr.LocalTile:
@@ -127,14 +135,25 @@ class WindowNest:
         if base is None and (ih - top - bottom <= 0 or iw - left - right <= 0):
             self.fill(dst, (th, tw, tc), 0.0 if self.pad_value == PadValue.ZERO else float("-inf"), self.acc_type)
         else:
+            dot = self.m.dot
             if base is None:
                 if max(top, bottom, left, right) > 255:
                     raise LoweringError(f"{em.layer_name}: padding exceeds the DMA's 255")
                 base = halo_buf[buf]
-                em.load(self.x, (n, c0, r0 + top, q0 + left), (2, 3, 1), (ih - top - bottom, iw - left - right, tc),
-                        Operand(Space.SPAD, base, (iw * tc, tc, 1)),
-                        pad=(top, bottom, left, right, 0, 0), pad_value=self.pad_value, local=self.x.dtype)
-            for t, (kh, kw) in enumerate((a, b) for a in range(p.kh) for b in range(p.kw)):
+                counts, pad = (ih - top - bottom, iw - left - right, tc), (top, bottom, left, right, 0, 0)
+                axes, strides = (2, 3, 1), (iw * tc, tc, 1)
+                if dot:   # channel-major
+                    axes, strides, counts, pad = (1, 2, 3), (ih * iw, iw, 1), counts[2:] + counts[:2], pad[4:] + pad[:4]
+                em.load(self.x, (n, c0, r0 + top, q0 + left), axes, counts, Operand(Space.SPAD, base, strides),
+                        pad=pad, pad_value=self.pad_value, local=self.x.dtype)
+            elif dot:   # the window in place, [row][column][channel], turned channel-major
+                em.vector(VectorFunc.COPY, Operand(Space.SPAD, halo_buf[buf], (ih * iw, iw, 1)),
+                          Operand(Space.SPAD, base, (1, iw * tc, tc)), None, (tc, ih, iw), dtype=self.x.dtype,
+                          out_dtype=self.x.dtype)
+                base = halo_buf[buf]
+            if dot:
+                self._dot(dst, base, w_base, th, tw, tc)
+            for t, (kh, kw) in enumerate(() if dot else ((a, b) for a in range(p.kh) for b in range(p.kw))):
                 src = Operand(Space.SPAD, base + (kh * dh * iw * tc + kw * dw * tc) * cb,
                               (sh * iw * tc, sw * tc, 1))
                 weight = Operand(Space.SPAD, w_base + t * tc * cb, (0, 0, 1)) if self.w is not None else None
@@ -144,3 +163,17 @@ class WindowNest:
         acc_tile = tile_expr.LocalTile(Space.ACC, acc_buf[buf], (th, tw, tc), self.acc_type)
         return epi.emit(em, acc_tile, n, c0, oh0, ow0, (th, tw, tc), buf, final, typed=final is not None)
 
+    def _dot(self, dst: Operand, base: int, w_base: int, th, tw, tc) -> None:
+        """A dot mapping's taps: per output row and kernel row, an RDOT of the row's channels x columns
+        over runs of kw in the channel-major halo at `base` and the weights, [channel][tap], at `w_base`."""
+        p, em, cb = self.p, self.em, self.x.dtype.itemsize
+        (sh, sw), dh = p.stride, p.dilation[0]
+        ih, iw = p.halo(th, tw)
+        for r in range(th):
+            row = Operand(Space.ACC, dst.base + r * tw * tc * self.acc_type.itemsize, (tc, 1, 0))
+            for kh in range(p.kh):
+                em.vector(VectorFunc.RDOT, row,
+                          Operand(Space.SPAD, base + (r * sh + kh * dh) * iw * cb, (sw, ih * iw, 1)),
+                          Operand(Space.SPAD, w_base + kh * p.kw * cb, (0, p.kh * p.kw, 1)), (tw, tc, p.kw),
+                          acc=AccMode.OVERWRITE if kh == 0 else AccMode.ADD, dtype=self.x.dtype,
+                          out_dtype=self.acc_type)

@@ -48,7 +48,7 @@ from .buffers import Buffer, local_bytes, words
 from .nest import DEPTHWISE, MATRIX, LayerShape, TileMapping
 from .nest_cost import dma_cycles
 from .nest_energy import actions
-from .nest_work import matrix_buffers, matrix_work, waits, window_buffers, window_work
+from .nest_work import matrix_buffers, matrix_work, waits, window_buffers, window_turn, window_work
 
 MAX_MEMBERS = 3     # layers per cascade the mapper considers (its grid grows with each one's tile choices)
 
@@ -137,7 +137,9 @@ def member_buffers(Ls, ms, xp, chunked=0) -> list[list[Buffer]]:
         else:
             resident = Buffer("weights", Space.SPAD, words(L.kh * L.kw * L.o * L.itemsize, L.itemsize))
             own = [resident if b.name == "weights" else b for b in window_buffers(L, m, xp)]
-        own = [b for b in own if i == 0 or b.name != "halo"]
+        # a depthwise member's halo: where a dot mapping turns the window channel-major (lower.codegen.window)
+        own = [b if i == 0 or b.name != "halo" else dataclasses.replace(b, count=b.count * m.dot) for b in own
+               if i == 0 or b.name != "halo" or L.kind != MATRIX]
         out.append(own + ([intermediate(L, m, chunk[i])] if i < len(Ls) - 1 else [])
                    + ([halo.mask_buffer(L, m)] if i == d - 1 else []))
     return out
@@ -186,14 +188,18 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
         loads = tuple(a + h + wt + e for a, h, wt, e in zip(loads, window, weights, w.extra, strict=True))
         startup = tuple(a + b + (1 - on_array) * c for a, b, c in zip(startup, w.startup, w.weights, strict=True))
         copy = copies(L) * (i < last)
-        vec = w.epilogue + copy * w.groups + (1 - on_array) * w.compute + (i == d - 1) * (mul_cycles + copy_cycles)
+        turned = (1 - on_array) * (i > 0) * m.dot   # a dot mapping's COPY turning each window
+        turn_cycles, turn_elements = window_turn(L, w.dims, hw, ops)
+        vec = (w.epilogue + copy * w.groups + (1 - on_array) * w.compute + (i == d - 1) * (mul_cycles + copy_cycles)
+               + turned * turn_cycles)
         tiles = xp.maximum(w.tiles, 1)
         # the next member's first MATMUL waits for this member's last output tile's vector work
         matrix = (matrix + on_array * (w.compute + waits(L, m, w, hw))
                   + (i < last) * L.n * w.dims.n_h * w.dims.n_w * vec / tiles)
         vector = vector + vec
-        instructions = instructions + w.instructions - (i > 0) * w.halo[0] - (i < last) * (w.store[0] - copy * w.tiles)
-        acts.append(_member_actions(L, m, w, hw, ops, i > 0, (i < last) * 1, copy))
+        instructions = (instructions + w.instructions - (i > 0) * w.halo[0] - (i < last) * (w.store[0] - copy * w.tiles)
+                        + turned * w.halo[0])
+        acts.append(_member_actions(L, m, w, hw, ops, i > 0, (i < last) * 1, copy, turned * turn_elements))
     units = {"load": dma_cycles(*loads, hw), "store": dma_cycles(*store, hw),
              "channel": (loads[1] + store[1]) / hw.dma_bandwidth_bytes_per_cycle, "matrix": matrix, "vector": vector}
     first, end = works[0], works[-1]
@@ -207,12 +213,13 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
 
 
 def _member_actions(L: LayerShape, m: TileMapping, w, hw, ops, reads_intermediate, writes_intermediate,
-                    copy) -> dict:
+                    copy, turned) -> dict:
     """A member's actions as its own nest's, less the intermediate's DRAM LOAD (and the scratchpad write
     it makes, padding included) and STORE; the intermediate written to the scratchpad, by a COPY out of the accumulator
     (in the STORE's place: its vector ops) or by the epilogue's last step (which then writes no
     accumulator, and no STORE reads it).  (An epilogue with temporaries moves some more bytes between
-    the two memories than this counts: a GELU's, about 3 intermediates' worth each way.)"""
+    the two memories than this counts: a GELU's, about 3 intermediates' worth each way.)  `turned`: the
+    elements a dot mapping's COPYs turn channel-major."""
     a = actions(L, m, w, hw, ops, L.kind).to_dict()
     out = L.n * L.oh * L.ow * L.o
     stored = w.store[1]
@@ -220,7 +227,9 @@ def _member_actions(L: LayerShape, m: TileMapping, w, hw, ops, reads_intermediat
     a["scratchpad_write_bytes"] = (a["scratchpad_write_bytes"] - reads_intermediate * w.halo_padded
                                    + writes_intermediate * stored)
     a["dram_write_bytes"] = a["dram_write_bytes"] - writes_intermediate * stored
-    a["vector_ops"] = a["vector_ops"] + writes_intermediate * copy * out
+    a["vector_ops"] = a["vector_ops"] + writes_intermediate * copy * out + turned
+    a["scratchpad_read_bytes"] = a["scratchpad_read_bytes"] + turned * L.itemsize
+    a["scratchpad_write_bytes"] = a["scratchpad_write_bytes"] + turned * L.itemsize
     direct = writes_intermediate * (1 - copy) * stored
     a["accumulator_read_bytes"] = a["accumulator_read_bytes"] - direct
     a["accumulator_write_bytes"] = a["accumulator_write_bytes"] - direct

@@ -25,7 +25,7 @@ from stagec.sim.energy import ActionCounts, energy_pj
 from ..graph.graph_ir import OpKind
 from .cascade import MAX_MEMBERS, Cascade, cascade_cost, chunk_at
 from .halo import LINE, depthwise_at, halos, window_tile
-from .nest import MATRIX, Exact, LayerShape, TileMapping
+from .nest import MATRIX, Exact, LayerShape, TileMapping, dots
 from .nest_cost import nest_cost
 from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
 from .tensors import DTYPE_OF
@@ -111,7 +111,8 @@ def _charged(cycles, instructions, actions: ActionCounts, hw, objective: str):
 
 def _mappings(Ls, axes, double) -> list[TileMapping]:
     """Each member's mapping from `axes` (spatial tile, then per member its output-channel tile and
-    weight residency, then the last member's single accumulator tile and whether chunked; arrays of
+    weight residency (a depthwise member's: its dot mapping, lower.schedule.nest.TileMapping), then the
+    last member's single accumulator tile and whether chunked; arrays of
     the grid, or the picked numbers).  A member's channel tiles are the one before's output-channel
     tiles (lower.schedule.cascade), a depthwise member's one (its nest's) and its output-channel
     tiles the one before's; a member ahead of a depthwise one tiles its input windows
@@ -122,8 +123,9 @@ def _mappings(Ls, axes, double) -> list[TileMapping]:
     if Ls[-1].kind == MATRIX:
         outs[-1] = axes[-1] * Ls[-1].o + (1 - axes[-1]) * outs[-1]   # numbers, grids or relaxed (costmodel.fusion)
     return [TileMapping(*(window_tile(Ls[d], th, tw) if i < d else (th, tw)), outs[i],
-                        outs[i - 1] if i else L.c if L.kind == MATRIX else 1, double, axes[3 + 2 * i],
-                        axes[-2] if i == len(Ls) - 1 else 0)
+                        outs[i - 1] if i else L.c if L.kind == MATRIX else 1, double,
+                        axes[3 + 2 * i] if L.kind == MATRIX else False, axes[-2] if i == len(Ls) - 1 else 0,
+                        dot=False if L.kind == MATRIX else axes[3 + 2 * i])
             for i, L in enumerate(Ls)]
 
 
@@ -156,9 +158,9 @@ def _map(Ls, hw, objective: str, halo: str | None) -> Mapped | None:
     line = int(halo == LINE)
     axes = [tile_sizes(Ls[d].oh), tile_sizes(Ls[d].ow)]
     for i, L in enumerate(Ls):   # output-channel tiles (a depthwise member's after the first: the one
-        # ahead's), weight residency (a depthwise member's are whole, held throughout)
+        # ahead's), weight residency (a depthwise member's are whole, held throughout: its dot mapping)
         axes += [np.array([0]) if d and i == d else _options(L.o, hw.array_cols),
-                 np.array([1, 0] if L.kind == MATRIX else [0])]
+                 np.array([1, 0] if L.kind == MATRIX else [0, 1] if dots(L) else [0])]
     # the last member's single accumulator tile (a chunked one's holds every channel); chunked (its
     # last MATMULs' n is the o; not with a line buffer, which holds its rows' every channel)
     axes += [np.array([0, 1] if Ls[-1].kind == MATRIX else [0]),

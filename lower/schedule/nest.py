@@ -157,7 +157,14 @@ class TileMapping:
     [column][kernel row][channel]), so one MATMUL's k covers the whole kernel, kh * kw * tile_c,
     instead of one kernel row: a stem's 7x7 kernel over 3 channels is 10 row folds of the array
     rather than 7 x 2 (21 of every 32 rows used), for kh times the input traffic.  Undilated
-    kernels of more than one row only."""
+    kernels of more than one row only.
+
+    `dot` runs an int8 depthwise conv's taps as dot products (VectorFunc.RDOT, as Arm's SDOT): its halo
+    held channel-major ([channel][row][column], so a kernel row's taps over one output are a run of kw
+    int8 in it), per output row and kernel row one RDOT sums each output's kw products into its int32
+    (as sim.costs.lane_bits packs a sum over runs of kw: four a lane from 4 on, two for 3), instead of a
+    widening MUL per tap, one a lane.  In a cascade the window the member ahead wrote
+    ([row][column][channel]) is turned channel-major by a COPY per tile first.  Undilated columns only."""
 
     tile_oh: int
     tile_ow: int
@@ -168,6 +175,7 @@ class TileMapping:
     single_acc: bool = False
     transposed: bool = False
     stacked: bool = False
+    dot: bool = False
 
     @property
     def acc_buffers(self) -> int:
@@ -202,6 +210,11 @@ def stacks(L: LayerShape):
     return matrix(L) & (L.kh > 1) & (L.dilation_h == 1) & (L.dilation_w == 1)
 
 
+def dots(L: LayerShape):
+    """Whether a dot mapping applies: a depthwise conv of int8 summed in int32, its columns undilated."""
+    return (L.kind == DEPTHWISE) & (L.itemsize == 1) & (L.widened == 1) & (L.dilation_w == 1)
+
+
 @dataclass(frozen=True)
 class Switch:
     """A TileMapping switch: its field, how str(mapping) shows it, where it exists (a function of
@@ -225,6 +238,7 @@ SWITCHES = (
            "a matrix-unit op whose row stride is a multiple of its column stride", (0, 1)),
     Switch("stacked", "stacked", stacks, "an undilated matrix-unit kernel of several rows, not transposed", (0, 1),
            tuned=False),
+    Switch("dot", "dot", dots, "an int8 depthwise conv of undilated columns", (0, 1), tuned=False),
 )
 
 

@@ -18,6 +18,7 @@ from .nest_work import (
     matmuls_per_step,
     taps_per_matmul,
     window_acc_itemsize,
+    window_steps,
 )
 
 
@@ -65,9 +66,11 @@ def matrix_actions(L: LayerShape, m: TileMapping, w: Work, hw, ops) -> ActionCou
 
 
 def window_actions(L: LayerShape, m: TileMapping, w: Work, hw, ops) -> ActionCounts:
-    """A window nest's: each tap reads the halo as loaded and accumulates in the sums' type."""
+    """A window nest's: each tap reads the halo as loaded and accumulates in the sums' type (a dot
+    mapping's RDOTs, a kernel row's taps at once)."""
     out = L.n * L.oh * L.ow * L.o
     taps = L.kh * L.kw
+    steps = window_steps(L, m)
     acc = window_acc_itemsize(L)
     epi_read, epi_write = epilogue_bytes(L, m, out)
     return ActionCounts(
@@ -75,8 +78,8 @@ def window_actions(L: LayerShape, m: TileMapping, w: Work, hw, ops) -> ActionCou
         vector_ops=taps * out + epilogue_ops(L, m) * out,
         scratchpad_read_bytes=taps * out * L.itemsize,
         scratchpad_write_bytes=w.halo_padded - w.halo[1] + w.loads[1] + w.startup[1],
-        accumulator_read_bytes=(taps - 1) * out * acc + epi_read + out * L.out_itemsize,
-        accumulator_write_bytes=taps * out * acc + epi_write,
+        accumulator_read_bytes=(steps - 1) * out * acc + epi_read + out * L.out_itemsize,
+        accumulator_write_bytes=steps * out * acc + epi_write,
         dram_read_bytes=w.startup[1] + w.loads[1], dram_write_bytes=w.store[1])
 
 

@@ -317,13 +317,46 @@ def window_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
     # each tap runs at its sum's width: a widening int8 or bf16 MUL into int32 or float32, one per lane;
     # an int8 max pool, four
     tap_groups = lane_groups(L, d, hw, ops, 8 * window_acc_itemsize(L))
+    dot = m.dot
+    rdots, dot_cycles = dot_work(L, d, hw, ops)
     return Work(startup=(held_dmas, held_bytes), halo=(tiles_out, halo_bytes), halo_padded=padded,
                 weights=(weighted * d.n_o, weighted * taps * L.o * L.itemsize), extra=(epi_dmas, epi_bytes),
                 store=(tiles_out, L.n * L.oh * L.ow * L.o * L.out_itemsize), matmuls=xp.zeros_like(groups),
-                vectors=tiles_out * (taps + e.plain + e.hard), compute=tap_groups * taps,
+                vectors=tiles_out * ((1 - dot) * taps + e.plain + e.hard) + dot * rdots,
+                compute=(1 - dot) * tap_groups * taps + dot * dot_cycles,
                 epilogue=epilogue_cycles(L, d, groups, hw, ops),
                 steps=tiles_out, tiles=tiles_out, halo_tiles=tiles_out, dims=d,
                 folds=Folds(*(xp.zeros_like(groups),) * len(Folds._fields)), groups=groups)
+
+
+def dot_work(L: LayerShape, d: Dims, hw, ops):
+    """(RDOTs, their cycles) of a dot mapping (TileMapping.dot) over every output tile: one per output row
+    and kernel row, summing each of its tw x to outputs' kw products (a lane packs a sum over runs of kw
+    as sim.costs.lane_bits says), plus the tree of ceil(log2(kw)) cycles."""
+    xp = ops.xp
+    lanes = hw.vector_lanes * lane_elements(xp.maximum(8 * L.itemsize, -(-8 * ACC_ITEMSIZE // L.kw)),
+                                            hw.vector_subword_packing, xp)
+    tree = xp.where(L.kw > 1, xp.ceil(xp.log2(xp.maximum(L.kw, 1))), 0)
+    rows = L.n * tile_sum(lambda a, b, o: a, d.rows, d.cols, d.outs)
+    return L.kh * rows, L.n * L.kh * tile_sum(lambda a, b, o: a * ops.cdiv(b * o * L.kw, lanes), d.rows, d.cols,
+                                              d.outs) + L.kh * rows * tree
+
+
+def window_turn(L: LayerShape, d: Dims, hw, ops):
+    """(cycles, elements) of a dot mapping's COPYs in a cascade, one per output tile, turning the window
+    the member ahead wrote, [row][column][channel], channel-major (int8 to int8, four a lane)."""
+    lanes = hw.vector_lanes * lane_elements(8 * L.itemsize, hw.vector_subword_packing, ops.xp)
+
+    def window(a, b, o):
+        ih, iw = halo(L, a, b)
+        return ih * iw * o
+    return (L.n * tile_sum(lambda a, b, o: ops.cdiv(window(a, b, o), lanes), d.rows, d.cols, d.outs),
+            L.n * tile_sum(window, d.rows, d.cols, d.outs))
+
+
+def window_steps(L: LayerShape, m: TileMapping):
+    """The VECTORs that write each output's sum: a MUL per tap, or a dot mapping's RDOT per kernel row."""
+    return m.dot * L.kh + (1 - m.dot) * L.kh * L.kw
 
 
 # --- the buffers it holds (lower.schedule.buffers) -----------------------------------------------
