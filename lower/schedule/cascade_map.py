@@ -24,7 +24,7 @@ from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..graph.graph_ir import OpKind
 from .cascade import MAX_MEMBERS, Cascade, cascade_cost, chunk_at
-from .halo import LINE, depthwise_at, halos, window_tile
+from .halo import LINE, depthwise_at, halos, line_reads_input, window_tile
 from .nest import MATRIX, Exact, LayerShape, TileMapping, dots
 from .nest_cost import nest_cost
 from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
@@ -170,7 +170,8 @@ def _map(Ls, hw, objective: str, halo: str | None) -> Mapped | None:
     cost = cascade_cost(Ls, ms, hw, Exact, grid[-1], line)
     charged, energy, value = _charged(cost.cycles, cost.instructions, cost.actions, hw, objective)
     shape = np.broadcast_shapes(*(np.shape(g) for g in grid))
-    fit = np.broadcast_to((cost.spad_bytes <= hw.scratchpad_bytes) & (cost.acc_bytes <= hw.accumulator_bytes), shape)
+    fit = np.broadcast_to((cost.spad_bytes <= hw.scratchpad_bytes) & (cost.acc_bytes <= hw.accumulator_bytes)
+                          & (line_reads_input(Ls[d], grid[0]) if line else True), shape)
     if not fit.any():
         return None
     value = np.where(fit, np.broadcast_to(value, shape), np.inf)

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from stagec.isa.instructions import Space
 
 from .buffers import Buffer, words
@@ -71,6 +73,17 @@ def ahead_rows(dw: LayerShape, th, ops) -> list:
     strip for its output tiles of th rows: the first window whole, then each next window's new rows
     (th * stride, fewer for the last)."""
     return [(halo(dw, th, 1)[0], 1), *ops.tiles((dw.oh - th) * dw.stride_h, th * dw.stride_h)]
+
+
+def line_reads_input(dw: LayerShape, th):
+    """Whether a line buffer over output tiles of th rows (an array) has every window's new rows read
+    some input row: the last tile of a strip can add only rows of the padding below the input, which
+    nothing would LOAD (map_cascade does not take such a tiling)."""
+    step = th * dw.stride_h
+    rest = (dw.oh - th) * dw.stride_h
+    last_new = np.where(rest % step, rest % step, step)
+    end = (dw.oh - 1) * dw.stride_h + (dw.kh - 1) * dw.dilation_h + 1
+    return (rest <= 0) | (end - last_new < dw.pad_top + dw.h)
 
 
 def window_tile(dw: LayerShape, th, tw) -> tuple:
