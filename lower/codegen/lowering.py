@@ -275,7 +275,7 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
             regions.append(Region(ref.name, kind, ref.offset, ref.nbytes))
     regions.append(Region("activations", RegionKind.INTERMEDIATE, data_base + arena, peak))
     meta = {"peak_activation_bytes": peak, "activation_bytes": total, "local_peak_bytes": em.local_peaks,
-            "packed_weight_zeros": packed_weight_zeros(graph),
+            "packed_weight_zeros": packed_weight_zeros(graph), "clamp_bound_bytes": clamp_bound_bytes(graph),
             **({"cascades": [c.to_dict() for c in schedule.cascades]} if schedule.cascades else {}),
             **(metadata or {})}
     program = Program(code=code, layer_ids=np.array(em.layer_ids, np.int32), layers=tuple(layers),
@@ -288,6 +288,14 @@ def packed_weight_zeros(graph) -> int:
     """Bytes of the zeros that packing depthwise convs (lower.schedule.pack) added to the weights."""
     return sum(graph.constants[n.inputs[1].id].nbytes * (n.attr("packed") - 1) // n.attr("packed")
                for n in graph.nodes if n.attr("packed"))
+
+
+def clamp_bound_bytes(graph) -> int:
+    """Bytes of the clamp records (lower.graph.clamp) beyond the model's biases: each channel's bounds and
+    spare word, which the record format repeats (the whole record of a layer without a bias)."""
+    records = [graph.constants[n.inputs[s.args[1] + 1].id] for n in graph.nodes
+               for s in n.attr("epilogue") or () if s.func == "clamp"]
+    return sum(r.nbytes if r.ndim == 1 else r.nbytes - r[..., 0].nbytes for r in records)
 
 
 def node_macs(node: Node) -> int:
