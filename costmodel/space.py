@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from stagec.isa.instructions import MAX_COUNT
-from stagec.lower.schedule.mapper import objective_of
 from stagec.lower.schedule.nest import SWITCHES, TILE_FIELDS, LayerShape, TileMapping
+from stagec.lower.schedule.search import objective_of
 
 from .batch import exact_cost
 from .hardware import HardwarePoint

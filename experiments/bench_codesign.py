@@ -59,7 +59,7 @@ from stagec.errors import StagecError, TilingError
 from stagec.isa import HardwareConfig
 from stagec.isa.config import DATAFLOWS
 from stagec.layers import model_graph
-from stagec.lower.schedule.mapper import random_mapping
+from stagec.lower.schedule.nest_map import random_mapping
 from stagec.pipeline import lower_graph
 from stagec.report import make_report
 from stagec.sweeps import sweep

@@ -37,7 +37,8 @@ from stagec.costmodel.problem import mapping_arrays, stack
 from stagec.isa import HardwareConfig
 from stagec.layers import model_layers
 from stagec.lower.schedule import mapper
-from stagec.lower.schedule.mapper import FIRST_COMPOSED, default_mapping
+from stagec.lower.schedule.mapper import default_mapping
+from stagec.lower.schedule.nest_map import FIRST_COMPOSED
 from stagec.pipeline import PIPELINE, Compilation, Request, build_graph, position, run
 from stagec.report import make_report
 from stagec.sweeps import sweep

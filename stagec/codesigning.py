@@ -33,6 +33,7 @@ from stagec.costmodel.tuner import TuneSettings
 from stagec.errors import InputError, TilingError
 from stagec.isa import HardwareConfig
 from stagec.lower.schedule.mapper import default_mapping
+from stagec.lower.schedule.nest_map import shared_pricing
 
 from .fusing import fused_cost, model_chains, schedule
 from .layers import model_graph, model_layers
@@ -121,24 +122,25 @@ def codesign_graphs(graphs, area_budget_mm2: float | None = None, objective: str
         raise InputError(f"unknown codesign objective {objective!r}; expected one of {OBJECTIVES}")
     base = hw or HardwareConfig()
     constraints = Constraints(area_budget_mm2, power_budget_w, _targets(latency_targets_s, len(graphs)))
-    workloads = Workloads(graphs, objective, constants, fusion)
-    start = stack([mapping_arrays(workloads.mapping(u, base)) for u in workloads.rows])
-    point, _ = descend(workloads.shapes, start, workloads.counts, workloads.workload, len(graphs), base,
-                       area_budget_mm2, objective, power_budget_w, constants,
-                       settings if progress else replace(settings, report_every=0), constraints.latency_s,
-                       workloads.chains(base))
-    grid = settings.grid()
-    search = Search(workloads.evaluate, constraints, objective)
-    starts = search.best_few(grid.corners(base, relaxed_fields(point)), settings.starts)
-    if not starts:
-        raise InputError("no buildable config around the relaxed optimum can map every layer")
-    chosen = min((search.climb(s, grid) for s in starts), key=lambda s: s.key)
-    if chosen.overshoot > 0:
-        raise InputError(f"no buildable config meets the constraints: the nearest, {_describe(chosen.hw)}, is at "
-                         + ", ".join(f"{k} {v:.2f}x its limit" for k, v in chosen.ratios.items()))
-    note(f"codesign: exact model scored {len(search.scored)} configs; best {_describe(chosen.hw)}; "
-         f"simulating the best {settings.confirm}", progress)
-    return _confirm(search, grid, workloads, constraints, objective, settings, tune_settings)
+    with shared_pricing():     # the configs scored differ in few fields, often the memories alone
+        workloads = Workloads(graphs, objective, constants, fusion)
+        start = stack([mapping_arrays(workloads.mapping(u, base)) for u in workloads.rows])
+        point, _ = descend(workloads.shapes, start, workloads.counts, workloads.workload, len(graphs), base,
+                           area_budget_mm2, objective, power_budget_w, constants,
+                           settings if progress else replace(settings, report_every=0), constraints.latency_s,
+                           workloads.chains(base))
+        grid = settings.grid()
+        search = Search(workloads.evaluate, constraints, objective)
+        starts = search.best_few(grid.corners(base, relaxed_fields(point)), settings.starts)
+        if not starts:
+            raise InputError("no buildable config around the relaxed optimum can map every layer")
+        chosen = min((search.climb(s, grid) for s in starts), key=lambda s: s.key)
+        if chosen.overshoot > 0:
+            raise InputError(f"no buildable config meets the constraints: the nearest, {_describe(chosen.hw)}, is at "
+                             + ", ".join(f"{k} {v:.2f}x its limit" for k, v in chosen.ratios.items()))
+        note(f"codesign: exact model scored {len(search.scored)} configs; best {_describe(chosen.hw)}; "
+             f"simulating the best {settings.confirm}", progress)
+        return _confirm(search, grid, workloads, constraints, objective, settings, tune_settings)
 
 
 class Workloads:

@@ -28,8 +28,9 @@ from stagec.costmodel.space import project, random_legal, to_mapping
 from stagec.isa import HardwareConfig
 from stagec.layers import measure, model_graph, model_layers
 from stagec.lower.schedule.buffers import Extras
-from stagec.lower.schedule.mapper import default_mapping, fits, footprint
+from stagec.lower.schedule.mapper import default_mapping
 from stagec.lower.schedule.nest import ConvProblem, TileMapping
+from stagec.lower.schedule.nest_map import fits, footprint
 
 HW = HardwareConfig()
 POINT = hardware_point(HW)

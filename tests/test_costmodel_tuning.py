@@ -67,7 +67,7 @@ def test_tuned_int8_compile_matches_the_integer_reference_bit_for_bit(example, t
     from stagec.costmodel.hardware import hardware_point
     from stagec.costmodel.problem import mapping_arrays, stack
     from stagec.layers import model_graph, model_layers
-    from stagec.lower.schedule.mapper import map_nest
+    from stagec.lower.schedule.nest_map import map_nest
     model, (x,) = example
     calibration = [(torch.randn(x.shape, generator=torch.Generator().manual_seed(s)),) for s in range(2)]
     options = {"quantize": "int8", "calibration": calibration}

@@ -41,9 +41,9 @@ from stagec.isa.instructions import encode
 from stagec.layers import model_graph, model_layers
 from stagec.lower.codegen.tokens import insert_tokens
 from stagec.lower.schedule.cascade import cascade_cost
-from stagec.lower.schedule.mapper import map_nest
 from stagec.lower.schedule.nest import ConvProblem, Exact, LayerShape, TileMapping, dots
 from stagec.lower.schedule.nest_cost import nest_cost
+from stagec.lower.schedule.nest_map import map_nest
 from stagec.pipeline import PIPELINE, Compilation, Request, lower_graph, run
 from stagec.report import make_report
 from stagec.sim.costs import instruction_shapes, unit_cycles, unit_parameters

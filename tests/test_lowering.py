@@ -241,7 +241,7 @@ def test_mapper_picks_the_switch_and_the_simulator_agrees(conv, size, switch, ga
     """The mapper turns the switch on where it pays, and the simulator confirms it against the same
     tiles without it."""
     from stagec.layers import measure, model_graph, model_layers
-    from stagec.lower.schedule.mapper import map_conv
+    from stagec.lower.schedule.nest_map import map_conv
     torch.manual_seed(0)
     module = nn.Sequential(conv, nn.ReLU()).eval()
     x = torch.randn(1, conv.in_channels, size, size)
@@ -329,8 +329,8 @@ def test_mapper_keeps_a_whole_layer_in_one_spatial_tile_and_the_simulator_agrees
     halo buffer and the bias a tile at a time, all 196 pixels fit one tile, so each fold streams 196
     rows and the weights are read once, against 98 rows and twice."""
     from stagec.layers import measure, model_graph, model_layers
-    from stagec.lower.schedule.mapper import map_conv
     from stagec.lower.schedule.nest import LayerShape
+    from stagec.lower.schedule.nest_map import map_conv
     from stagec.lower.schedule.nest_work import one_spatial_tile
     torch.manual_seed(0)
     module = _ConvResidual(256, 1024, 1, (1, 1), 0, 1).eval()

@@ -25,9 +25,9 @@ from stagec.layers import layer_program, model_graph, model_layers
 from stagec.lower.codegen import tile_expr
 from stagec.lower.graph.graph_ir import Step
 from stagec.lower.schedule import buffers
-from stagec.lower.schedule.mapper import fits, map_nest
 from stagec.lower.schedule.nest import SWITCHES, ConvProblem, Exact, LayerShape, TileMapping, row_tiles
 from stagec.lower.schedule.nest_cost import nest_cost
+from stagec.lower.schedule.nest_map import fits, map_nest
 from stagec.lower.schedule.nest_work import dims
 from stagec.sim.costs import instruction_shapes, unit_cycles, unit_parameters
 from stagec.sim.energy import counts_of
@@ -223,7 +223,7 @@ def _objectives(cost) -> dict:
 def test_the_mapper_minimizes_its_objective_over_every_candidate_that_fits():
     """Exhaustive search, one candidate at a time: for each objective, none of the grid's points
     that fit beats the mapper's choice."""
-    from stagec.lower.schedule.mapper import candidates
+    from stagec.lower.schedule.nest_map import candidates
     from stagec.lower.schedule.search import TUNABLE
     p = ConvProblem(1, 24, 4, 4, 20, 3, 3, padding=((1, 1), (1, 1)), itemsize=1, out_itemsize=1)
     grid, ok = candidates(LayerShape.of("matrix", p))
@@ -245,7 +245,7 @@ def test_random_mappings_are_legal_candidates_drawn_across_the_space():
     that is a candidate and fits the config, the draws spread over many of them, seeded; a config
     nothing fits is the mapper's own TilingError."""
     from stagec.errors import TilingError
-    from stagec.lower.schedule.mapper import candidates, footprint, random_mapping
+    from stagec.lower.schedule.nest_map import candidates, footprint, random_mapping
     p = ConvProblem(1, 24, 10, 10, 40, 3, 3, padding=((1, 1), (1, 1)))
     hw = HardwareConfig(scratchpad_bytes=8192, accumulator_bytes=4096)
     grid, ok = candidates(LayerShape.of("matrix", p))
@@ -269,16 +269,10 @@ def test_the_mappers_pruned_search_picks_what_composing_every_candidate_picks(ob
     prunes), the mapper composes only those whose bound may beat the best found: composing every
     candidate that fits must pick the same mapping, ties included."""
     from stagec.isa import HardwareConfig
-    from stagec.lower.schedule.mapper import (
-        INSTRUCTION_CHARGE,
-        _at,
-        _Candidates,
-        candidates,
-        map_nest,
-        objective_of,
-    )
     from stagec.lower.schedule.nest import ConvProblem, Exact, LayerShape
     from stagec.lower.schedule.nest_cost import nest_cost
+    from stagec.lower.schedule.nest_map import Candidates, _at, candidates, map_nest
+    from stagec.lower.schedule.search import INSTRUCTION_CHARGE, objective_of
     from stagec.sim.energy import energy_pj
 
     problems = [("matrix", ConvProblem(1, 64, 28, 28, 64, 3, 3, padding=((1, 1), (1, 1)))),
@@ -293,7 +287,7 @@ def test_the_mappers_pruned_search_picks_what_composing_every_candidate_picks(ob
         cost = nest_cost(L, m, hw, Exact)
         charged = cost.cycles + INSTRUCTION_CHARGE * cost.instructions
         energy = sum(energy_pj(cost.actions, charged, hw).values())
-        grid = _Candidates(p, m, np.broadcast_to(ok, shape).reshape(-1), cost.spad_bytes, cost.acc_bytes,
+        grid = Candidates(p, m, np.broadcast_to(ok, shape).reshape(-1), cost.spad_bytes, cost.acc_bytes,
                            objective_of(charged, energy, objective))
         values = np.where(grid.fit(hw), grid.values[0], np.inf)
         assert np.isfinite(values).sum() > 1000   # more than the mapper composes before it prunes

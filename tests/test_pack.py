@@ -10,7 +10,8 @@ import stagec
 from stagec import int8_reference
 from stagec.isa.instructions import Opcode
 from stagec.layers import model_graph
-from stagec.lower.schedule.mapper import map_window, node_problem
+from stagec.lower.schedule.mapper import node_problem
+from stagec.lower.schedule.nest_map import map_window
 from stagec.lower.schedule.pack import block_diagonal
 from stagec.pipeline import build_graph
 from stagec.report import model_limit

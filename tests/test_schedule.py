@@ -16,6 +16,7 @@ from torch import nn
 
 import stagec
 import stagec.lower.schedule.mapper as schedule_module
+import stagec.lower.schedule.nest_map as nest_map
 from stagec.errors import InputError, TilingError
 from stagec.isa.instructions import Opcode
 from stagec.lower.codegen.vector import VectorNest
@@ -109,8 +110,8 @@ def test_the_emitter_walks_the_schedule_without_the_mapper(model, args, monkeypa
     def refuse(*args, **kwargs):
         raise AssertionError("the mapper ran after the schedule stage")
 
-    for mapper in ("map_vector", "map_nest", "_map_nest"):
-        monkeypatch.setattr(schedule_module, mapper, refuse)
+    for module, mapper in ((schedule_module, "map_vector"), (nest_map, "map_nest"), (nest_map, "_map_nest")):
+        monkeypatch.setattr(module, mapper, refuse)
     program = run(PIPELINE[position("program"):], scheduled).program
     monkeypatch.undo()
     expected = stagec.compile(model, args)

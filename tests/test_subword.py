@@ -29,9 +29,9 @@ from stagec.isa import load as load_ins
 from stagec.isa.instructions import encode
 from stagec.layers import layer_program, model_graph, model_layers
 from stagec.lower.codegen.tokens import insert_tokens
-from stagec.lower.schedule.mapper import map_nest
 from stagec.lower.schedule.nest import ConvProblem, Exact, LayerShape, TileMapping
 from stagec.lower.schedule.nest_cost import nest_cost
+from stagec.lower.schedule.nest_map import map_nest
 from stagec.sim.costs import instruction_shapes, unit_cycles, unit_parameters, vector_cycles
 from stagec.sim.timing import program_cycles, timeline
 from stagec.sim.timing_reference import reference_times

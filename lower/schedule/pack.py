@@ -23,8 +23,9 @@ from stagec.isa.config import HardwareConfig
 from ..graph.graph_ir import Graph, Node, OpKind, Value
 from ..graph.passes import dce
 from . import cascade_map
-from .mapper import layer_label, map_conv, map_window, node_problem
+from .mapper import layer_label, node_problem
 from .nest import ConvProblem
+from .nest_map import map_conv, map_window
 from .search import objective_of
 
 
