@@ -7,8 +7,9 @@ The edges draw a segmentation of the chain; a segment of one layer costs what th
 (its row of the workload, costmodel.model), a longer one (up to MAX_MEMBERS, as the compiler) what
 lower.schedule.cascade.cascade_cost gives it over costmodel.smooth.Relaxed at the descent's
 temperature, its spatial tile and its members' output-channel tiles and weight residency being its
-own relaxed parameters (in logs, and a logit), plus its relative overshoot of the scratchpad and
-accumulator as a violation.  The chain's cost is its expectation over the segmentations the edges
+own relaxed parameters (in logs, and a logit), as its halo strategy (a logit: a line buffer or
+recompute, lower.schedule.halo; cascade_cost prices the blend), plus its relative overshoot of the
+scratchpad and accumulator as a violation.  The chain's cost is its expectation over the segmentations the edges
 draw (those with no segment over MAX_MEMBERS, renormalized), one forward pass over the chain's
 prefixes (`expected`): smooth in the edges and the hardware fields, so the descent sees what a larger
 scratchpad saves in DRAM traffic.  The discrete choice is the compiler's (cascade_map.choose_cascades:
@@ -26,7 +27,7 @@ import numpy as np
 from stagec.isa.instructions import MAX_COUNT
 from stagec.lower.schedule.cascade import MAX_MEMBERS, cascade_cost
 from stagec.lower.schedule.cascade_map import _mappings, map_cascade
-from stagec.lower.schedule.halo import depthwise_at
+from stagec.lower.schedule.halo import LINE, depthwise_at, overlap
 from stagec.lower.schedule.nest import MATRIX, LayerShape, dots
 from stagec.sim.energy import energy_pj
 
@@ -67,17 +68,18 @@ def start_params(chains, hw, objective: str) -> dict:
 def _segment_start(nests, hw, objective: str):
     mapped = map_cascade(nests, hw, objective)
     # spatial tile, per member its output-channel tile and weight residency, then the last member's
-    # single accumulator tile and whether the cascade is chunked (cascade_map._mappings's axes)
-    theta = np.full(4 + 2 * MAX_MEMBERS, -3.0, np.float32)
+    # single accumulator tile and whether the cascade is chunked (cascade_map._mappings's axes), and
+    # whether it keeps a line buffer
+    theta = np.full(5 + 2 * MAX_MEMBERS, -3.0, np.float32)
     if mapped is None:
         theta[2:2 + 2 * MAX_MEMBERS:2] = np.log(hw.array_cols)
         return jnp.asarray(theta)
-    (th, tw), ms, chunk, *_ = mapped
+    (th, tw), ms, chunk, halo, *_ = mapped
     theta[:2] = np.log([th, tw])
     for i, m in enumerate(ms):
         theta[2 + 2 * i] = np.log(max(m.tile_o, 1))
         theta[3 + 2 * i] = 3.0 if m.weights_resident or m.dot else -3.0
-    theta[-2:] = [3.0 if ms[-1].single_acc else -3.0, -3.0 if chunk is None else 3.0]
+    theta[-3:] = [3.0 if ms[-1].single_acc else -3.0, -3.0 if chunk is None else 3.0, 3.0 if halo == LINE else -3.0]
     return jnp.asarray(theta)
 
 
@@ -93,9 +95,12 @@ def segment_cost(Ls, theta, hw, smooth):
     axes = [tile(theta[0], Ls[d].oh), tile(theta[1], Ls[d].ow)]
     for i, L in enumerate(Ls):
         axes += [tile(theta[2 + 2 * i], L.o), jax.nn.sigmoid(theta[3 + 2 * i]) * ((L.kind == MATRIX) | dots(L))]
-    chunked = jax.nn.sigmoid(theta[-1]) * (Ls[-1].o <= MAX_COUNT)
-    axes += [jax.nn.sigmoid(theta[-2]) * (Ls[-1].kind == MATRIX), chunked]
-    cost = cascade_cost(Ls, _mappings(Ls, axes, 1.0), hw, Relaxed(smooth), chunked)
+    single, chunked, line = jax.nn.sigmoid(theta[-3:])
+    chunked = chunked * (Ls[-1].o <= MAX_COUNT)
+    axes += [single * (Ls[-1].kind == MATRIX), chunked]
+    # a line buffer where windows share rows (halo.halos), not chunked (as map_cascade)
+    line = line * (overlap(Ls[d]) > 0) * (1 - chunked) if d else 0
+    cost = cascade_cost(Ls, _mappings(Ls, axes, 1.0), hw, Relaxed(smooth), chunked, line)
     energy = sum(energy_pj(cost.actions, cost.cycles, hw, jnp).values())
     violation = (jnp.maximum(cost.spad_bytes / hw.scratchpad_bytes - 1.0, 0.0)
                  + jnp.maximum(cost.acc_bytes / hw.accumulator_bytes - 1.0, 0.0))

@@ -22,10 +22,9 @@ from stagec.costmodel.model import DEFAULT_CONSTANTS
 from stagec.costmodel.problem import mapping_arrays, stack
 from stagec.fusing import cascades_of, schedule
 from stagec.isa import HardwareConfig
-from stagec.lower.schedule import cascade_map
-from stagec.lower.schedule.cascade import cascade_cost
+from stagec.lower.schedule.cascade import MAX_MEMBERS, cascade_cost
 from stagec.lower.schedule.cascade_map import map_cascade
-from stagec.lower.schedule.halo import RECOMPUTE
+from stagec.lower.schedule.halo import LINE
 from stagec.lower.schedule.nest import Exact, LayerShape
 from stagec.lower.schedule.nest_cost import nest_cost
 from stagec.lower.schedule.search import INSTRUCTION_CHARGE
@@ -60,11 +59,12 @@ def _relaxed(work: Workloads, hw, fusion, smooth):
 
 def _discrete(params):
     """The start parameters with each switch's choice made (edges, weight residency, the last member's
-    single accumulator tile, chunking): probability 0 or 1."""
+    single accumulator tile, chunking, the line buffer): probability 0 or 1."""
     def sure(logits):
         return jnp.where(logits > 0, 1e4, -1e4)
+    residency = slice(3, 2 + 2 * MAX_MEMBERS, 2)
     return {"edges": tuple(map(sure, params["edges"])),
-            "segments": tuple(t.at[:, 3::2].set(sure(t[:, 3::2])).at[:, -2].set(sure(t[:, -2]))
+            "segments": tuple(t.at[:, residency].set(sure(t[:, residency])).at[:, -3:].set(sure(t[:, -3:]))
                               for t in params["segments"])}
 
 
@@ -72,21 +72,12 @@ def test_the_relaxed_chain_cost_at_temperature_0_is_the_compilers_and_predicts_t
     """One source of truth: the descent's chain cost with the compiler's fusion choice and tiles, at
     temperature 0, is the exact model's price of the compiler's schedule (its cascades' cost,
     lower.schedule.cascade.cascade_cost); that predicts the simulated program's DRAM bytes exactly and
-    its cycles within 15% (as tests/test_halo_cascade.py's cascade alone).  The compiler held to the
-    recompute halo: the relaxed cost prices no line buffer (lower.schedule.halo.LINE) yet, which the
-    compiler takes on this block."""
-    cascade_map.HALOS = (RECOMPUTE,)
-    try:
-        _check_temperature_0(block)
-    finally:
-        cascade_map.HALOS = None
-
-
-def _check_temperature_0(block):
+    its cycles within 15% (as tests/test_halo_cascade.py's cascade alone).  The compiler keeps a line
+    buffer on this block (lower.schedule.halo.LINE), which the relaxed segment's halo logit takes."""
     work = Workloads([block], "latency", DEFAULT_CONSTANTS)
     c = schedule(block, HW, "latency")
     (cascade,) = cascades_of(c)
-    assert len(cascade.layers) >= 2
+    assert len(cascade.layers) >= 2 and cascade.halo == LINE
     (chain,) = work.chains(HW)
     assert sum(chain.fused) == len(cascade.layers) - 1          # the start is the compiler's choice
     cycles, energy, violation = _relaxed(work, HW, _discrete(start_params([chain], HW, "latency")), 0.0)

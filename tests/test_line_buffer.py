@@ -190,3 +190,65 @@ def test_random_line_buffered_blocks_on_random_hardware(c, size, kernel, stride,
     for cascade in program.metadata.get("cascades", ()):
         spad, acc = program.metadata["local_peak_bytes"][cascade["layers"][0]]
         assert spad <= hw.scratchpad_bytes and acc <= hw.accumulator_bytes
+
+
+# (block, hardware) -> per strategy (the strategy forced) the tiling the mapper took before the strategies shared one
+# grid (each strategy's grid priced alone, the cheaper kept): (tile, chunked, charged cycles)
+TINY = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=24 * 1024, accumulator_bytes=16 * 1024)
+BLOCKS = {"3x3": {"stride": 1, "size": 12}, "3x3/2": {"stride": 2, "size": 16},
+          "5x5": {"stride": 1, "size": 10, "k": 5, "padding": 2}}
+BEFORE = {("3x3", "SMALL"): {RECOMPUTE: ((6, 12), False, 9376.0), LINE: ((6, 12), False, 9288.0)},
+          ("3x3/2", "SMALL"): {RECOMPUTE: ((4, 8), False, 8452.0), LINE: ((4, 8), False, 8367.0)},
+          ("5x5", "SMALL"): {RECOMPUTE: ((10, 10), False, 13896.0), LINE: ((5, 10), False, 13806.0)},
+          ("3x3", "TINY"): {RECOMPUTE: ((6, 6), True, 9976.0), LINE: ((3, 6), False, 13226.0)},
+          ("3x3/2", "TINY"): {RECOMPUTE: ((4, 4), True, 8986.5), LINE: ((1, 8), False, 11380.0)},
+          ("5x5", "TINY"): {RECOMPUTE: ((4, 5), True, 20980.0), LINE: ((5, 1), False, 39640.0)}}
+
+
+@pytest.fixture(scope="module")
+def block_nests():
+    """Each of BLOCKS's chain of nests (expand, depthwise, project), as the mapper gives them."""
+    out = {}
+    for name, shape in BLOCKS.items():
+        model, x = small_block(**shape)
+        c = run(PIPELINE[:position("schedule") + 1], Compilation(Request(model, (x,), hw=SMALL, fuse_layers=False)))
+        (chain,) = cascade_map.chains(c.graph, c.layout, dict(c.schedule.tilings), ())
+        out[name] = [c.schedule[n.name].nests[0] for n in chain]
+    return out
+
+
+@pytest.mark.parametrize(("name", "hw"), BEFORE)
+def test_one_grid_takes_the_cheaper_of_each_strategys_best(monkeypatch, block_nests, name, hw):
+    """map_cascade's one grid over both strategies (a `line` axis) picks what each strategy's best alone
+    (forced) is, the cheaper, recomputing on a tie; each strategy's best is what the mapper found when
+    each had a grid of its own (BEFORE: the same tiles and charged cycles)."""
+    nests = block_nests[name]
+    hw_config = {"SMALL": SMALL, "TINY": TINY}[hw]
+    each = {}
+    for halo in HALOS:
+        monkeypatch.setattr(cascade_map, "HALOS", (halo,))
+        each[halo] = cascade_map.map_cascade(nests, hw_config, "edp")
+        assert each[halo].halo == halo
+        assert (each[halo].tile, each[halo].chunk is not None, each[halo].cycles) == BEFORE[name, hw][halo]
+    monkeypatch.setattr(cascade_map, "HALOS", None)
+    assert cascade_map.map_cascade(nests, hw_config, "edp") == min(each.values(), key=lambda m: m.value)
+
+
+def test_the_line_is_a_grid_or_a_blend_in_the_cascade_cost(block_nests):
+    """cascade_cost's `line` as the mapper's grid (an array of 0 and 1) prices each strategy as the number
+    does; a blend (costmodel.fusion's relaxed choice) weighs the two row tilings: on this block, whose
+    two row totals differ by an even count, its work is their mean (the relaxed cost's
+    (costmodel.smooth.Relaxed) at temperature 0: tests/test_fusion_cost.py)."""
+    Ls = [LayerShape.of(*nest) for nest in block_nests["3x3"]]
+    ms = list(cascade_map.map_cascade(block_nests["3x3"], SMALL, "edp").mappings)
+    each = [cascade_cost(Ls, ms, SMALL, Exact, 0, line) for line in (0, 1)]
+    grid = cascade_cost(Ls, ms, SMALL, Exact, 0, np.array([0, 1]))
+    half = cascade_cost(Ls, ms, SMALL, Exact, 0, 0.5)
+    assert each[1].cycles < each[0].cycles
+    for field in ("cycles", "instructions", "spad_bytes", "acc_bytes"):
+        np.testing.assert_array_equal(np.broadcast_to(getattr(grid, field), 2), [getattr(c, field) for c in each])
+    for field, value in half.actions.to_dict().items():
+        np.testing.assert_array_equal(getattr(grid.actions, field), [getattr(c.actions, field) for c in each])
+        assert value == (getattr(each[0].actions, field) + getattr(each[1].actions, field)) / 2, field
+    assert half.instructions == (each[0].instructions + each[1].instructions) / 2
+    assert each[1].actions.macs_fp32 < each[0].actions.macs_fp32      # the shared rows not recomputed

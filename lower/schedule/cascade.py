@@ -165,22 +165,24 @@ class CascadeCost(NamedTuple):
 
 def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
     """The cost of a cascade of members `Ls` (LayerShapes) mapped by `ms` (TileMappings sharing one
-    spatial tile) on `hw`, `chunked` or not (module doc), its halo's rows in a `line` buffer (1, a
-    Python number; lower.schedule.halo) or recomputed (0)."""
+    spatial tile) on `hw`, `chunked` or not (module doc), its halo's rows in a `line` buffer (1;
+    lower.schedule.halo) or recomputed (0).  Either switch is a number, a grid of 0 and 1 (the mapper's)
+    or a relaxed weight in [0, 1] (costmodel.fusion's), the line buffer's a blend of the two row
+    tilings (halo.ahead_rows)."""
     xp = ops.xp
     last = len(Ls) - 1
     Ls = halo.ahead_shapes(Ls, ms, xp, line)
     d = halo.depthwise_at(Ls)
-    rows = halo.ahead_rows(Ls[d], ms[d].tile_oh, ops) if line else None
+    rows = halo.ahead_rows(Ls[d], ms[d].tile_oh, ops, line) if d else None
     works = [matrix_work(L, m, hw, ops, rows if i < d else None) if L.kind == MATRIX else window_work(L, m, hw, ops)
              for i, (L, m) in enumerate(zip(Ls, ms, strict=True))]
     masks, (muls, mul_cycles, _) = halo.mask_work(Ls[d - 1], works[d - 1], hw, ops) if d else ((0, 0), (0, 0, 0))
-    # a line buffer's rows copied forward (none where `line` is 0)
-    copied, copy_cycles, _ = halo.copy_work(Ls[d - 1], Ls[d], works[d - 1], hw, ops) if line else (0, 0, 0)
+    copied, copy_cycles, _ = (halo.copy_work(Ls[d - 1], Ls[d], ms[d].tile_oh, works[d - 1], hw, ops, line) if d
+                              else (0, 0, 0))
     loads, store, startup, matrix, vector = masks, works[-1].store, (0, 0), 0, 0
     instructions = masks[0] + muls + copied
     acts = [halo.mask_actions(Ls[d - 1], works[d - 1], hw, ops)] if d else []
-    acts += [halo.copy_actions(Ls[d - 1], Ls[d], works[d - 1], hw, ops)] if line else []
+    acts += [halo.copy_actions(Ls[d - 1], Ls[d], ms[d].tile_oh, works[d - 1], hw, ops, line)] if d else []
     for i, (L, m, w) in enumerate(zip(Ls, ms, works, strict=True)):
         on_array = (L.kind == MATRIX) * 1      # else a depthwise member: taps on the vector unit,
         window = w.halo if i == 0 else (0, 0)   # every weight loaded before the first tile

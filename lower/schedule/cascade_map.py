@@ -3,9 +3,9 @@
 A chain is a run of consecutive emitted pointwise layers (`member`; a depthwise one too, `follows`),
 each one's result read by the next alone (not a graph output, no other reader).  Each segment of a
 chain of up to MAX_MEMBERS layers gets its best cascade tiling (`map_cascade`: a grid of spatial
-tiles crossed with each member's output-channel tile and weight residency, and chunked or not
-(lower.schedule.cascade), what fits the scratchpad and accumulator, ranked by compile's objective
-of the cascade's cost); a chain is then
+tiles crossed with each member's output-channel tile and weight residency, chunked or not
+(lower.schedule.cascade) and the halo strategy (lower.schedule.halo), what fits the scratchpad and
+accumulator, ranked by compile's objective of the cascade's cost); a chain is then
 cut into the segments of least total objective, a segment of one layer being the layer as the
 default mapper tiled it.
 A cascade that does not fit, or costs more, is thus split, never emitted illegally.
@@ -144,43 +144,41 @@ class Mapped(NamedTuple):
 
 def map_cascade(nests, hw, objective: str) -> Mapped | None:
     """The cheapest cascade tiling of members `nests` (the mapper's ConvNests), or None when no tiling fits:
-    each halo strategy's (lower.schedule.halo; those of HALOS where set) best, the cheaper of them."""
+    one grid over both halo strategies (lower.schedule.halo; those of HALOS where set), a `line` axis."""
     Ls = [LayerShape.of(nest.kind, nest.problem, nest.extras) for nest in nests]
-    if max(L.c for L in Ls) > MAX_COUNT or sum(L.kind != MATRIX for L in Ls) > 1:   # one halo at most
+    strategies = [h for h in halos(Ls) if h is None or HALOS is None or h in HALOS]
+    if max(L.c for L in Ls) > MAX_COUNT or sum(L.kind != MATRIX for L in Ls) > 1 or not strategies:   # one halo
         return None
-    found = [_map(Ls, hw, objective, h) for h in halos(Ls) if h is None or HALOS is None or h in HALOS]
-    return min((m for m in found if m is not None), key=lambda m: m.value, default=None)
-
-
-def _map(Ls, hw, objective: str, halo: str | None) -> Mapped | None:
-    """map_cascade's best tiling of members `Ls` with halo strategy `halo`."""
     d = depthwise_at(Ls)
-    line = int(halo == LINE)
     axes = [tile_sizes(Ls[d].oh), tile_sizes(Ls[d].ow)]
     for i, L in enumerate(Ls):   # output-channel tiles (a depthwise member's after the first: the one
         # ahead's), weight residency (a depthwise member's are whole, held throughout: its dot mapping)
         axes += [np.array([0]) if d and i == d else _options(L.o, hw.array_cols),
                  np.array([1, 0] if L.kind == MATRIX else [0, 1] if dots(L) else [0])]
     # the last member's single accumulator tile (a chunked one's holds every channel); chunked (its
-    # last MATMULs' n is the o; not with a line buffer, which holds its rows' every channel)
-    axes += [np.array([0, 1] if Ls[-1].kind == MATRIX else [0]),
-             np.array([0, 1] if Ls[-1].o <= MAX_COUNT and not line else [0])]
-    grid = [np.asarray(a).reshape([1] * i + [-1] + [1] * (len(axes) - 1 - i)) for i, a in enumerate(axes)]
-    ms = _mappings(Ls, grid, 1)
-    cost = cascade_cost(Ls, ms, hw, Exact, grid[-1], line)
+    # last MATMULs' n is the o)
+    axes += [np.array([0, 1] if Ls[-1].kind == MATRIX else [0]), np.array([0, 1] if Ls[-1].o <= MAX_COUNT else [0])]
+    # the line axis first, so that a tie goes to recomputing, as it went when each strategy had a grid
+    lines = np.array([int(h == LINE) for h in strategies])
+    grid = [np.asarray(a).reshape([1] * i + [-1] + [1] * (len(axes) - i)) for i, a in enumerate([lines, *axes])]
+    line, chunked = grid[0], grid[-1]
+    ms = _mappings(Ls, grid[1:], 1)
+    cost = cascade_cost(Ls, ms, hw, Exact, chunked, line)
     charged, energy, value = _charged(cost.cycles, cost.instructions, cost.actions, hw, objective)
     shape = np.broadcast_shapes(*(np.shape(g) for g in grid))
+    # a line buffer holds its rows' every channel (not chunked) and its windows' new rows read the input
+    legal = (line == 0) | ((chunked == 0) & line_reads_input(Ls[d], grid[1])) if lines.any() else True
     fit = np.broadcast_to((cost.spad_bytes <= hw.scratchpad_bytes) & (cost.acc_bytes <= hw.accumulator_bytes)
-                          & (line_reads_input(Ls[d], grid[0]) if line else True), shape)
+                          & legal, shape)
     if not fit.any():
         return None
     value = np.where(fit, np.broadcast_to(value, shape), np.inf)
     at = np.unravel_index(int(np.argmin(value)), shape)
-    pick = [int(axes[i][at[i]]) for i in range(len(axes))]
+    pick = [int(a[i]) for a, i in zip(axes, at[1:], strict=True)]
     pick = [bool(v) if i > 2 and i % 2 or i == len(pick) - 2 else v for i, v in enumerate(pick)]   # the switches
     mappings = tuple(dataclasses.replace(m, tile_o=int(m.tile_o), single_acc=bool(m.single_acc))
                      for m in _mappings(Ls, pick, True))
-    return Mapped((pick[0], pick[1]), mappings, chunk_at(Ls) if pick[-1] else None, halo,
+    return Mapped((pick[0], pick[1]), mappings, chunk_at(Ls) if pick[-1] else None, strategies[at[0]],
                   float(np.broadcast_to(charged, shape)[at]), float(np.broadcast_to(energy, shape)[at]),
                   float(value[at]))
 

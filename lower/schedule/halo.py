@@ -42,7 +42,7 @@ import numpy as np
 from stagec.isa.instructions import Space
 
 from .buffers import Buffer, words
-from .nest import DEPTHWISE, LayerShape, halo
+from .nest import DEPTHWISE, Exact, LayerShape, count, halo
 from .nest_work import lane_groups
 
 MASK = "mask"      # the member just ahead of the depthwise: a mask per spatial tile (double-buffered)
@@ -61,29 +61,38 @@ def overlap(dw: LayerShape):
 
 
 def halos(Ls) -> tuple:
-    """The halo strategies a cascade of members `Ls` may take (map_cascade maps each): none (None) without
-    a depthwise member after its first; recompute, and the line buffer where consecutive windows share
-    rows."""
+    """The halo strategies a cascade of members `Ls` may take (map_cascade's grid weighs each): none (None)
+    without a depthwise member after its first; recompute, and the line buffer where consecutive windows
+    share rows."""
     d = depthwise_at(Ls)
     return (RECOMPUTE, LINE) if d and overlap(Ls[d]) > 0 else (RECOMPUTE,) if d else (None,)
 
 
-def ahead_rows(dw: LayerShape, th, ops) -> list:
-    """The row tiles, as (size, count) pairs, a line-buffered member ahead of `dw` computes per column
-    strip for its output tiles of th rows: the first window whole, then each next window's new rows
-    (th * stride, fewer for the last)."""
-    return [(halo(dw, th, 1)[0], 1), *ops.tiles((dw.oh - th) * dw.stride_h, th * dw.stride_h)]
+def new_rows(dw: LayerShape, th, ops) -> list:
+    """A line buffer's new rows per column strip after the first window, as (size, count) tiles, for
+    output tiles of th rows: (oh - th) * stride rows in tiles of th * stride (fewer for the last)."""
+    return ops.tiles((dw.oh - th) * dw.stride_h, th * dw.stride_h)
+
+
+def ahead_rows(dw: LayerShape, th, ops, line) -> list:
+    """The row tiles, as (size, count) pairs, a member ahead of `dw` computes for its output tiles of th
+    rows: recomputing, every window whole (the windows' rows in tiles of a window); line-buffered,
+    per column strip the first window whole, then each next window's `new_rows`; each's counts
+    weighted by 1 - `line` and `line` (the nest's work is linear in its tiles' counts), so that a
+    relaxed `line` prices a blend of the two."""
+    window = halo(dw, th, 1)[0]
+    recompute = ops.tiles(_extents(dw, th, ops.xp)[0][0], window)
+    return ([(size, (1 - line) * n) for size, n in recompute]
+            + [(size, line * n) for size, n in [(window, 1), *new_rows(dw, th, ops)]])
 
 
 def line_reads_input(dw: LayerShape, th):
     """Whether a line buffer over output tiles of th rows (an array) has every window's new rows read
     some input row: the last tile of a strip can add only rows of the padding below the input, which
     nothing would LOAD (map_cascade does not take such a tiling)."""
-    step = th * dw.stride_h
-    rest = (dw.oh - th) * dw.stride_h
-    last_new = np.where(rest % step, rest % step, step)
+    (step, full), (part, last) = new_rows(dw, th, Exact)
     end = (dw.oh - 1) * dw.stride_h + (dw.kh - 1) * dw.dilation_h + 1
-    return (rest <= 0) | (end - last_new < dw.pad_top + dw.h)
+    return (full + last == 0) | (end - np.where(last, part, step) < dw.pad_top + dw.h)
 
 
 def window_tile(dw: LayerShape, th, tw) -> tuple:
@@ -103,11 +112,21 @@ def extent(out, tile, stride, ext, pad_lo, dim, xp):
     return total, pad_lo, xp.maximum(end - pad_lo - dim, 0)
 
 
+def _extents(dw: LayerShape, th, xp) -> list:
+    """(Rows, padding above, padding below) of a member ahead of depthwise `dw`'s windows along a column,
+    for output tiles of th rows: recomputing (every tile's window), then line-buffered (one window
+    over the whole column)."""
+    ext = (dw.kh - 1) * dw.dilation_h + 1
+    return [extent(dw.oh, tile, dw.stride_h, ext, dw.pad_top, dw.h, xp) for tile in (th, dw.oh)]
+
+
 def ahead_shape(L: LayerShape, dw: LayerShape, th, tw, xp, line=0) -> LayerShape:
     """A 1x1 member ahead of depthwise `dw` as the nest prices it (module doc), the cascade's tile th x tw,
-    `line`-buffered (1) or not (0): then its rows are one window's over the whole column."""
-    rows, top, bottom = extent(dw.oh, line * dw.oh + (1 - line) * th, dw.stride_h, (dw.kh - 1) * dw.dilation_h + 1,
-                               dw.pad_top, dw.h, xp)
+    `line`-buffered (1: its rows one window's over the whole column) or not (0), or a blend of the two
+    (a relaxed `line`: the rows and padding weighted; LayerShape.oh floors a fractional row total, as
+    it floors any relaxed extent)."""
+    recompute, buffered = _extents(dw, th, xp)
+    rows, top, bottom = ((1 - line) * r + line * b for r, b in zip(recompute, buffered, strict=True))
     cols, left, right = extent(dw.ow, tw, dw.stride_w, (dw.kw - 1) * dw.dilation_w + 1, dw.pad_left, dw.w, xp)
     return dataclasses.replace(L, h=rows - top - bottom, w=cols - left - right, pad_top=top, pad_bottom=bottom,
                                pad_left=left, pad_right=right)
@@ -147,19 +166,20 @@ def mask_actions(L: LayerShape, w, hw, ops) -> dict:
             "scratchpad_read_bytes": elements * item + w.dims.n_o * windows}
 
 
-def copy_work(L: LayerShape, dw: LayerShape, w, hw, ops) -> tuple:
-    """(COPYs, vector cycles, elements) of a line buffer's rows copied forward (module doc; `L` the
-    member just ahead's ahead_shape, `w` its Work): per channel tile of every window but a strip's
-    first, `overlap` rows of the window's columns, at the elements' width."""
+def copy_work(L: LayerShape, dw: LayerShape, th, w, hw, ops, line) -> tuple:
+    """(COPYs, vector cycles, elements) of a `line` buffer's rows copied forward (module doc; none where
+    `line` is 0; `L` the member just ahead's ahead_shape, `w` its Work, th the cascade's tile rows): per
+    channel tile of every window but a strip's first (one a tile of `new_rows`), `overlap` rows of the
+    window's columns, at the elements' width."""
     d = w.dims
-    again = d.n_h - 1
+    again = line * count(new_rows(dw, th, ops))
     rows = d._replace(rows=[(overlap(dw), again)])
     return (L.n * again * d.n_w * d.n_o, lane_groups(L, rows, hw, ops, 8 * L.out_itemsize),
             L.n * again * overlap(dw) * L.ow * L.o)
 
 
-def copy_actions(L: LayerShape, dw: LayerShape, w, hw, ops) -> dict:
+def copy_actions(L: LayerShape, dw: LayerShape, th, w, hw, ops, line) -> dict:
     """The copies' action counts (sim.energy's): each element read and written once in the scratchpad."""
-    *_, elements = copy_work(L, dw, w, hw, ops)
+    *_, elements = copy_work(L, dw, th, w, hw, ops, line)
     moved = elements * L.out_itemsize
     return {"vector_ops": elements, "scratchpad_read_bytes": moved, "scratchpad_write_bytes": moved}
