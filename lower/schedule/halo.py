@@ -105,7 +105,7 @@ def window_tile(dw: LayerShape, th, tw) -> tuple:
     return halo(dw, th, tw)
 
 
-def extent(out, tile, stride, ext, pad_lo, xp):
+def extent(out, tile, stride, ext, pad_lo):
     """(The windows' total extent along one dim, the padding the first one reads before the input, where
     the last one ends in the input's coordinates: past its end where it reads padding there), for tiles
     of `tile` over an output dim of `out` (integer arithmetic: the tile counts of the nest's exact
@@ -126,18 +126,17 @@ def _reads(total, before, end, dim, stride, ext, pad, xp) -> tuple:
     return (total - 1) * stride + ext - lo - hi, lo, hi
 
 
-def windows(dw: LayerShape, th, tw, xp, line=0) -> tuple:
+def windows(dw: LayerShape, th, tw, line=0) -> tuple:
     """extent's (total, padding before, end) of the windows of depthwise `dw`'s output tiles of th x tw,
     rows and columns; `line`-buffered (1): the rows one window's over the whole column."""
-    return (extent(dw.oh, line * dw.oh + (1 - line) * th, dw.stride_h, (dw.kh - 1) * dw.dilation_h + 1, dw.pad_top,
-                   xp),
-            extent(dw.ow, tw, dw.stride_w, (dw.kw - 1) * dw.dilation_w + 1, dw.pad_left, xp))
+    return (extent(dw.oh, line * dw.oh + (1 - line) * th, dw.stride_h, (dw.kh - 1) * dw.dilation_h + 1, dw.pad_top),
+            extent(dw.ow, tw, dw.stride_w, (dw.kw - 1) * dw.dilation_w + 1, dw.pad_left))
 
 
 def inside(dw: LayerShape, m, xp, line=0):
     """The windows' elements per image and channel inside `dw`'s input (`m` its mapping): what the masks
     LOAD."""
-    (rows, top, end_h), (cols, left, end_w) = windows(dw, m.tile_oh, m.tile_ow, xp, line)
+    (rows, top, end_h), (cols, left, end_w) = windows(dw, m.tile_oh, m.tile_ow, line)
     return (rows - top - xp.maximum(end_h - dw.h, 0)) * (cols - left - xp.maximum(end_w - dw.w, 0))
 
 
@@ -145,7 +144,7 @@ def ahead_shape(L: LayerShape, dw: LayerShape, th, tw, xp, line=0) -> LayerShape
     """A member ahead of depthwise `dw` as the nest prices it (module doc), the cascade's tile th x tw,
     `line`-buffered (1) or not (0): its output the windows side by side, its input what that reads (a
     k x k first member's: its own halo of each window)."""
-    (rows, top, end_h), (cols, left, end_w) = windows(dw, th, tw, xp, line)
+    (rows, top, end_h), (cols, left, end_w) = windows(dw, th, tw, line)
     h, pad_top, pad_bottom = _reads(rows, top, end_h, L.h, L.stride_h, (L.kh - 1) * L.dilation_h + 1, L.pad_top, xp)
     w, pad_left, pad_right = _reads(cols, left, end_w, L.w, L.stride_w, (L.kw - 1) * L.dilation_w + 1, L.pad_left,
                                     xp)
@@ -168,21 +167,21 @@ def mask_buffer(L: LayerShape, m) -> Buffer:
     return Buffer(MASK, Space.SPAD, words(m.tile_oh * m.tile_ow * item, item), 1 + m.double_buffer)
 
 
-def mask_work(L: LayerShape, inside, w, hw, ops) -> tuple:
+def mask_work(L: LayerShape, inner, w, hw, ops) -> tuple:
     """(LOADs, bytes) of the masks and the MULs' (instructions, vector cycles, elements) of the member
-    just ahead (`L` its ahead_shape, `w` its Work, `inside` the windows' elements inside the input): a
+    just ahead (`L` its ahead_shape, `w` its Work, `inner` the windows' elements inside the input: `inside`): a
     LOAD per spatial tile of the mask's inside, a MUL per output tile, in the result's type (int8: four
     a lane with sub-word packing)."""
     spatial = L.n * w.dims.n_h * w.dims.n_w
-    return ((spatial, L.n * inside * L.out_itemsize),
+    return ((spatial, L.n * inner * L.out_itemsize),
             (w.tiles, lane_groups(L, w.dims, hw, ops, 8 * L.out_itemsize), L.n * L.oh * L.ow * L.o))
 
 
-def mask_actions(L: LayerShape, inside, w, hw, ops) -> dict:
+def mask_actions(L: LayerShape, inner, w, hw, ops) -> dict:
     """The masks' action counts (sim.energy's): their LOADs (the inside from DRAM, the window written),
     the MULs (the result tile read and written back, the mask, broadcast over the channels, read once
     per channel tile)."""
-    (_, loaded), (_, _, elements) = mask_work(L, inside, w, hw, ops)
+    (_, loaded), (_, _, elements) = mask_work(L, inner, w, hw, ops)
     item = L.out_itemsize
     written = L.n * L.oh * L.ow * item
     return {"dram_read_bytes": loaded, "vector_ops": elements, "scratchpad_write_bytes": written + elements * item,
