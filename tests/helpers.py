@@ -46,6 +46,28 @@ def check_fused_against_unfused(model, x, hw):
         assert spad <= hw.scratchpad_bytes and acc <= hw.accumulator_bytes
 
 
+def check_cascade_cost(c, cascade, hw, cycles: float = 0.15):
+    """A cascade's cost (lower.schedule.cascade.cascade_cost) against compilation `c`'s program, of that
+    cascade alone: DRAM bytes, vector ops, MACs, instructions and the footprint exact, cycles within
+    `cycles` of the timed simulation, energy within 2%."""
+    import pytest
+
+    from stagec.lower.schedule.cascade import cascade_cost
+    from stagec.lower.schedule.nest import Exact, LayerShape
+    from stagec.report import make_report
+    from stagec.sim.energy import energy_pj
+    shapes = [LayerShape.of(*c.schedule[name].nests[0]) for name in cascade.layers]
+    cost = cascade_cost(shapes, list(cascade.mappings), hw, Exact, cascade.chunk is not None, cascade.line)
+    report = make_report(c.program)
+    for action in ("dram_read_bytes", "dram_write_bytes", "vector_ops", "macs_fp32"):
+        assert getattr(cost.actions, action) == getattr(report.actions, action), action
+    assert cost.instructions == len(c.program)
+    assert cost.cycles == pytest.approx(report.cycles, rel=cycles)
+    energy = sum(energy_pj(cost.actions, report.cycles, hw).values())
+    assert energy == pytest.approx(sum(report.energy_pj.values()), rel=0.02)
+    assert tuple(c.program.metadata["local_peak_bytes"][cascade.layers[0]]) == (cost.spad_bytes, cost.acc_bytes)
+
+
 def linear_across_a_rounding_tie():
     """(int8 Linear model, its calibration, its quantized graph, x_below, x_above): x_below[0, 1] lies
     just below a rounding boundary of the QUANTIZE of the model's input, x_above one fp32 ulp above it --

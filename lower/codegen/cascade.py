@@ -55,7 +55,7 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
     d = depthwise_at(Ls)
     dw = members[d].problem
     # members ahead of a depthwise one compute its padded input windows (lower.codegen.halo)
-    members = [dataclasses.replace(mb, problem=padded(mb.problem, dw, ms[d].tile_oh, ms[d].tile_ow)) if i < d else mb
+    members = [dataclasses.replace(mb, problem=padded(mb.problem, dw)) if i < d else mb
                for i, mb in enumerate(members)]
     em.layer, em.layer_name = members[0].layer, members[0].name
     chunked = chunk is not None

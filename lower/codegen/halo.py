@@ -19,21 +19,19 @@ import numpy as np
 
 from stagec.isa.instructions import DType, Operand, Space, VectorFunc
 
-from ..schedule.halo import extent
-from ..schedule.nest import ConvProblem, tiles
+from ..schedule.halo import ahead_shape
+from ..schedule.nest import ConvProblem, LayerShape, tiles
 from ..schedule.tensors import DramTensor
 
 
-def padded(p: ConvProblem, dw: ConvProblem, th: int, tw: int) -> ConvProblem:
-    """A 1x1 member ahead of depthwise `dw` as emitted, for dw's output tiles of th x tw: over dw's input
-    padded as far as the windows read (lower.schedule.halo.ahead_shape's padding, so the nest's
-    tiles agree with the shape the schedule priced: one spatial tile where that has one), the LOAD
-    padding it."""
-    (pt, _), (pl, _) = dw.padding
-    ext = [(k - 1) * d + 1 for k, d in zip((dw.kh, dw.kw), dw.dilation, strict=True)]
-    _, _, bottom = extent(dw.oh, th, dw.stride[0], ext[0], pt, dw.h, np)
-    _, _, right = extent(dw.ow, tw, dw.stride[1], ext[1], pl, dw.w, np)
-    return dataclasses.replace(p, padding=((pt, int(bottom)), (pl, int(right))))
+def padded(p: ConvProblem, dw: ConvProblem) -> ConvProblem:
+    """A member ahead of depthwise `dw` as emitted: its output dw's input padded as far as the windows
+    read, its input extended by the padding that reads (lower.schedule.halo.ahead_shape of one window
+    over the whole, so the nest's tiles agree with the shape the schedule priced: one spatial tile where
+    that has one), the LOAD padding it; short of p's input where the windows end before it."""
+    a = ahead_shape(LayerShape.of("matrix", p), LayerShape.of("depthwise", dw), dw.oh, dw.ow, np)
+    return dataclasses.replace(p, h=int(a.h), w=int(a.w), padding=((int(a.pad_top), int(a.pad_bottom)),
+                                                                   (int(a.pad_left), int(a.pad_right))))
 
 
 def window(dw: ConvProblem, oh0: int, th: int, ow0: int, tw: int) -> tuple:

@@ -3,9 +3,10 @@
 A cascade is a chain of pointwise layers (a matmul, a 1x1 convolution of stride 1 without padding),
 each feeding the next alone, possibly led by a depthwise convolution (an inverted residual block's
 depthwise -> 1x1 projection; its halo comes from DRAM, so it needs no overlap), or with a depthwise
-member after 1x1 ones, which then compute its input windows (lower.schedule.halo: the spatial tiles
-are the depthwise's output's, the members ahead tile its windows, recomputing the rows consecutive
-windows share or keeping them in a line buffer, `Cascade.halo`).  Its nest walks
+member after 1x1 ones (the first may be any convolution: a stem's), which then compute its input
+windows (lower.schedule.halo: the spatial tiles are the depthwise's output's, the members ahead tile
+its windows, recomputing the rows consecutive windows share or keeping them in a line buffer,
+`Cascade.halo`).  Its nest walks
 spatial tiles of the common output (`Cascade.tile`: rows x columns; a matmul's rows are its M); per
 spatial tile each member runs its own nest's output-channel tiles (its TileMapping, whose spatial
 tile is the cascade's), the first reading its halo from DRAM, the others the previous member's whole
@@ -176,12 +177,14 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
     rows = halo.ahead_rows(Ls[d], ms[d].tile_oh, ops, line) if d else None
     works = [matrix_work(L, m, hw, ops, rows if i < d else None) if L.kind == MATRIX else window_work(L, m, hw, ops)
              for i, (L, m) in enumerate(zip(Ls, ms, strict=True))]
-    masks, (muls, mul_cycles, _) = halo.mask_work(Ls[d - 1], works[d - 1], hw, ops) if d else ((0, 0), (0, 0, 0))
+    inside = halo.inside(Ls[d], ms[d], xp, line) if d else 0
+    masks, (muls, mul_cycles, _) = halo.mask_work(Ls[d - 1], inside, works[d - 1], hw, ops) if d else \
+        ((0, 0), (0, 0, 0))
     copied, copy_cycles, _ = (halo.copy_work(Ls[d - 1], Ls[d], ms[d].tile_oh, works[d - 1], hw, ops, line) if d
                               else (0, 0, 0))
     loads, store, startup, matrix, vector = masks, works[-1].store, (0, 0), 0, 0
     instructions = masks[0] + muls + copied
-    acts = [halo.mask_actions(Ls[d - 1], works[d - 1], hw, ops)] if d else []
+    acts = [halo.mask_actions(Ls[d - 1], inside, works[d - 1], hw, ops)] if d else []
     acts += [halo.copy_actions(Ls[d - 1], Ls[d], ms[d].tile_oh, works[d - 1], hw, ops, line)] if d else []
     for i, (L, m, w) in enumerate(zip(Ls, ms, works, strict=True)):
         on_array = (L.kind == MATRIX) * 1      # else a depthwise member: taps on the vector unit,

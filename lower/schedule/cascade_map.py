@@ -24,7 +24,7 @@ from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..graph.graph_ir import OpKind
 from .cascade import MAX_MEMBERS, Cascade, cascade_cost, chunk_at
-from .halo import LINE, depthwise_at, halos, line_reads_input, window_tile
+from .halo import LINE, depthwise_at, halos, line_reads_input, pointwise, window_tile
 from .nest import MATRIX, Exact, LayerShape, TileMapping, dots
 from .nest_cost import nest_cost
 from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
@@ -38,20 +38,19 @@ HALOS = None
 
 def member(node, graph, nest) -> bool:
     """Whether a node (its first nest `nest`, the mapper's) can be a cascade's member: a matrix-unit
-    matmul of constant weights and no batch, or a 1x1 convolution of stride 1, no padding, one group,
-    on FUSED_DTYPES operands; or a depthwise convolution of one such type in and out (leading one, or
-    after 1x1 ones that compute its input windows: lower.schedule.halo)."""
+    matmul of constant weights and no batch, or a convolution of one group (pointwise, or any other
+    leading a cascade ahead of a depthwise one: lower.schedule.halo), on FUSED_DTYPES operands; or a
+    depthwise convolution of one such type in and out (leading one, or after the ones that compute its
+    input windows)."""
     kind = getattr(nest, "kind", None)
     if kind == "depthwise":
         # its type in and out (an int8 graph's float depthwise conv may requantize its result: not a member)
         return node.inputs[0].dtype == node.output.dtype in FUSED_DTYPES
     if kind != "matrix" or node.inputs[0].dtype not in FUSED_DTYPES:
         return False
-    p = nest.problem
     if node.op == OpKind.MATMUL:
         return math.prod(node.output.shape[:-2]) == 1 and node.inputs[1].id in graph.constants
-    return (node.op == OpKind.CONV and (p.kh, p.kw, p.stride, p.dilation) == (1, 1, (1, 1), (1, 1))
-            and p.padding == ((0, 0), (0, 0)) and node.attr("groups") == 1)
+    return node.op == OpKind.CONV and node.attr("groups") == 1
 
 
 def chains(graph, layout, tilings: dict, excluded) -> list[list]:
@@ -88,12 +87,13 @@ def chains(graph, layout, tilings: dict, excluded) -> list[list]:
 
 
 def follows(before, nest) -> bool:
-    """Whether nest `nest` can follow nest `before` in a cascade: a matrix-unit one over the same pixels,
-    or a depthwise one over a 1x1 convolution's result (lower.schedule.halo: the 1x1 recomputes the
-    depthwise's input windows)."""
+    """Whether nest `nest` can follow nest `before` in a cascade: a pointwise matrix-unit one over the same
+    pixels after any but a k x k one, or a depthwise one over a matrix-unit one's result
+    (lower.schedule.halo: that recomputes the depthwise's input windows)."""
     p, q = before.problem, nest.problem
     if nest.kind == "matrix":
-        return (p.n, p.oh, p.ow) == (q.n, q.oh, q.ow)
+        leads = before.kind == "matrix" and not pointwise(LayerShape.of("matrix", p))
+        return not leads and pointwise(LayerShape.of("matrix", q)) and (p.n, p.oh, p.ow) == (q.n, q.oh, q.ow)
     return nest.kind == "depthwise" and before.kind == "matrix" and (p.n, p.oh, p.ow) == (q.n, q.h, q.w)
 
 
@@ -149,6 +149,8 @@ def map_cascade(nests, hw, objective: str) -> Mapped | None:
     strategies = [h for h in halos(Ls) if h is None or HALOS is None or h in HALOS]
     if max(L.c for L in Ls) > MAX_COUNT or sum(L.kind != MATRIX for L in Ls) > 1 or not strategies:   # one halo
         return None
+    if not all(L.kind != MATRIX or pointwise(L) or not i and depthwise_at(Ls) == 1 for i, L in enumerate(Ls)):
+        return None     # a k x k convolution leads a cascade, just ahead of its depthwise member
     d = depthwise_at(Ls)
     axes = [tile_sizes(Ls[d].oh), tile_sizes(Ls[d].ow)]
     for i, L in enumerate(Ls):   # output-channel tiles (a depthwise member's after the first: the one

@@ -1,12 +1,12 @@
-"""Halos in a cascade (lower.schedule.cascade): pointwise layers ahead of a depthwise convolution
-compute its input windows, so that an inverted residual block (1x1 expand -> depthwise -> 1x1
+"""Halos in a cascade (lower.schedule.cascade): layers ahead of a depthwise convolution compute its
+input windows, so that an inverted residual block (1x1 expand -> depthwise -> 1x1
 project) runs as one cascade and its expanded activation never leaves the chip.
 
 The cascade's spatial tiles are then tiles of the depthwise's output.  Per tile, the members ahead of
-the depthwise (1x1 convolutions of stride 1) fill the depthwise's input window (its halo) over the
-depthwise's padded input, so the depthwise reads the window in place from the intermediate, padding
-included.  Consecutive windows along a column share `overlap` rows (kernel extent - stride), and two
-strategies handle them, chosen by cost (lower.schedule.cascade_map):
+the depthwise (1x1 convolutions of stride 1; the first, any convolution) fill the depthwise's input
+window (its halo) over the depthwise's padded input, so the depthwise reads the window in place from
+the intermediate, padding included.  Consecutive windows along a column share `overlap` rows (kernel
+extent - stride), and two strategies handle them, chosen by cost (lower.schedule.cascade_map):
 
 - recompute (RECOMPUTE): every tile's members ahead compute its whole window, the shared rows and
   columns again where the neighbouring tiles need them;
@@ -29,8 +29,13 @@ Priced as the nest prices a layer: a member ahead runs as a 1x1 layer over its w
 side (`ahead_shape`), the window being its mapping's tile (`window_tile`): rows, the sum of every row
 tile's window rows (line buffer: one window's rows over the whole column, in row tiles of
 `ahead_rows`), of which padding the first window's rows above the input and the last one's below it
-(so the halo bytes it LOADs from DRAM are the nest's own count); columns alike.  Written over an ops
-namespace like the nest (lower.schedule.nest.Exact; costmodel.smooth.Relaxed).
+(so the halo bytes it LOADs from DRAM are the nest's own count); columns alike.  A cascade's first
+member may be any convolution of the matrix unit (k x k, strided, padded: MobileNetV2's stem conv ahead
+of its depthwise), its input per window its own halo of the window (`ahead_shape`: the windows' halos
+side by side, padded before the first and past the last by what they read of the padding, its own and
+the windows'; exact where no other window reads padding, as the last but one does ahead of a last
+window too short to reach past the input); it takes the recompute strategy alone (`halos`).  Written
+over an ops namespace like the nest (lower.schedule.nest.Exact; costmodel.smooth.Relaxed).
 """
 
 from __future__ import annotations
@@ -60,12 +65,21 @@ def overlap(dw: LayerShape):
     return (dw.kh - 1) * dw.dilation_h + 1 - dw.stride_h
 
 
+def pointwise(L: LayerShape) -> bool:
+    """Whether a matrix-unit member reads its input's pixels as its output's (a matmul, a 1x1 convolution of
+    stride 1 without padding); any other convolution leads a cascade, ahead of a depthwise one."""
+    return (L.kh, L.kw, L.stride_h, L.stride_w, L.pad_top, L.pad_bottom, L.pad_left, L.pad_right) == \
+        (1, 1, 1, 1, 0, 0, 0, 0)
+
+
 def halos(Ls) -> tuple:
-    """The halo strategies a cascade of members `Ls` may take (map_cascade's grid weighs each): none (None)
-    without a depthwise member after its first; recompute, and the line buffer where consecutive windows
-    share rows."""
+    """The halo strategies a cascade of members `Ls` may take (map_cascade's grid weighs each): none (None) without
+    a depthwise member after its first; recompute, and the line buffer where consecutive windows share
+    rows and the first member is pointwise (a k x k one's row tiles of unequal rows re-read unequal
+    overlaps of its input, which the nest's halo count, over equal tiles, does not price)."""
     d = depthwise_at(Ls)
-    return (RECOMPUTE, LINE) if d and overlap(Ls[d]) > 0 else (RECOMPUTE,) if d else (None,)
+    line = d and overlap(Ls[d]) > 0 and pointwise(Ls[0])
+    return (RECOMPUTE, LINE) if line else (RECOMPUTE,) if d else (None,)
 
 
 def new_rows(dw: LayerShape, th, ops) -> list:
@@ -81,7 +95,7 @@ def ahead_rows(dw: LayerShape, th, ops, line) -> list:
     weighted by 1 - `line` and `line` (the nest's work is linear in its tiles' counts), so that a
     relaxed `line` prices a blend of the two."""
     window = halo(dw, th, 1)[0]
-    recompute = ops.tiles(_extents(dw, th, ops.xp)[0][0], window)
+    recompute = ops.tiles(windows(dw, th, 1)[0][0], window)
     return ([(size, (1 - line) * n) for size, n in recompute]
             + [(size, line * n) for size, n in [(window, 1), *new_rows(dw, th, ops)]])
 
@@ -100,40 +114,60 @@ def window_tile(dw: LayerShape, th, tw) -> tuple:
     return halo(dw, th, tw)
 
 
-def extent(out, tile, stride, ext, pad_lo, dim, xp):
-    """(The windows' total extent along one dim, the padding the first one reads before the input, the
-    padding the last one reads past it), for tiles of `tile` over an output dim of `out` (integer
-    arithmetic: the tile counts of the nest's exact namespace)."""
+def extent(out, tile, stride, ext, pad_lo):
+    """(The windows' total extent along one dim, the padding the first one reads before the input, where
+    the last one ends in the input's coordinates: past its end where it reads padding there), for tiles
+    of `tile` over an output dim of `out` (integer arithmetic: the tile counts of the nest's exact
+    namespace)."""
     full = out // tile
     rem = out - full * tile
     total = full * ((tile - 1) * stride + ext) + (rem > 0) * ((rem - 1) * stride + ext)
-    last = out - (-(-out // tile) - 1) * tile
-    end = (out - last) * stride + (last - 1) * stride + ext       # padded coordinates
-    return total, pad_lo, xp.maximum(end - pad_lo - dim, 0)
+    return total, pad_lo, (out - 1) * stride + ext - pad_lo
 
 
-def _extents(dw: LayerShape, th, xp) -> list:
-    """(Rows, padding above, padding below) of a member ahead of depthwise `dw`'s windows along a column,
-    for output tiles of th rows: recomputing (every tile's window), then line-buffered (one window
-    over the whole column)."""
+def _reads(total, before, end, dim, stride, ext, pad, xp) -> tuple:
+    """(Input extent, padding before it, padding past it) along one dim of a member ahead (`stride`,
+    kernel extent `ext`, padding `pad` over an input of `dim`) whose output is windows of `total`, the
+    first starting `before` ahead of the depthwise's input, the last ending at `end` in it: its own halo
+    of the windows laid side by side (a 1x1's: the windows themselves)."""
+    lo = before * stride + pad
+    hi = xp.maximum((end - 1) * stride - pad + ext - dim, 0)
+    return (total - 1) * stride + ext - lo - hi, lo, hi
+
+
+def windows(dw: LayerShape, th, tw, line=0) -> tuple:
+    """extent's (total, padding before, end) of the windows of depthwise `dw`'s output tiles of th x tw,
+    rows and columns; `line`-buffered (1): the rows one window's over the whole column; a relaxed
+    `line` weighs the two row totals (the padding and the end are the same for both)."""
     ext = (dw.kh - 1) * dw.dilation_h + 1
-    return [extent(dw.oh, tile, dw.stride_h, ext, dw.pad_top, dw.h, xp) for tile in (th, dw.oh)]
+    rows = extent(dw.oh, th, dw.stride_h, ext, dw.pad_top)
+    buffered = extent(dw.oh, dw.oh, dw.stride_h, ext, dw.pad_top)[0]
+    return (((1 - line) * rows[0] + line * buffered, *rows[1:]),
+            extent(dw.ow, tw, dw.stride_w, (dw.kw - 1) * dw.dilation_w + 1, dw.pad_left))
+
+
+def inside(dw: LayerShape, m, xp, line=0):
+    """The windows' elements per image and channel inside `dw`'s input (`m` its mapping): what the masks
+    LOAD."""
+    (rows, top, end_h), (cols, left, end_w) = windows(dw, m.tile_oh, m.tile_ow, line)
+    return (rows - top - xp.maximum(end_h - dw.h, 0)) * (cols - left - xp.maximum(end_w - dw.w, 0))
 
 
 def ahead_shape(L: LayerShape, dw: LayerShape, th, tw, xp, line=0) -> LayerShape:
-    """A 1x1 member ahead of depthwise `dw` as the nest prices it (module doc), the cascade's tile th x tw,
-    `line`-buffered (1: its rows one window's over the whole column) or not (0), or a blend of the two
-    (a relaxed `line`: the rows and padding weighted; LayerShape.oh floors a fractional row total, as
-    it floors any relaxed extent)."""
-    recompute, buffered = _extents(dw, th, xp)
-    rows, top, bottom = ((1 - line) * r + line * b for r, b in zip(recompute, buffered, strict=True))
-    cols, left, right = extent(dw.ow, tw, dw.stride_w, (dw.kw - 1) * dw.dilation_w + 1, dw.pad_left, dw.w, xp)
-    return dataclasses.replace(L, h=rows - top - bottom, w=cols - left - right, pad_top=top, pad_bottom=bottom,
-                               pad_left=left, pad_right=right)
+    """A member ahead of depthwise `dw` as the nest prices it (module doc), the cascade's tile th x tw,
+    `line`-buffered (1) or not (0): its output the windows side by side, its input what that reads (a
+    k x k first member's: its own halo of each window)."""
+    (rows, top, end_h), (cols, left, end_w) = windows(dw, th, tw, line)
+    h, pad_top, pad_bottom = _reads(rows, top, end_h, L.h, L.stride_h, (L.kh - 1) * L.dilation_h + 1, L.pad_top, xp)
+    w, pad_left, pad_right = _reads(cols, left, end_w, L.w, L.stride_w, (L.kw - 1) * L.dilation_w + 1, L.pad_left,
+                                    xp)
+    return dataclasses.replace(L, h=h, w=w, pad_top=pad_top, pad_bottom=pad_bottom, pad_left=pad_left,
+                               pad_right=pad_right)
 
 
 def ahead_shapes(Ls, ms, xp, line=0) -> list:
-    """`Ls` with the members ahead of a depthwise (if any) as ahead_shape prices them (idempotent)."""
+    """`Ls` with the members ahead of a depthwise (if any) as ahead_shape prices them (applied again, the same
+    output tiles and buffers: member_buffers applies it to what cascade_cost did)."""
     d = depthwise_at(Ls)
     return [ahead_shape(L, Ls[d], ms[d].tile_oh, ms[d].tile_ow, xp, line) if i < d else L
             for i, L in enumerate(Ls)]
@@ -146,24 +180,25 @@ def mask_buffer(L: LayerShape, m) -> Buffer:
     return Buffer(MASK, Space.SPAD, words(m.tile_oh * m.tile_ow * item, item), 1 + m.double_buffer)
 
 
-def mask_work(L: LayerShape, w, hw, ops) -> tuple:
+def mask_work(L: LayerShape, inner, w, hw, ops) -> tuple:
     """(LOADs, bytes) of the masks and the MULs' (instructions, vector cycles, elements) of the member
-    just ahead (`L` its ahead_shape, `w` its Work): a LOAD per spatial tile of the mask's inside, a MUL
-    per output tile, in the result's type (int8: four a lane with sub-word packing)."""
+    just ahead (`L` its ahead_shape, `w` its Work, `inner` the windows' elements inside the input: `inside`): a
+    LOAD per spatial tile of the mask's inside, a MUL per output tile, in the result's type (int8: four
+    a lane with sub-word packing)."""
     spatial = L.n * w.dims.n_h * w.dims.n_w
-    return ((spatial, L.n * L.h * L.w * L.out_itemsize),
+    return ((spatial, L.n * inner * L.out_itemsize),
             (w.tiles, lane_groups(L, w.dims, hw, ops, 8 * L.out_itemsize), L.n * L.oh * L.ow * L.o))
 
 
-def mask_actions(L: LayerShape, w, hw, ops) -> dict:
+def mask_actions(L: LayerShape, inner, w, hw, ops) -> dict:
     """The masks' action counts (sim.energy's): their LOADs (the inside from DRAM, the window written),
     the MULs (the result tile read and written back, the mask, broadcast over the channels, read once
     per channel tile)."""
-    (_, inside), (_, _, elements) = mask_work(L, w, hw, ops)
+    (_, loaded), (_, _, elements) = mask_work(L, inner, w, hw, ops)
     item = L.out_itemsize
-    windows = L.n * L.oh * L.ow * item
-    return {"dram_read_bytes": inside, "vector_ops": elements, "scratchpad_write_bytes": windows + elements * item,
-            "scratchpad_read_bytes": elements * item + w.dims.n_o * windows}
+    written = L.n * L.oh * L.ow * item
+    return {"dram_read_bytes": loaded, "vector_ops": elements, "scratchpad_write_bytes": written + elements * item,
+            "scratchpad_read_bytes": elements * item + w.dims.n_o * written}
 
 
 def copy_work(L: LayerShape, dw: LayerShape, th, w, hw, ops, line) -> tuple:

@@ -64,9 +64,9 @@ def block_diagonal(w: np.ndarray, g: int) -> np.ndarray:
 
 def fuses_instead(graph: Graph, node: Node, g: int, hw: HardwareConfig, objective: str, links) -> bool:
     """Whether depthwise conv `node`, packed by `g`, is better left on the vector unit to run in one
-    cascade with the 1x1 convolution it alone reads and the 1x1 that alone reads it, where there are
+    cascade with the convolution it alone reads and the 1x1 that alone reads it, where there are
     (an inverted residual block, lower.schedule.halo; with a squeeze-excite between the depthwise
-    and the projection, the first two; a stem's depthwise after a full conv, the last two): by
+    and the projection, the first two; a stem's depthwise, the full conv ahead of it too): by
     `objective` of the summed cycles and energy of the block's layers alone, the depthwise packed,
     against the cascade's.  `links`: (producer, consumers, outputs)."""
     producer, consumers, outputs = links
@@ -80,7 +80,8 @@ def fuses_instead(graph: Graph, node: Node, g: int, hw: HardwareConfig, objectiv
     ahead = producer.get(node.inputs[0].id)
     after = consumers[node.output.id][0] if alone(node.output) else None
     lead = [ahead] if joins(ahead) and alone(node.inputs[0]) else []
-    block = lead + [node] + ([after] if joins(after) else [])
+    block = lead + [node] + ([after] if joins(after) and cascade_map.follows(node_problem(node), node_problem(after))
+                             else [])
     if len(block) < 2 or not joins(node):
         return False
     nests = [node_problem(n) for n in block]
