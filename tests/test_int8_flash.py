@@ -115,22 +115,24 @@ def assert_one_cascade(model, x, graph, hw) -> Int8Attention:
 
 
 @pytest.mark.parametrize("visible", [None, 27], ids=["unmasked", "masked"])
-def test_the_cost_counts_the_programs_dram_bytes_macs_and_vector_ops(visible):
-    """The cost the mapper ranks the cascade by: its DRAM bytes (a mask's too), int8 MACs and vector ops
-    are the program's; the mask, one for both heads, is LOADed once per query block (its row resident),
-    not once per head."""
+def test_the_cost_counts_the_programs_instructions_dram_bytes_macs_and_vector_ops(visible):
+    """The cost the mapper ranks the cascade by: its instructions (each K and V LOAD once), DRAM bytes (a
+    mask's too), int8 MACs and vector ops are the program's; the mask, one for both heads, is LOADed once
+    per query block (its row resident), not once per head."""
     _, _, graph = attention_graph(2, 40, visible=visible)
     c = lowered(graph, TIGHT)
     (cascade,) = [a for a in c.schedule.cascades if isinstance(a, Int8Attention)]
     (pattern,) = match(graph, c.layout)
     sh = shape_of(pattern, graph, c.layout, cascade.mask.resident)
-    _, acts = int8_flash_cost(sh, *cascade.tile, TIGHT)
+    cost = int8_flash_cost(sh, *cascade.tile, TIGHT)
+    acts = cost.actions
     layers = [r for r in make_report(c.program).layers if r.name in cascade.layers]
+    assert cost.instructions == sum(sum(r.instructions.values()) for r in layers)
     for action in ("dram_read_bytes", "dram_write_bytes", "macs_int8", "vector_ops"):
         assert getattr(acts, action) == sum(getattr(r.actions, action) for r in layers), action
     if visible is not None:
         assert cascade.mask.heads == 2 and cascade.mask.resident
-        _, per_head = int8_flash_cost(shape_of(pattern, graph, c.layout), *cascade.tile, TIGHT)
+        per_head = int8_flash_cost(shape_of(pattern, graph, c.layout), *cascade.tile, TIGHT).actions
         assert per_head.dram_read_bytes - acts.dram_read_bytes == 40 * 40 * 2     # a bf16 mask read once less
 
 

@@ -144,6 +144,11 @@ class FlashCost(NamedTuple):
     spad_bytes: int
     acc_bytes: int
 
+    @property
+    def charged(self) -> tuple[float, ActionCounts]:
+        """(charged cycles, actions): what search_blocks ranks a tiling by."""
+        return self.cycles + INSTRUCTION_CHARGE * self.instructions, self.actions
+
 
 class Vec(NamedTuple):
     """A vector instruction as the cost counts it: elements, transcendental, reduced run, and its
@@ -442,8 +447,7 @@ def map_flash(dims, hw, objective: str, scale: bool = False, masked: bool = Fals
     reads its mask): a mask that several heads share is kept resident where that pays and fits."""
     def search(way: Mask):
         def cost(tq: int, tk: int):
-            c = flash_cost(dims, tq, tk, hw, scale, masked, bf16, out_itemsize, way)
-            return c.cycles + INSTRUCTION_CHARGE * c.instructions, c.actions
+            return flash_cost(dims, tq, tk, hw, scale, masked, bf16, out_itemsize, way).charged
         return search_blocks(dims[1], dims[2], lambda tq, tk: flash_buffers(
             tq, tk, dims[3], masked, bf16, dims[2] * way.resident), cost, hw, objective)
     return mask_ways(mask, masked, search, objective)
