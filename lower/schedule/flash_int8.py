@@ -39,9 +39,10 @@ from stagec.sim.energy import ActionCounts
 
 from ..codegen import tile_expr  # the emitter's own expression plan, so both count the same temporaries
 from ..graph.graph_ir import RECORDS, OpKind
+from .attention_walk import Walk, row_reduce, shared_heads
 from .buffers import Buffer, local_bytes, words
 from .cascade import CascadeRecord
-from .flash import UNSHARED, FlashCost, Mask, Walk, _sizes, mask_ways, pays, row_reduce, search_blocks, shared_heads
+from .flash import UNSHARED, FlashCost, Mask, _sizes, mask_ways, pays, search_blocks
 from .nest_cost import dma_cycles
 from .tensors import DTYPE_OF
 
