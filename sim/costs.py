@@ -36,7 +36,9 @@ how edge SIMD units count their lanes: a 128-bit Arm Helium (MVE) vector holds 1
 8 x int16/fp16 or 4 x int32/fp32 lanes, one operation per lane ("Helium registers", Arm's Helium
 programmer's guide), and Arm's SDOT sums four int8 products into each 32-bit accumulator
 (Arm's intrinsics reference, vdot_s32 / SDOT Vd.2S, Vn.8B, Vm.8B); a widening op (int8 ->
-int32) yields only as many results per cycle as its 32-bit destination holds.
+int32) yields only as many results per cycle as its 32-bit destination holds.  A widening
+reduction (a dot reduction: RDOT, an int8 sum into int32) is SDOT's: each output's run takes
+ceil(run / per_lane) dot steps of its lane, a run of 5 int8 padded to 8 (lane_work).
 """
 
 from __future__ import annotations
@@ -92,19 +94,48 @@ def dma_cycles(nbytes, hw: HardwareConfig, xp=np):
 LANE_BITS = 32
 
 
-def lane_bits(func, dtype, out_dtype, reduce_length=1) -> np.ndarray:
-    """Bits per element of a VECTOR instruction's widest operand, which sets how many of its elements a
-    lane packs (lane_elements): its source's, a streamed src2's (a record's words; a table read once
-    does not count), its destination's, or for a reduction the destination's bits per element reduced
-    (an int8 sum into int32 over runs of 4 or more reads 4 int8 a lane, as SDOT).  A widening
-    elementwise op runs at its result's width (int8 -> int32: one a lane)."""
-    func, dtype, out_dtype = (np.asarray(v, np.int64) for v in (func, dtype, out_dtype))
+def source_bits(func, dtype) -> np.ndarray:
+    """Bits per element of a VECTOR instruction's widest source: its first's, or a streamed src2's (a
+    record's words; a table read once does not count)."""
+    func, dtype = np.asarray(func, np.int64), np.asarray(dtype, np.int64)
     streamed = (func_table("sources")[func] == 2) & (func_table("src2_once")[func] == 0)
     own = func_table("src2_dtype", -1)[func]
-    src2 = np.where(streamed, 8 * ITEMSIZE[np.where(own >= 0, own, dtype)], 0)
-    out = 8 * ITEMSIZE[out_dtype]
-    reduced = np.where(func_table("reduction")[func].astype(bool), -(-out // np.maximum(reduce_length, 1)), out)
-    return np.maximum(np.maximum(8 * ITEMSIZE[dtype], src2), reduced)
+    return np.maximum(8 * ITEMSIZE[dtype], np.where(streamed, 8 * ITEMSIZE[np.where(own >= 0, own, dtype)], 0))
+
+
+def dot_reduction(func, dtype, out_dtype) -> np.ndarray:
+    """Whether a VECTOR instruction sums runs into a wider accumulator (int8 -> int32, as Arm's SDOT;
+    bf16 -> float32, as BFDOT): each output one 32-bit lane's, which takes its run's elements a dot
+    step at a time (lane_work)."""
+    func = np.asarray(func, np.int64)
+    out = 8 * ITEMSIZE[np.asarray(out_dtype, np.int64)]
+    return func_table("reduction")[func].astype(bool) & (out > source_bits(func, dtype))
+
+
+def lane_bits(func, dtype, out_dtype) -> np.ndarray:
+    """Bits per element of a VECTOR instruction's widest operand, which sets how many of its elements a
+    lane packs (lane_elements): its sources' (source_bits) and its destination's, but for a dot
+    reduction (dot_reduction), whose lane packs its sources into one output.  A widening elementwise
+    op runs at its result's width (int8 -> int32: one a lane)."""
+    out = 8 * ITEMSIZE[np.asarray(out_dtype, np.int64)]
+    return np.maximum(source_bits(func, dtype), np.where(dot_reduction(func, dtype, out_dtype), 0, out))
+
+
+def lane_work(elements, per_lane, run=1, dot=False, xp=np):
+    """Lane cycles of a vector instruction over `elements`, a lane taking `per_lane` of them a cycle; a
+    dot reduction's (dot_reduction: over runs of `run`) its outputs times ceil(run / per_lane) dot steps
+    each: Arm's SDOT sums four int8 a step, so a run of 5 takes two steps (padded to 8), one of 3 one.
+
+    >>> float(lane_work(15, 4)), float(lane_work(15, 4, run=5, dot=True)), float(lane_work(9, 4, run=3, dot=True))
+    (3.75, 6.0, 3.0)
+    """
+    run = xp.maximum(xp.asarray(run), 1)
+    return xp.where(dot, elements / run * xp.ceil(run / per_lane), elements / per_lane)
+
+
+def tree_cycles(run, xp=np):
+    """Cycles of the tree that combines a reduction's lanes over runs of `run`: ceil(log2(run))."""
+    return xp.where(xp.asarray(run) > 1, xp.ceil(xp.log2(xp.maximum(run, 1))), 0.0)
 
 
 def lane_elements(bits, packing, xp=np):
@@ -117,18 +148,18 @@ def lane_elements(bits, packing, xp=np):
     return xp.where(packing, LANE_BITS // xp.maximum(xp.asarray(bits), 8), 1)
 
 
-def vector_cycles(elements, lanes: int, *, per_lane=1, transcendental=False, reduce_length=1,
+def vector_cycles(elements, lanes: int, *, per_lane=1, transcendental=False, reduce_length=1, dot=False,
                   cycles_per_transcendental=1.0, xp=np):
     """Cycles of a vector instruction over `elements` (reductions: over runs of `reduce_length`), each
-    of `lanes` lanes taking `per_lane` elements a cycle (lane_elements).
+    of `lanes` lanes taking `per_lane` elements a cycle (lane_elements), a dot reduction's a dot step
+    (lane_work).
 
     >>> int(vector_cycles(100, 16)), int(vector_cycles(100, 16, per_lane=4))
     (7, 2)
     """
-    groups = xp.ceil(xp.asarray(elements) / (lanes * per_lane))
+    groups = xp.ceil(lane_work(xp.asarray(elements), per_lane, reduce_length, dot, xp) / lanes)
     per_group = xp.where(transcendental, cycles_per_transcendental, 1.0)
-    tree = xp.where(xp.asarray(reduce_length) > 1, xp.ceil(xp.log2(xp.maximum(reduce_length, 1))), 0.0)
-    return groups * per_group + tree
+    return groups * per_group + tree_cycles(reduce_length, xp)
 
 
 # --- the formulas applied to an instruction stream -----------------------------------------------
@@ -145,6 +176,7 @@ class InstructionShapes:
     vector_elements: np.ndarray  # (N,) elements an instruction on the vector unit processes
     vector_reduce: np.ndarray    # (N,) reduction length (1 for elementwise)
     vector_bits: np.ndarray      # (N,) bits of its widest operand per element (lane_bits; 0 elsewhere)
+    vector_dot: np.ndarray       # (N,) bool: a dot reduction (dot_reduction)
     transcendental: np.ndarray   # (N,) bool
     is_vector: np.ndarray
 
@@ -154,7 +186,7 @@ def instruction_shapes(code: np.ndarray) -> InstructionShapes:
     n = len(code)
     columns = {"dram_bytes": np.zeros(n, np.int64), "matmul_mkn": np.zeros((n, 3), np.int64),
                "vector_elements": np.zeros(n, np.int64), "vector_reduce": np.ones(n, np.int64),
-               "vector_bits": np.zeros(n, np.int64),
+               "vector_bits": np.zeros(n, np.int64), "vector_dot": np.zeros(n, bool),
                "transcendental": np.zeros(n, bool), "is_dma": np.zeros(n, bool), "is_matmul": np.zeros(n, bool),
                "is_vector": np.zeros(n, bool)}
     op = code["opcode"]
@@ -171,7 +203,8 @@ _UNIT_SHAPES = {
     Array: lambda u, f: {"is_matmul": True, "matmul_mkn": u.mkn(f)},
     Lanes: lambda u, f: {"is_vector": True, "vector_elements": u.elements(f), "vector_reduce": u.reduce_length(f),
                          "transcendental": u.transcendental(f),
-                         "vector_bits": lane_bits(f.func, f.field("dtype"), f.field("out_dtype"), u.reduce_length(f))},
+                         "vector_bits": lane_bits(f.func, f.field("dtype"), f.field("out_dtype")),
+                         "vector_dot": dot_reduction(f.func, f.field("dtype"), f.field("out_dtype"))},
 }
 
 
@@ -209,7 +242,7 @@ def unit_cycles(shapes: InstructionShapes, p: UnitParameters, xp=np):
     vector = vector_cycles(shapes.vector_elements, p.vector_lanes,
                            per_lane=lane_elements(shapes.vector_bits, p.vector_subword_packing, xp),
                            transcendental=shapes.transcendental,
-                           reduce_length=shapes.vector_reduce,
+                           reduce_length=shapes.vector_reduce, dot=shapes.vector_dot,
                            cycles_per_transcendental=p.vector_cycles_per_transcendental, xp=xp)
     occupancy = xp.where(shapes.is_dma, p.dma_latency_cycles, xp.where(shapes.is_vector, vector, matrix))
     transfer = dma_transfer_cycles(shapes.dram_bytes, p.dma_bandwidth_bytes_per_cycle, xp)

@@ -44,6 +44,7 @@ from stagec.lower.schedule.cascade import cascade_cost
 from stagec.lower.schedule.nest import ConvProblem, Exact, LayerShape, TileMapping, dots
 from stagec.lower.schedule.nest_cost import nest_cost
 from stagec.lower.schedule.nest_map import map_nest
+from stagec.lower.schedule.nest_work import dims, dot_work
 from stagec.pipeline import PIPELINE, Compilation, Request, lower_graph, run
 from stagec.report import make_report
 from stagec.sim.costs import instruction_shapes, unit_cycles, unit_parameters
@@ -85,12 +86,20 @@ def test_rdot_sums_each_runs_int8_products_in_int32():
         verify(rdot_program((0, 1, 2)))
 
 
-def test_an_rdot_takes_four_int8_a_lane_and_its_tree():
-    """sim.costs: 2 x 16 runs of 9 int8 products = 288 elements over 8 lanes x 4, and ceil(log2(9))."""
-    ins = vector(VectorFunc.RDOT, Operand(Space.ACC, 0, (16, 1, 0)), Operand(Space.SPAD, 0, (144, 9, 1)),
-                 Operand(Space.SPAD, 0, (0, 9, 1)), (2, 16, 9), dtype=DType.I8, out_dtype=DType.I32)
+@pytest.mark.parametrize(("kw", "steps"), [(3, 1), (4, 1), (5, 2), (9, 3)])
+def test_an_rdot_takes_ceil_kw_over_4_dot_steps_a_lane_and_its_tree(kw, steps):
+    """sim.costs, as SDOT: each of 2 x 16 outputs sums its run of kw int8 products in ceil(kw / 4) dot
+    steps of one lane (a run of 5 padded to 8, of 3 to 4), 8 lanes, plus ceil(log2(kw)); the nest's dot
+    mapping prices its RDOTs by the same rule."""
+    ins = vector(VectorFunc.RDOT, Operand(Space.ACC, 0, (16, 1, 0)), Operand(Space.SPAD, 0, (16 * kw, kw, 1)),
+                 Operand(Space.SPAD, 0, (0, kw, 1)), (2, 16, kw), dtype=DType.I8, out_dtype=DType.I32)
     occupancy, _ = unit_cycles(instruction_shapes(encode([ins])), unit_parameters(HW))
-    assert float(occupancy[0]) == 9 + 4
+    assert float(occupancy[0]) == 2 * 16 * steps / 8 + np.ceil(np.log2(kw))
+    # one output row of 16 columns and 2 channels, one kernel row: the same RDOT
+    L = LayerShape.of("depthwise", ConvProblem(1, 2, 1, 16 + kw - 1, 2, 1, kw, itemsize=1, widened=True,
+                                               out_itemsize=1))
+    _, cycles = dot_work(L, dims(L, TileMapping(1, 16, 2, dot=True), Exact), HW, Exact)
+    assert float(cycles) == float(occupancy[0])
 
 
 class Depthwise(torch.nn.Module):

@@ -92,6 +92,29 @@ def test_masked_int8_attention_runs_as_one_cascade(fallback, heads):
     assert cascade.roles == MASKED_ROLES
 
 
+class OneHead3D(torch.nn.Module):
+    """One head of masked self-attention over 3-D (batch, tokens, width) Q, K and V: no reshape between
+    the scores' matmul and the mask."""
+
+    def __init__(self, width: int, visible: int):
+        super().__init__()
+        self.qkv, self.out, self.visible = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width), visible
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        keep = (torch.arange(x.shape[1]) < self.visible).expand(x.shape[1], -1)
+        return self.out(F.scaled_dot_product_attention(q, k, v, attn_mask=keep))
+
+
+def test_masked_one_head_3d_int8_attention_runs_as_one_cascade():
+    """The mask of 3-D scores stays a layer of its own (lower.graph.passes.fuse_epilogues): one masked
+    cascade, the layers' P·V within 1 LSB, the integer reference's and PyTorch's outputs."""
+    torch.manual_seed(0)
+    model, x = OneHead3D(16, 35).eval(), torch.randn(1, 48, 16)
+    _, graph = build_graph(model, (x,), quantize="int8", calibration=_calibration(x.shape), fallback="bf16")
+    assert assert_one_cascade(model, x, graph, TIGHT).roles == MASKED_ROLES
+
+
 def assert_one_cascade(model, x, graph, hw) -> Int8Attention:
     """The attention of `graph` runs as one cascade whose int8 P·V result is the layers' within 1 LSB (the
     row sum's order); the outputs match the integer reference and PyTorch; DRAM falls. The cascade."""
@@ -115,22 +138,24 @@ def assert_one_cascade(model, x, graph, hw) -> Int8Attention:
 
 
 @pytest.mark.parametrize("visible", [None, 27], ids=["unmasked", "masked"])
-def test_the_cost_counts_the_programs_dram_bytes_macs_and_vector_ops(visible):
-    """The cost the mapper ranks the cascade by: its DRAM bytes (a mask's too), int8 MACs and vector ops
-    are the program's; the mask, one for both heads, is LOADed once per query block (its row resident),
-    not once per head."""
+def test_the_cost_counts_the_programs_instructions_dram_bytes_macs_and_vector_ops(visible):
+    """The cost the mapper ranks the cascade by: its instructions (each K and V LOAD once), DRAM bytes (a
+    mask's too), int8 MACs and vector ops are the program's; the mask, one for both heads, is LOADed once
+    per query block (its row resident), not once per head."""
     _, _, graph = attention_graph(2, 40, visible=visible)
     c = lowered(graph, TIGHT)
     (cascade,) = [a for a in c.schedule.cascades if isinstance(a, Int8Attention)]
     (pattern,) = match(graph, c.layout)
     sh = shape_of(pattern, graph, c.layout, cascade.mask.resident)
-    _, acts = int8_flash_cost(sh, *cascade.tile, TIGHT)
+    cost = int8_flash_cost(sh, *cascade.tile, TIGHT)
+    acts = cost.actions
     layers = [r for r in make_report(c.program).layers if r.name in cascade.layers]
+    assert cost.instructions == sum(sum(r.instructions.values()) for r in layers)
     for action in ("dram_read_bytes", "dram_write_bytes", "macs_int8", "vector_ops"):
         assert getattr(acts, action) == sum(getattr(r.actions, action) for r in layers), action
     if visible is not None:
         assert cascade.mask.heads == 2 and cascade.mask.resident
-        _, per_head = int8_flash_cost(shape_of(pattern, graph, c.layout), *cascade.tile, TIGHT)
+        per_head = int8_flash_cost(shape_of(pattern, graph, c.layout), *cascade.tile, TIGHT).actions
         assert per_head.dram_read_bytes - acts.dram_read_bytes == 40 * 40 * 2     # a bf16 mask read once less
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from stagec.isa.instructions import AccMode, DType, Operand, Space, VectorFunc
 
+from ..schedule.attention_walk import mask_inputs
 from ..schedule.flash import CONSTS, F32, ROWS, flash_buffers
 from .tile_expr import LocalTile, round_bf16
 
@@ -50,7 +51,7 @@ def emit_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
             ctx.fill(Operand(Space.SPAD, consts[name], (0, 0, 1)), (1, 1, 1), value)
     scores, pv = nodes[0], nodes[-1]
     views = [ctx.tensor(v) for v in (scores.inputs[0], scores.inputs[1], pv.inputs[1], pv.output)]
-    views += [ctx.tensor(nodes[1].inputs[0])] if masked else []
+    views += [ctx.tensor(mask_inputs(nodes[1]).pred)] if masked else []
     zero = Operand(Space.SPAD, consts["zero"], (0, 0, 0)) if masked else None
     for block, (b, q0, qr, row) in enumerate(query_blocks(em, at, cascade, views, bases, zero)):
         _query_block(em, at, bases, cascade, [_select(t, b) for t in views], (q0, qr, row), block * -(-n // tk),

@@ -98,16 +98,29 @@ class Rewriter:
     def as_fp32(self, v: Value) -> Value:
         """v's fp32 version, dequantizing its int8 one the first time; an average's straight from its int32
         sum: its int8 rounding would leave x - mean a rounding residue where it is exactly 0 (a layer norm
-        over a row of width 1 would return -beta), and a large one for narrow rows."""
+        over a row of width 1 would return -beta), and a large one for narrow rows.  A view of an average
+        (not an output: those keep TFLite Mean's int8) views the average's fp32 version."""
         if v.id in self.consts:
             return v
         if v.id not in self.fp32 and v.id in self.averages:
             total, factor, scale = self.averages[v.id]
             self.fp32[v.id] = self.dequantize(total, scale, self.names.get(v.id, 'value'), factor)
+        view = self.producers.get(v.id)
+        if v.id not in self.fp32 and v not in self.graph.outputs and self._views_average(v):
+            out = self.fresh(v.shape)
+            self.emit(view.op, (self.as_fp32(view.inputs[0]), *view.inputs[1:]), out, f"{view.name}/fp32",
+                      **dict(view.attrs))
+            self.fp32[v.id] = out
         if v.id not in self.fp32:
             q, scale = self.sums[v.id] if v.id in self.sums else (self.int8[v.id], self.scales[self.int8[v.id].id])
             self.fp32[v.id] = self.dequantize(q, scale, self.names.get(v.id, 'value'))
         return self.fp32[v.id]
+
+    def _views_average(self, v: Value) -> bool:
+        """Whether `v` is an average's value through views (INT8_VIEWS) that emit nothing."""
+        view = self.producers.get(v.id)
+        return v.id in self.averages or (view is not None and view.op in INT8_VIEWS
+                                         and self._views_average(view.inputs[0]))
 
     def keep_fp32(self, node: Node) -> None:
         inputs = [self.as_fp32(v) for v in node.inputs]

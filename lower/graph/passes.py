@@ -215,7 +215,7 @@ def fuse_epilogues(graph: Graph) -> Graph:
     """An elementwise consumer of a CONV/MATMUL result runs on the accumulator tile before the
     store; the fused node takes the consumer's place in the node order."""
     def absorb(p: Node, node: Node, k: int):
-        if p.op not in MATRIX_OPS:
+        if p.op not in MATRIX_OPS or _masks_scores(p, node, graph):
             return None
         acc = p.output
         inputs, expr = compose(node.inputs, node.attr("expr"), k, (acc,) + p.inputs[2:], p.attr("epilogue") or ())
@@ -224,6 +224,14 @@ def fuse_epilogues(graph: Graph) -> Graph:
         return Node(p.op, p.inputs[:2] + tuple(inputs[1:]), node.output,
                     _attrs(p, epilogue=expr), f"{p.name}+{node.name}")
     return _fuse(graph, lambda n: n.op == OpKind.ELEMENTWISE, absorb)
+
+
+def _masks_scores(p: Node, node: Node, graph: Graph) -> bool:
+    """Whether `node` selects over `p`'s result, a MATMUL of two activations (attention's scores and
+    their mask): the mask stays a layer of its own, which flash attention (lower.schedule.flash)
+    matches, as where a view between them keeps it apart (heads as a 4-D batch)."""
+    return (p.op == OpKind.MATMUL and p.inputs[1].id not in graph.constants
+            and any(s.func == "select" for s in node.attr("expr")))
 
 
 def _attrs(node: Node, **changes) -> tuple:

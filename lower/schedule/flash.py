@@ -1,15 +1,15 @@
 """Flash attention: a cascade of attention's Q·K^T -> softmax -> P·V whose score matrix never leaves the chip.
 
 The pattern (what a traced attention becomes after defer_row_scale): S = Q @ K^T (a batched MATMUL, its
-epilogue none or a constant scale), optionally masked (select(pred, fill, S), fill a constant:
-BERT's padding mask), m = max(S) and l = sum(E) over S's rows (REDUCEs), E = exp(S - m) (an
-ELEMENTWISE), r = recip(l), O = (E @ V) * r (a batched MATMUL whose epilogue is the deferred row
-scale), every intermediate read by the pattern alone, float32 throughout or a bf16 graph's (S, P, l
-and r then rounded to bf16 where the layers store them, S before the mask, the matmuls bf16 x bf16;
-the online rescaling makes P's rounding differ from the layers' by a bf16 step at most); int8 attention requantizes
-the scores and quantizes P at a fixed scale, which an online softmax's rescaling does not commute
-with: lower.schedule.flash_int8 keeps its score rows in the scratchpad instead).  Views between them
-(reshapes, broadcasts) emit nothing.
+epilogue none or a constant scale), optionally masked (select(pred, fill, S), fill a constant: BERT's padding
+mask; one head's 3-D scores take their scale in the mask instead, `MASK_EXPRS`), m = max(S) and l = sum(E)
+over S's rows (REDUCEs), E = exp(S - m) (an ELEMENTWISE), r = recip(l), O = (E @ V) * r (a batched MATMUL
+whose epilogue is the deferred row scale), every intermediate read by the pattern alone, float32 throughout or
+a bf16 graph's (S, P, l and r then rounded to bf16 where the layers store them, S before the mask, the matmuls
+bf16 x bf16; the online rescaling makes P's rounding differ from the layers' by a bf16 step at most); int8
+attention requantizes the scores and quantizes P at a fixed scale, which an online softmax's rescaling does
+not commute with: lower.schedule.flash_int8 keeps its score rows in the scratchpad instead).  Views between
+them (reshapes, broadcasts) emit nothing.
 
 It runs per batch (head) and query block of `tq` rows: Q's block is loaded once; per key block of
 `tk` columns, K^T's and V's blocks (and the mask's) are loaded, S's block computed on the array into
@@ -40,6 +40,7 @@ from stagec.sim.costs import matmul_cycles, vector_cycles
 from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..graph.graph_ir import OpKind, Step
+from .attention_walk import Walk, mask_inputs, row_reduce, shared_heads
 from .buffers import Buffer, local_bytes, words
 from .cascade import CascadeRecord
 from .cascade_map import layer_cost
@@ -143,6 +144,11 @@ class FlashCost(NamedTuple):
     units: dict
     spad_bytes: int
     acc_bytes: int
+
+    @property
+    def charged(self) -> tuple[float, ActionCounts]:
+        """(charged cycles, actions): what search_blocks ranks a tiling by."""
+        return self.cycles + INSTRUCTION_CHARGE * self.instructions, self.actions
 
 
 class Vec(NamedTuple):
@@ -284,64 +290,6 @@ def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = F
 SUB_EXP = (Step("sub", (0, 1)), Step("exp", (2,)))
 
 
-class Walk:
-    """A graph as the attention matchers walk it: its emitted nodes, seen through the views between
-    them (reshapes and broadcasts that emit nothing)."""
-
-    def __init__(self, graph, layout):
-        self.uses, self.producer, self.layout = graph.consumers(), graph.producer(), layout
-        self.outputs = {v.id for v in graph.outputs}
-
-    def view(self, p) -> bool:
-        return p is not None and p.op in (OpKind.RESHAPE, OpKind.BROADCAST) and not self.layout.emits(p)
-
-    def node_of(self, v, op):
-        """The emitted node of `op` whose result `v` views."""
-        p = self.producer.get(v.id)
-        while self.view(p):
-            p = self.producer.get(p.inputs[0].id)
-        return p if p is not None and p.op == op and self.layout.emits(p) else None
-
-    def readers(self, node) -> set | None:
-        """The names of the emitted nodes that read `node`'s result (through views); None if a graph output."""
-        out, todo = set(), [node.output]
-        while todo:
-            v = todo.pop()
-            if v.id in self.outputs:
-                return None
-            for c in self.uses.get(v.id, ()):
-                todo += [c.output] if self.view(c) else []
-                out |= set() if self.view(c) else {c.name}
-        return out
-
-
-def shared_heads(mask, walk: Walk) -> int:
-    """How many consecutive heads read one mask: the trailing batch dims of `mask` ([*batch, M, N]) that
-    the BROADCASTs it views (its only views) do not vary it over."""
-    chain, v = [], mask
-    while walk.view(p := walk.producer.get(v.id)):
-        if p.op != OpKind.BROADCAST:
-            return 1
-        chain.append(p)
-        v = p.inputs[0]
-    varies = [size > 1 for size in v.shape]
-    for p in reversed(chain):       # from the source outwards: an output dim varies where its input dim does
-        inner, varies = varies, [False] * len(p.output.shape)
-        for i, d in enumerate(p.attr("dims")):
-            varies[d] = inner[i]
-    heads = 1
-    for size, varying in zip(reversed(mask.shape[:-2]), reversed(varies[:-2]), strict=True):
-        if varying:
-            break
-        heads *= size
-    return heads
-
-
-def row_reduce(node, func: str) -> bool:
-    """Whether `node` (a REDUCE) takes `func` over its input's last dim."""
-    return node.attr("func") == func and tuple(node.attr("axes")) == (len(node.inputs[0].shape) - 1,)
-
-
 def match(graph, layout, excluded=frozenset()) -> list[Attention]:
     """Every attention of the module doc's pattern in `graph`, its layers emitted (views between them
     emit nothing, every intermediate read by the pattern alone), none of them in `excluded`."""
@@ -365,19 +313,22 @@ def match(graph, layout, excluded=frozenset()) -> list[Attention]:
             continue
         total, mx = node_of(r.inputs[0], OpKind.REDUCE), node_of(e.inputs[1], OpKind.REDUCE)
         mask = node_of(e.inputs[0], OpKind.ELEMENTWISE)
-        fill = constant(mask.inputs[1]) if mask is not None else None
-        if mask is not None and (mask.attr("expr") != (Step("select", (0, 1, 2)),) or fill is None
-                                 or not fill < math.inf):     # -inf or finite (lower.codegen.flash)
+        parts = mask_inputs(mask) if mask is not None else None
+        fill = constant(parts.fill) if parts is not None else None
+        if mask is not None and (fill is None or not fill < math.inf):     # -inf or finite (lower.codegen.flash)
             continue
-        s = node_of(mask.inputs[2] if mask else e.inputs[0], OpKind.MATMUL)
+        s = node_of(parts.scores if mask else e.inputs[0], OpKind.MATMUL)
         if (total is None or mx is None or s is None or not row_reduce(total, "sum") or not row_reduce(mx, "max")
                 or node_of(total.inputs[0], OpKind.ELEMENTWISE) is not e
                 or node_of(mx.inputs[0], OpKind.ELEMENTWISE if mask else OpKind.MATMUL) is not (mask or s)):
             continue
         scaled = s.attr("epilogue") == (Step("mul", (0, 1)),) and len(s.inputs) == 3 and constant(s.inputs[2])
-        if not (scaled or (len(s.inputs) == 2 and not s.attr("epilogue"))):
+        plain = len(s.inputs) == 2 and not s.attr("epilogue")
+        masked_scale = parts is not None and parts.scale is not None
+        if not (scaled or plain) or masked_scale and (not plain or constant(parts.scale) is None):
             continue
-        a = Attention(s, mask, mx, e, total, r, pv, constant(s.inputs[2]) if scaled else None, fill)
+        scale = constant(parts.scale) if masked_scale else constant(s.inputs[2]) if scaled else None
+        a = Attention(s, mask, mx, e, total, r, pv, scale, fill)
         scores_read_by = {mask.name} if mask else {mx.name, e.name}
         expected = [scores_read_by] + ([{mx.name, e.name}] if mask else []) + [
             {e.name}, {total.name, pv.name}, {r.name}, {pv.name}]
@@ -392,7 +343,7 @@ def match(graph, layout, excluded=frozenset()) -> list[Attention]:
 def _one_float(a: Attention, graph) -> bool:
     """Whether the attention computes in float32 or in bf16 (its constants float32, a mask's fill a view
     of one, its result either: a bf16 graph's last layer returns the model's float32)."""
-    fill = a.mask.inputs[1] if a.mask is not None else None
+    fill = mask_inputs(a.mask).fill if a.mask is not None else None
     held = {v.dtype for n in a.nodes for v in (*n.inputs, n.output) if v.id not in graph.constants
             and v is not a.pv.output and v is not fill}
     return held in ({"float32"}, {"bfloat16"}) and a.pv.output.dtype in (
@@ -442,8 +393,7 @@ def map_flash(dims, hw, objective: str, scale: bool = False, masked: bool = Fals
     reads its mask): a mask that several heads share is kept resident where that pays and fits."""
     def search(way: Mask):
         def cost(tq: int, tk: int):
-            c = flash_cost(dims, tq, tk, hw, scale, masked, bf16, out_itemsize, way)
-            return c.cycles + INSTRUCTION_CHARGE * c.instructions, c.actions
+            return flash_cost(dims, tq, tk, hw, scale, masked, bf16, out_itemsize, way).charged
         return search_blocks(dims[1], dims[2], lambda tq, tk: flash_buffers(
             tq, tk, dims[3], masked, bf16, dims[2] * way.resident), cost, hw, objective)
     return mask_ways(mask, masked, search, objective)
@@ -479,8 +429,8 @@ def choose_flash(graph, layout, tilings: dict, hw, objective: str, excluded) -> 
         dims = dims_of(a)
         bf16 = a.scores.inputs[0].dtype == "bfloat16"
         out = DTYPE_OF[a.pv.output.dtype].itemsize
-        mask = UNSHARED if a.mask is None else Mask(DTYPE_OF[a.mask.inputs[0].dtype].itemsize,
-                                                    shared_heads(a.mask.inputs[0], walk))
+        pred = a.mask and mask_inputs(a.mask).pred
+        mask = UNSHARED if a.mask is None else Mask(DTYPE_OF[pred.dtype].itemsize, shared_heads(pred, walk))
         mapped, mask = map_flash(dims, hw, objective, a.scale is not None, a.fill is not None, bf16, out, mask)
         taken = pays(a, mapped, tilings, hw, objective)
         if taken is not None:

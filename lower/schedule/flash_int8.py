@@ -39,11 +39,11 @@ from stagec.sim.energy import ActionCounts
 
 from ..codegen import tile_expr  # the emitter's own expression plan, so both count the same temporaries
 from ..graph.graph_ir import RECORDS, OpKind
-from .buffers import Buffer, words
+from .attention_walk import Walk, row_reduce, shared_heads
+from .buffers import Buffer, local_bytes, words
 from .cascade import CascadeRecord
-from .flash import UNSHARED, Mask, Walk, _sizes, mask_ways, pays, row_reduce, search_blocks, shared_heads
+from .flash import UNSHARED, FlashCost, Mask, _sizes, mask_ways, pays, search_blocks
 from .nest_cost import dma_cycles
-from .search import INSTRUCTION_CHARGE
 from .tensors import DTYPE_OF
 
 F32 = 4
@@ -286,11 +286,11 @@ def _end_vectors(sh: Shape, q: int, d: int) -> list:
     return _expr(sh, "dequant", q) + _expr(sh, "sum", q) + _expr(sh, "recip", q) + _expr(sh, "pv", q * d)
 
 
-def int8_flash_cost(sh: Shape, tq: int, tk: int, hw) -> tuple[float, ActionCounts]:
-    """(charged cycles, actions) of the cascade in blocks of tq x tk, as lower.codegen.flash_int8 emits
-    it: the busiest of the load queue, the DRAM channel, the array and the vector unit, plus the first
-    block's loads.  Its DRAM bytes, MACs and vector ops are the program's exactly; its scratchpad and
-    accumulator bytes (energy only) an estimate."""
+def int8_flash_cost(sh: Shape, tq: int, tk: int, hw) -> FlashCost:
+    """The cost of the cascade in blocks of tq x tk, as lower.codegen.flash_int8 emits it: cycles the
+    busiest of the load queue, the DRAM channel, the array and the vector unit, plus the first block's
+    loads.  Its instructions, DRAM bytes, MACs and vector ops are the program's exactly; its scratchpad
+    and accumulator bytes (energy only) an estimate."""
     b, m, n, d = sh.dims
     t = dict.fromkeys(("matrix", "vector", "ops", "macs", "instructions"), 0.0)
 
@@ -307,7 +307,7 @@ def int8_flash_cost(sh: Shape, tq: int, tk: int, hw) -> tuple[float, ActionCount
             t["matrix"] += reps * float(matmul_cycles(q, d, kb, hw.array_rows, hw.array_cols, hw.dataflow)
                                         + matmul_cycles(q, kb, d, hw.array_rows, hw.array_cols, hw.dataflow))
             t["macs"] += reps * 2 * q * kb * d
-            t["instructions"] += reps * 4               # two LOADs, two MATMULs
+            t["instructions"] += reps * 2               # two MATMULs (the LOADs: `loads`)
             add(_block_vectors(sh, q, kb), reps)
         add(_end_vectors(sh, q, d), b * q_times)
     nq, nk = -(-m // tq), -(-n // tk)
@@ -328,7 +328,8 @@ def int8_flash_cost(sh: Shape, tq: int, tk: int, hw) -> tuple[float, ActionCount
                         scratchpad_write_bytes=t["ops"] * F32 + read, accumulator_read_bytes=t["ops"] * F32 / 2,
                         accumulator_write_bytes=t["macs"] * F32 / hw.array_rows, dram_read_bytes=read,
                         dram_write_bytes=written)
-    return cycles + INSTRUCTION_CHARGE * (t["instructions"] + loads + b * nq), acts
+    return FlashCost(cycles, int(t["instructions"] + loads + b * nq), acts, units,
+                     *map(int, local_bytes(int8_flash_buffers(sh, tq, tk))))
 
 
 def map_int8_flash(sh: Shape, hw, objective: str):
@@ -337,7 +338,7 @@ def map_int8_flash(sh: Shape, hw, objective: str):
     def search(way):
         shape = sh._replace(mask=way)
         return search_blocks(sh.dims[1], sh.dims[2], lambda tq, tk: int8_flash_buffers(shape, tq, tk),
-                             lambda tq, tk: int8_flash_cost(shape, tq, tk, hw), hw, objective)
+                             lambda tq, tk: int8_flash_cost(shape, tq, tk, hw).charged, hw, objective)
     mapped, way = mask_ways(sh.mask or UNSHARED, sh.mask is not None, search, objective)
     return mapped, sh._replace(mask=sh.mask and way)
 

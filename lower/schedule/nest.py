@@ -162,7 +162,7 @@ class TileMapping:
     `dot` runs an int8 depthwise conv's taps as dot products (VectorFunc.RDOT, as Arm's SDOT): its halo
     held channel-major ([channel][row][column], so a kernel row's taps over one output are a run of kw
     int8 in it), per output row and kernel row one RDOT sums each output's kw products into its int32
-    (as sim.costs.lane_bits packs a sum over runs of kw: four a lane from 4 on, two for 3), instead of a
+    (in ceil(kw / 4) dot steps of a lane, sim.costs.lane_work: a 3-tap row one, a 5-tap row two), instead of a
     widening MUL per tap, one a lane.  In a cascade the window the member ahead wrote
     ([row][column][channel]) is turned channel-major by a COPY per tile first.  Undilated columns only."""
 

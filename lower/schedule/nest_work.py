@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from stagec.isa.instructions import MAX_COUNT, Space
-from stagec.sim.costs import lane_elements, matmul_fold_cycles
+from stagec.sim.costs import lane_elements, lane_work, matmul_fold_cycles, tree_cycles
 
 from .buffers import (
     EPILOGUE_TILES,
@@ -331,15 +331,14 @@ def window_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
 
 def dot_work(L: LayerShape, d: Dims, hw, ops):
     """(RDOTs, their cycles) of a dot mapping (TileMapping.dot) over every output tile: one per output row
-    and kernel row, summing each of its tw x to outputs' kw products (a lane packs a sum over runs of kw
-    as sim.costs.lane_bits says), plus the tree of ceil(log2(kw)) cycles."""
+    and kernel row, summing each of its tw x to outputs' kw products in ceil(kw / 4) dot steps of a lane
+    (sim.costs.lane_work, as SDOT), plus the tree of ceil(log2(kw)) cycles (sim.costs.tree_cycles)."""
     xp = ops.xp
-    lanes = hw.vector_lanes * lane_elements(xp.maximum(8 * L.itemsize, -(-8 * ACC_ITEMSIZE // L.kw)),
-                                            hw.vector_subword_packing, xp)
-    tree = xp.where(L.kw > 1, xp.ceil(xp.log2(xp.maximum(L.kw, 1))), 0)
+    per_lane = lane_elements(8 * L.itemsize, hw.vector_subword_packing, xp)
     rows = L.n * tile_sum(lambda a, b, o: a, d.rows, d.cols, d.outs)
-    return L.kh * rows, L.n * L.kh * tile_sum(lambda a, b, o: a * ops.cdiv(b * o * L.kw, lanes), d.rows, d.cols,
-                                              d.outs) + L.kh * rows * tree
+    return L.kh * rows, L.n * L.kh * tile_sum(
+        lambda a, b, o: a * ops.cdiv(lane_work(b * o * L.kw, per_lane, L.kw, True, xp), hw.vector_lanes),
+        d.rows, d.cols, d.outs) + L.kh * rows * tree_cycles(L.kw, xp)
 
 
 def window_turn(L: LayerShape, d: Dims, hw, ops):
