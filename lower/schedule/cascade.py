@@ -31,8 +31,9 @@ The cost is the members' nest work (lower.schedule.nest_work's matrix_work, wind
 intermediate's STORE and LOAD taken out and the COPYs put in, composed into a latency as a pipeline
 over spatial tiles: the busiest unit (LOAD and STORE queues, the DRAM channel, the vector unit, or
 the array, which also waits per spatial tile for each non-last member's last tile), plus one step's
-LOADs to fill and one tile's epilogue and STORE to drain.  Written over an ops namespace like the
-nest (lower.schedule.nest.Exact; costmodel.smooth.Relaxed).
+LOADs to fill, one tile's epilogue and STORE to drain, and the ramp: the first step's pass through
+the members (each on its unit) less the busiest unit's period, which a cascade of few steps pays.
+Written over an ops namespace like the nest (lower.schedule.nest.Exact; costmodel.smooth.Relaxed).
 """
 
 from __future__ import annotations
@@ -182,7 +183,10 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
         ((0, 0), (0, 0, 0))
     copied, copy_cycles, _ = (halo.copy_work(Ls[d - 1], Ls[d], ms[d].tile_oh, works[d - 1], hw, ops, line) if d
                               else (0, 0, 0))
-    loads, store, startup, matrix, vector = masks, works[-1].store, (0, 0), 0, 0
+    loads, store, startup, matrix, vector, step = masks, works[-1].store, (0, 0), 0, 0, 0
+    # the steps each member runs in: spatial tiles, a chunked cascade's chunks from its chunked member on
+    spatial = Ls[-1].n * works[-1].dims.n_h * works[-1].dims.n_w
+    chunks = 1 + chunked * (works[chunk_at(Ls)].dims.n_o - 1)
     instructions = masks[0] + muls + copied
     acts = [halo.mask_actions(Ls[d - 1], inside, works[d - 1], hw, ops)] if d else []
     acts += [halo.copy_actions(Ls[d - 1], Ls[d], ms[d].tile_oh, works[d - 1], hw, ops, line)] if d else []
@@ -202,6 +206,9 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
         matrix = (matrix + on_array * (w.compute + waits(L, m, w, hw))
                   + (i < last) * L.n * w.dims.n_h * w.dims.n_w * vec / tiles)
         vector = vector + vec
+        # one step's pass through the members (the last one's epilogue is the drain's)
+        runs = spatial * (chunks if i >= chunk_at(Ls) else 1)
+        step = step + ops.max(on_array * w.compute, (i < last) * vec) / runs
         instructions = (instructions + w.instructions - (i > 0) * w.halo[0] - (i < last) * (w.store[0] - copy * w.tiles)
                         + turned * w.halo[0])
         acts.append(_member_actions(L, m, w, hw, ops, i > 0, (i < last) * 1, copy, turned * turn_elements))
@@ -212,9 +219,14 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
             + (Ls[0].kind == MATRIX) * dma_cycles(*first.weights, hw) / xp.maximum(first.steps, 1))
     drain = (end.epilogue + dma_cycles(*end.store, hw)) / xp.maximum(end.tiles, 1)
     busiest = ops.smax(*units.values())
+    # a software pipeline: the first step passes through every member before the busiest unit's
+    # steady period (its total over the steps) takes over, and that first pass is all the cost of a
+    # cascade of few steps
+    ramp = ops.max(step - busiest / (spatial * chunks), 0)
     spad, acc = local_bytes(cascade_buffers(Ls, ms, xp, chunked))
     total = ActionCounts(**{k: sum(a.get(k, 0) for a in acts) for k in acts[-1]})
-    return CascadeCost(dma_cycles(*startup, hw) + fill + busiest + drain, instructions, total, units, spad, acc)
+    return CascadeCost(dma_cycles(*startup, hw) + fill + busiest + ramp + drain, instructions, total, units, spad,
+                       acc)
 
 
 def _member_actions(L: LayerShape, m: TileMapping, w, hw, ops, reads_intermediate, writes_intermediate,
