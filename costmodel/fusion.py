@@ -27,7 +27,7 @@ import numpy as np
 from stagec.isa.instructions import MAX_COUNT
 from stagec.lower.schedule.cascade import MAX_MEMBERS, cascade_cost
 from stagec.lower.schedule.cascade_map import _mappings, map_cascade
-from stagec.lower.schedule.halo import LINE, depthwise_at, overlap
+from stagec.lower.schedule.halo import LINE, depthwise_at, line_buffers
 from stagec.lower.schedule.nest import MATRIX, LayerShape, dots
 from stagec.sim.energy import energy_pj
 
@@ -98,8 +98,8 @@ def segment_cost(Ls, theta, hw, smooth):
     single, chunked, line = jax.nn.sigmoid(theta[-3:])
     chunked = chunked * (Ls[-1].o <= MAX_COUNT)
     axes += [single * (Ls[-1].kind == MATRIX), chunked]
-    # a line buffer where windows share rows (halo.halos), not chunked (as map_cascade)
-    line = line * (overlap(Ls[d]) > 0) * (1 - chunked) if d else 0
+    # a line buffer where the compiler may take one (halo.line_buffers), not chunked (as map_cascade)
+    line = line * line_buffers(Ls) * (1 - chunked)
     cost = cascade_cost(Ls, _mappings(Ls, axes, 1.0), hw, Relaxed(smooth), chunked, line)
     energy = sum(energy_pj(cost.actions, cost.cycles, hw, jnp).values())
     violation = (jnp.maximum(cost.spad_bytes / hw.scratchpad_bytes - 1.0, 0.0)

@@ -65,21 +65,27 @@ def overlap(dw: LayerShape):
     return (dw.kh - 1) * dw.dilation_h + 1 - dw.stride_h
 
 
-def pointwise(L: LayerShape) -> bool:
+def pointwise(L: LayerShape):
     """Whether a matrix-unit member reads its input's pixels as its output's (a matmul, a 1x1 convolution of
-    stride 1 without padding); any other convolution leads a cascade, ahead of a depthwise one."""
-    return (L.kh, L.kw, L.stride_h, L.stride_w, L.pad_top, L.pad_bottom, L.pad_left, L.pad_right) == \
-        (1, 1, 1, 1, 0, 0, 0, 0)
+    stride 1 without padding); any other convolution leads a cascade, ahead of a depthwise one.  (Of
+    arrays too: the relaxed cost's traced shapes.)"""
+    return ((L.kh == 1) & (L.kw == 1) & (L.stride_h == 1) & (L.stride_w == 1) & (L.pad_top == 0)
+            & (L.pad_bottom == 0) & (L.pad_left == 0) & (L.pad_right == 0))
+
+
+def line_buffers(Ls):
+    """Whether a cascade of members `Ls` may keep a line buffer: a depthwise member after its first whose
+    consecutive windows share rows, and a pointwise first member (a k x k one's row tiles of unequal
+    rows re-read unequal overlaps of its input, which the nest's halo count, over equal tiles, does not
+    price).  Of arrays too (costmodel.fusion's relaxed choice)."""
+    d = depthwise_at(Ls)
+    return (overlap(Ls[d]) > 0) & pointwise(Ls[0]) if d else False
 
 
 def halos(Ls) -> tuple:
-    """The halo strategies a cascade of members `Ls` may take (map_cascade's grid weighs each): none (None) without
-    a depthwise member after its first; recompute, and the line buffer where consecutive windows share
-    rows and the first member is pointwise (a k x k one's row tiles of unequal rows re-read unequal
-    overlaps of its input, which the nest's halo count, over equal tiles, does not price)."""
-    d = depthwise_at(Ls)
-    line = d and overlap(Ls[d]) > 0 and pointwise(Ls[0])
-    return (RECOMPUTE, LINE) if line else (RECOMPUTE,) if d else (None,)
+    """The halo strategies a cascade of members `Ls` may take (map_cascade's grid weighs each): none (None)
+    without a depthwise member after its first; recompute, and the line buffer where `line_buffers`."""
+    return (RECOMPUTE, LINE) if line_buffers(Ls) else (RECOMPUTE,) if depthwise_at(Ls) else (None,)
 
 
 def new_rows(dw: LayerShape, th, ops) -> list:
