@@ -60,7 +60,9 @@ def start_params(chains, hw, objective: str) -> dict:
     """Relaxed parameters from the compiler's choice on `hw` (a HardwareConfig): each edge's logit +-3
     as it fused it or not, each segment's tiles its best legal tiling's for `objective` (map_cascade),
     or one row and column and the array's columns per member where none fits."""
-    return {"edges": tuple(jnp.where(jnp.array(c.fused), 3.0, -3.0) for c in chains),
+    # strongly typed: a weak-typed leaf turns strong after adam's first update, and each change of type
+    # is one more compilation of the descent's step (a minute each)
+    return {"edges": tuple(jnp.asarray(np.where(c.fused, 3.0, -3.0), jnp.float32) for c in chains),
             "segments": tuple(jnp.stack([_segment_start(c.nests[i:j], hw, objective) for i, j in c.segments()])
                               for c in chains)}
 
