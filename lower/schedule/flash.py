@@ -322,7 +322,8 @@ def match(graph, layout, excluded=frozenset()) -> list[Attention]:
                 or node_of(total.inputs[0], OpKind.ELEMENTWISE) is not e
                 or node_of(mx.inputs[0], OpKind.ELEMENTWISE if mask else OpKind.MATMUL) is not (mask or s)):
             continue
-        scaled = s.attr("epilogue") == (Step("mul", (0, 1)),) and len(s.inputs) == 3 and constant(s.inputs[2])
+        scaled = (s.attr("epilogue") == (Step("mul", (0, 1)),) and len(s.inputs) == 3
+                  and constant(s.inputs[2]) is not None)    # a scale of 0.0 is a scale
         plain = len(s.inputs) == 2 and not s.attr("epilogue")
         masked_scale = parts is not None and parts.scale is not None
         if not (scaled or plain) or masked_scale and (not plain or constant(parts.scale) is None):
