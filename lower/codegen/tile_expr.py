@@ -93,12 +93,17 @@ def value_dtypes(expr: Expr, dtypes) -> list[DType]:
     return values
 
 
-def step_lane_bits(expr: Expr, dtypes) -> list[int]:
-    """sim.costs.lane_bits of each step's instructions as `emit` emits them over inputs of `dtypes`
-    (a select's COPY and SELECT are both of its result's type)."""
+def step_instructions(expr: Expr, dtypes) -> list[tuple[VectorFunc, DType, DType]]:
+    """(function, dtype, out_dtype) of each step's instruction as `emit` emits it over inputs of `dtypes`
+    (a select's SELECT, of its result's type, as the COPY of its on_false that may come first)."""
     values = value_dtypes(expr, dtypes)
-    return [int(lane_bits(int(_func(step)), int(out if step.func == "select" else values[step.args[0]]), int(out)))
+    return [(_func(step), out if step.func == "select" else values[step.args[0]], out)
             for step, out in zip(expr, values[len(dtypes):], strict=True)]
+
+
+def step_lane_bits(expr: Expr, dtypes) -> list[int]:
+    """sim.costs.lane_bits of each step's instructions as `emit` emits them over inputs of `dtypes`."""
+    return [int(lane_bits(int(f), int(d), int(o))) for f, d, o in step_instructions(expr, dtypes)]
 
 
 def _func(step: Step) -> VectorFunc:
@@ -144,6 +149,10 @@ def emit(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTi
                       out_dtype=out_type)
         values.append(out)
     return values[-1]
+
+
+# the (function, dtype, out_dtype) of the instructions round_bf16 emits, for the costs that count them
+ROUNDING = ((VectorFunc.COPY, DType.F32, DType.BF16), (VectorFunc.COPY, DType.BF16, DType.F32))
 
 
 def round_bf16(em, tile: LocalTile, scratch: int) -> None:
