@@ -28,6 +28,7 @@ class LocalTile:
     base: int
     extent: tuple[int, int, int]
     dtype: DType = DType.F32
+    table_offset: int = 0   # a CLAMP table's (base: its header): the word of the tile's first bias, n3
 
     def operand(self, counts) -> Operand:
         e0, e1, e2 = self.extent
@@ -145,8 +146,9 @@ def emit(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTi
             second = src[1].operand(counts) if len(src) > 1 else None
             if second is not None and VECTOR_FUNCS[func].src2_once:   # one record (a table) for the whole tile
                 second = Operand(second.space, second.base, (0, 0, 0))
+            table = {"table_offset": src[1].table_offset} if VECTOR_FUNCS[func].src2_table else {}
             em.vector(func, out.operand(counts), src[0].operand(counts), second, counts, dtype=src[0].dtype,
-                      out_dtype=out_type)
+                      out_dtype=out_type, **table)
         values.append(out)
     return values[-1]
 
