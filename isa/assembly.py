@@ -46,7 +46,8 @@ def _operand(o: Operand) -> str:
 def format_instruction(ins: Ins) -> str:
     d = opcodes.OPCODES[ins.opcode]
     name = ins.opcode.name.lower() + (f".{ins.func.name.lower()}" if d.takes_func else "")
-    parts = [f"{name:<13}", f"{_DT[ins.dtype]}>{_DT[ins.out_dtype]}", "n=" + ",".join(map(str, ins.n[:d.rank]))]
+    rank = d.rank + bool(d.takes_func and opcodes.VECTOR_FUNCS[ins.func].src2_table)   # a table's n3 too
+    parts = [f"{name:<13}", f"{_DT[ins.dtype]}>{_DT[ins.out_dtype]}", "n=" + ",".join(map(str, ins.n[:rank]))]
     parts += [f"{o}={_operand(v)}" for o, v in zip("xyz", (ins.x, ins.y, ins.z), strict=True) if v is not None]
     if any(ins.pad):
         parts.append("pad=" + ",".join(map(str, ins.pad)))

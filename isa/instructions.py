@@ -17,7 +17,12 @@ Every instruction is 64 bytes, little-endian, with one layout:
     48      z           operand pattern; LOAD keeps its 6 pad counts (u8) here
 
 An operand pattern addresses element (i0, i1, i2) at base + (i0*s0 + i1*s1 +
-i2*s2) * itemsize; a zero stride broadcasts.  What each opcode and vector
+i2*s2) * itemsize; a zero stride broadcasts.  A table function (CLAMP) reads src2
+as one table instead: its base is the table's header (CLAMP's lo, hi and two
+reserved words), the element of (i0, i1, i2) is word n3 + i0*s0 + i1*s1 + i2*s2
+of it (n3 >= 4, strides >= 0: a layer's biases, one per channel, after the
+header), and the access the verifier bounds-checks is the table's words from its
+base through the last one read.  What each opcode and vector
 function does with its operands, which fields it uses and what values they may
 take is defined once, per opcode, in isa.opcodes.
 
@@ -132,7 +137,8 @@ class VectorFunc(enum.IntEnum):
     LUT = 41
     # int8/int32 -> int32 by the same records, a left shift first and no int8 saturation (TFLite Add's inputs)
     RESCALE = 44
-    # float: dst = min(max(src1 + bias, lo), hi) by records (bias, lo, hi, 0): a conv's bias add and its
+    # float: dst = min(max(src1 + bias, lo), hi) by a layer's table (src2: lo, hi, 0, 0, then a bias per
+    # channel; the instruction's biases from word n3, at src2's strides): a conv's bias add and its
     # ReLU / ReLU6 / hardtanh as one pass over the tile (the fp32 analogue of REQUANT's output stage)
     CLAMP = 45
 
@@ -140,7 +146,7 @@ class VectorFunc(enum.IntEnum):
 # a REQUANT record: int32 multiplier, shift, zero point, saturation bounds, bias, three reserved words (0), a power
 # of two so records stay aligned in a buffer of them
 REQUANT_RECORD_BYTES = 32
-CLAMP_RECORD_WORDS = 4      # a CLAMP record: bias, lo, hi, one reserved word (0): 16 bytes, a power of two
+CLAMP_HEADER_WORDS = 4      # a CLAMP table's header: lo, hi, two reserved words (0); its biases follow
 LUT_ENTRIES = 256           # a LUT table: one int8 per int8 input, the entry of q at q + 128
 RECORD_ALIGN = 16           # an element aligns to its size, a record (REQUANT's, a LUT table) to at most this
 MAX_COUNT = 65535           # the largest iteration count n[i] (u16)
@@ -223,9 +229,10 @@ def matmul(a: Operand, b: Operand, c: Operand, m1: int, m0: int, k: int, n: int,
 
 
 def vector(func: VectorFunc, dst: Operand, src1: Operand, src2: Operand | None, n, *,
-           acc: AccMode = AccMode.OVERWRITE, dtype=DType.F32, out_dtype=None) -> Instruction:
-    return Instruction(Opcode.VECTOR, _dims(n, 3), dst, src1, src2, func=VectorFunc(func), dtype=dtype,
-                       out_dtype=dtype if out_dtype is None else out_dtype, mode=int(acc))
+           acc: AccMode = AccMode.OVERWRITE, dtype=DType.F32, out_dtype=None, table_offset: int = 0) -> Instruction:
+    """A VECTOR instruction; `table_offset`: n3, the word of src2 its elements start at (a table's, CLAMP's)."""
+    return Instruction(Opcode.VECTOR, _dims(n, 3)[:3] + (int(table_offset),), dst, src1, src2, func=VectorFunc(func),
+                       dtype=dtype, out_dtype=dtype if out_dtype is None else out_dtype, mode=int(acc))
 
 
 def _dims(n, rank) -> tuple[int, int, int, int]:

@@ -26,8 +26,9 @@ import numpy as np
 
 from stagec.errors import SimulationError
 
+from . import semantics
 from .instructions import (
-    CLAMP_RECORD_WORDS,
+    CLAMP_HEADER_WORDS,
     ITEMSIZE,
     LUT_ENTRIES,
     REQUANT_RECORD_BYTES,
@@ -41,7 +42,7 @@ from .instructions import (
     Space,
     VectorFunc,
 )
-from .semantics import NUMPY, accumulate, cast, clamp, lookup, pad_value, widen
+from .semantics import NUMPY, accumulate, cast, clamp, dot, floor_div, lookup, multiply, pad_value, widen, widening_sum
 
 OPERANDS = ("x", "y", "z")
 LOCAL = frozenset({Space.SPAD, Space.ACC})
@@ -95,7 +96,9 @@ class Element(enum.Enum):
             return np.full(len(f), int(DType.I32)), ones
         if self is Element.SOURCE2:
             own = func_table("src2_dtype", -1)[f.func]
-            return np.where(own >= 0, own, f.field("dtype")), func_table("src2_words", 1)[f.func]
+            words = np.where(func_table("src2_table")[f.func].astype(bool), semantics.table_words(f.n, f.strides("z")),
+                             func_table("src2_words", 1)[f.func])
+            return np.where(own >= 0, own, f.field("dtype")), words
         return f.field(self.value), ones
 
 
@@ -206,6 +209,7 @@ class VectorFuncDef:
     src2_words: int = 1         # > 1: src2 is records of that many words (strides count records)
     src2_dtype: int = -1        # the DType of src2's words; -1: the instruction's dtype
     src2_once: bool = False     # src2 is one record for the whole instruction (dims 1, strides 0): a table
+    src2_table: bool = False    # src2 is a table read whole, its elements from word n3 (semantics.table_index)
     runs: bool = False          # its sources are read as contiguous runs over i2 (strides s2 of 1): packed lanes
     types: frozenset | None = None          # legal (dtype, out_dtype) pairs; None: equal types
 
@@ -231,29 +235,6 @@ def _vf(func: VectorFunc, apply, **flags) -> VectorFuncDef:
     return VectorFuncDef(int(func), apply, **flags)
 
 
-def _multiply(ns, a, b):
-    """a * b; int8 operands multiply in int32 (an int8 result keeps the product's low byte, as before)."""
-    if a.dtype == np.int8:
-        a, b = a.astype(np.int32), b.astype(np.int32)
-    return ns.xp.multiply(a, b)
-
-
-def _sum(ns, x):
-    """The sum over i2; int8 sums in int32 (a widening add across lanes, as Arm's SADDLV), wrapping."""
-    return ns.xp.sum(x.astype(np.int32) if x.dtype == np.int8 else x, axis=-1)
-
-
-def _dot(ns, a, b):
-    """The sum over i2 of a * b; int8 products and their sums in int32, wrapping (as SDOT)."""
-    return ns.xp.sum(_multiply(ns, a, b), axis=-1)
-
-
-def _floor_div(ns, a, b):
-    nonzero = b != 0
-    return ns.xp.where(nonzero, ns.xp.floor_divide(a, ns.xp.where(nonzero, b, ns.xp.ones((), b.dtype))),
-                       ns.xp.zeros((), a.dtype))
-
-
 def _compare(op):
     return lambda ns, a, b: op(a, b).astype(a.dtype)
 
@@ -275,12 +256,12 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     _vf(VectorFunc.SUB, lambda ns, a, b: ns.xp.subtract(a, b), sources=2),
     # int8 x int8 -> int32 too (a widening multiply, as int8 SIMD units' SMLAL or RISC-V's vwmacc), and
     # bf16 x bf16 -> float32 (exact): a depthwise tap or TFLite Mul reads int8 or bf16 tiles as they are
-    _vf(VectorFunc.MUL, _multiply, sources=2, types=SAME_TYPES | {(DType.I8, DType.I32), (DType.BF16, DType.F32)}),
+    _vf(VectorFunc.MUL, multiply, sources=2, types=SAME_TYPES | {(DType.I8, DType.I32), (DType.BF16, DType.F32)}),
     _vf(VectorFunc.MAX, lambda ns, a, b: ns.xp.maximum(a, b), sources=2),
     _vf(VectorFunc.MIN, lambda ns, a, b: ns.xp.minimum(a, b), sources=2),
     # int32 only (I-BERT's integer-only kernels, lower.graph.integer_kernels): floor(a / b), 0 where b == 0;
     # a >> b, arithmetic (floor(a / 2**b)), b clipped to [0, 31]
-    _vf(VectorFunc.DIV, _floor_div, sources=2, transcendental=True, types=INT32_ONLY),
+    _vf(VectorFunc.DIV, floor_div, sources=2, transcendental=True, types=INT32_ONLY),
     _vf(VectorFunc.SHR, lambda ns, a, b: ns.xp.right_shift(a, ns.xp.clip(b, 0, 31).astype(a.dtype)), sources=2,
         types=INT32_ONLY),
     _vf(VectorFunc.CMP_GT, _compare(lambda a, b: a > b), sources=2),     # 1 or 0
@@ -290,10 +271,10 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     # dst = src2 where src1 != 0, else dst unchanged
     _vf(VectorFunc.SELECT, lambda ns, p, t, dst: ns.xp.where(p != 0, t, dst), sources=2, reads_dst=True),
     # integers wrap, as convert wraps; int8 -> int32 too, so an int8 sum needs no widening copy first
-    _vf(VectorFunc.RSUM, _sum, reduction=True, types=SAME_TYPES | {(DType.I8, DType.I32)}),
+    _vf(VectorFunc.RSUM, widening_sum, reduction=True, types=SAME_TYPES | {(DType.I8, DType.I32)}),
     _vf(VectorFunc.RMAX, lambda ns, x: ns.xp.max(x, axis=-1), reduction=True),
     _vf(VectorFunc.RMIN, lambda ns, x: ns.xp.min(x, axis=-1), reduction=True),
-    _vf(VectorFunc.RDOT, _dot, sources=2, reduction=True, runs=True, types=frozenset({(DType.I8, DType.I32)})),
+    _vf(VectorFunc.RDOT, dot, sources=2, reduction=True, runs=True, types=frozenset({(DType.I8, DType.I32)})),
     # i32 -> i8 by records (Q31 multiplier, shift, zero point, saturation bounds, bias): the bias added (int32,
     # wrapping), TFLite/gemmlowp rounding, then TFLite's activation_min/max (isa.semantics.saturation_bounds)
     _vf(VectorFunc.REQUANT, lambda ns, x, r: ns.requantize(x, r[..., 0], r[..., 1], r[..., 2], r[..., 3], r[..., 4]),
@@ -307,9 +288,10 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     _vf(VectorFunc.RESCALE, lambda ns, x, r: ns.rescale(x, r[..., 0], r[..., 1], r[..., 2], r[..., 3]), sources=2,
         src2_words=REQUANT_RECORD_BYTES // 4, src2_dtype=int(DType.I32),
         types=frozenset({(DType.I8, DType.I32), (DType.I32, DType.I32)})),
-    # f32 -> f32 by records (bias, lo, hi, 0): a float layer's bias add and clamp (ReLU, ReLU6, hardtanh)
-    _vf(VectorFunc.CLAMP, lambda ns, x, r: clamp(ns.xp, x, r), sources=2, src2_words=CLAMP_RECORD_WORDS,
-        types=frozenset({(DType.F32, DType.F32)})),
+    # f32 -> f32 by a layer's table (lo, hi, 0, 0, a bias per channel; the instruction's from word n3): a float
+    # layer's bias add and clamp (ReLU, ReLU6, hardtanh), its bounds held once, not per channel
+    _vf(VectorFunc.CLAMP, lambda ns, x, t, index: clamp(ns.xp, x, *semantics.table_entries(ns.xp, t, index)), sources=2,
+        src2_table=True, types=frozenset({(DType.F32, DType.F32)})),
 )}
 # For the compiler (lower.codegen.vector, stagec.layers); the toolchain reads func_table("transcendental").
 TRANSCENDENTAL = frozenset(VectorFunc(f) for f, d in VECTOR_FUNCS.items() if d.transcendental)
@@ -358,7 +340,9 @@ def _padded(f: Fields) -> np.ndarray:
 
 
 def _src2(f: Fields) -> np.ndarray:
-    return np.where(func_table("src2_once")[f.func][:, None].astype(bool), 1, f.n[:, :3])
+    whole = func_table("src2_once")[f.func] | func_table("src2_table")[f.func]
+    return np.where(whole[:, None].astype(bool), 1, f.n[:, :3])
+
 
 
 def _vector_dst(f: Fields) -> np.ndarray:
@@ -421,7 +405,9 @@ def _matmul(ins: Instruction, v) -> None:
 def _vector(ins: Instruction, v) -> None:
     f = VECTOR_FUNCS[ins.func]
     args = [v.read(role) for role in ("src1", "src2")[:f.sources]] + ([v.read("dst")] if f.reads_dst else [])
-    result = cast(NUMPY, f.apply(NUMPY, *(widen(NUMPY, a) for a in args)), ins.out_dtype).reshape(v.dims("dst"))
+    index = [semantics.table_index(ins.n, ins.z.strides)] if f.src2_table else []
+    result = cast(NUMPY, f.apply(NUMPY, *(widen(NUMPY, a) for a in args), *index), ins.out_dtype).reshape(
+        v.dims("dst"))
     if ins.mode != AccMode.OVERWRITE:
         result = accumulate(NUMPY, ins.mode, v.read("dst"), result)
     v.write("dst", result)
@@ -475,6 +461,10 @@ OPCODES: dict[int, OpcodeDef] = {d.opcode: d for d in (
                             & ((f.strides("y")[:, 2] != 1) | (f.strides("z")[:, 2] != 1))),
                       Check("z_strides", "a table (src2 of LUT) is one for the instruction: its strides must be 0",
                             lambda f: func_table("src2_once")[f.func].astype(bool) & (f.strides("z") != 0).any(1)),
+                      Check("n", f"a table's elements (CLAMP's biases) follow its header and each other: n3 must be "
+                                 f"at least {CLAMP_HEADER_WORDS}, src2's strides non-negative",
+                            lambda f: func_table("src2_table")[f.func].astype(bool)
+                            & ((f.n[:, 3] < CLAMP_HEADER_WORDS) | (f.strides("z") < 0).any(1))),
                       Check("mode", "a bf16 destination cannot accumulate (each step would round): accumulate in "
                                     "float32", lambda f: _accumulates(f) & (f.field("out_dtype") == DType.BF16)))),
 )}

@@ -140,10 +140,57 @@ def requantize(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, zero_po
     return np.minimum(np.maximum(y, lo), hi).astype(np.int8)
 
 
-def clamp(xp, x, records):
-    """min(max(x + bias, lo), hi) by records (bias, lo, hi, 0) on the last axis: the CLAMP vector
-    function and the graph's clamp step (one rounding, the add's; max and min are exact)."""
-    return xp.minimum(xp.maximum(x + records[..., 0], records[..., 1]), records[..., 2])
+# --- vector functions over a namespace (isa.opcodes.VECTOR_FUNCS) ---
+
+def multiply(ns, a, b):
+    """a * b; int8 operands multiply in int32 (an int8 result keeps the product's low byte, as before)."""
+    if a.dtype == np.int8:
+        a, b = a.astype(np.int32), b.astype(np.int32)
+    return ns.xp.multiply(a, b)
+
+
+def widening_sum(ns, x):
+    """The sum over i2; int8 sums in int32 (a widening add across lanes, as Arm's SADDLV), wrapping."""
+    return ns.xp.sum(x.astype(np.int32) if x.dtype == np.int8 else x, axis=-1)
+
+
+def dot(ns, a, b):
+    """The sum over i2 of a * b; int8 products and their sums in int32, wrapping (as SDOT)."""
+    return ns.xp.sum(multiply(ns, a, b), axis=-1)
+
+
+def floor_div(ns, a, b):
+    """floor(a / b), 0 where b == 0 (DIV)."""
+    nonzero = b != 0
+    return ns.xp.where(nonzero, ns.xp.floor_divide(a, ns.xp.where(nonzero, b, ns.xp.ones((), b.dtype))),
+                       ns.xp.zeros((), a.dtype))
+
+
+def clamp(xp, x, lo, hi, bias):
+    """min(max(x + bias, lo), hi): the CLAMP vector function and the graph's clamp step (one rounding,
+    the add's; max and min are exact)."""
+    return xp.minimum(xp.maximum(x + bias, lo), hi)
+
+
+def table_words(n, strides) -> np.ndarray:
+    """Words a table function (CLAMP) reads of src2: from its base through the last element, at word
+    n3 + sum((n_k - 1) * s_k) (strides non-negative: a check), at least one; over arrays of rows."""
+    n, strides = np.asarray(n, np.int64), np.asarray(strides, np.int64)
+    return np.maximum(n[..., 3] + (np.maximum(n[..., :3] - 1, 0) * strides).sum(-1) + 1, 1)
+
+
+def table_index(n, strides) -> np.ndarray:
+    """The word of a table (CLAMP's) each element of the iteration box n[:3] reads: n3 + i . strides."""
+    return int(n[3]) + np.tensordot(np.asarray(strides, np.int64), np.indices(tuple(int(c) for c in n[:3])), 1)
+
+
+def table_entries(xp, table, index):
+    """(lo, hi, biases) of CLAMP tables (words on the last axis; leading: a batch, then the instruction's
+    (1, 1, 1) dims), the biases at the words `index` (an iteration box), lo and hi broadcast over it."""
+    lead = table.shape[:-4]
+    t = table.reshape(*lead, table.shape[-1])
+    box = (*lead, *(1,) * index.ndim)
+    return t[..., 0].reshape(box), t[..., 1].reshape(box), xp.take(t, index, axis=-1)
 
 
 def lookup(ns: Namespace, x, table):

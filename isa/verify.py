@@ -16,8 +16,8 @@ from stagec.errors import VerificationError
 from . import opcodes
 from .access import Access, accesses, overlapping_patterns
 from .dataflow import MULTIPLE, Dataflow, DataflowWalk, check_dataflow, const_bytes
-from .instructions import ENCODING, MEMORY_NAMES, RECORD_ALIGN, DType, Space
-from .opcodes import OPERANDS, Fields, OpcodeDef, opcode_table, queues_of
+from .instructions import ENCODING, MEMORY_NAMES, RECORD_ALIGN, DType, Opcode, Space
+from .opcodes import OPERANDS, Fields, OpcodeDef, func_table, opcode_table, queues_of
 from .program import Program, RegionKind
 
 __all__ = ["MULTIPLE", "Dataflow", "DataflowWalk", "check_static", "const_bytes", "verify"]
@@ -150,10 +150,11 @@ def _present(f: Fields, op: np.ndarray) -> np.ndarray:
     return present
 
 
-def _used_bytes(d: OpcodeDef, present: tuple[bool, ...]) -> np.ndarray:
-    """The bytes an instruction of opcode `d` with operands `present` uses (ENCODING's layout)."""
+def _used_bytes(d: OpcodeDef, present: tuple[bool, ...], table: bool = False) -> np.ndarray:
+    """The bytes an instruction of opcode `d` with operands `present` uses (ENCODING's layout); `table`:
+    a table function's (opcodes' src2_table), which reads n3 too."""
     used = np.zeros(64, bool)
-    used[:8 + 2 * len(d.counts)] = True               # header and the iteration counts it has
+    used[:8 + 2 * (4 if table else len(d.counts))] = True   # header and the iteration counts it has
     for k, o in enumerate(OPERANDS):
         if present[k]:
             strides = max(s.strides for s in d.slots if s.operand == o)
@@ -166,11 +167,13 @@ def _used_bytes(d: OpcodeDef, present: tuple[bool, ...]) -> np.ndarray:
 def _check_unused_bytes(code: np.ndarray, op: np.ndarray, present: np.ndarray) -> None:
     """Unused bits must be zero: an encoding has exactly one spelling."""
     raw = code.view(np.uint8).reshape(len(code), 64)
-    variants = present @ np.array([1, 2, 4])   # the operands an instruction has, as 3 bits
+    # the operands an instruction has, as 3 bits, and whether it is a table function's
+    table = (op == Opcode.VECTOR) & func_table("src2_table")[code["func"].astype(np.int64)].astype(bool)
+    variants = present @ np.array([1, 2, 4]) + 8 * table
     for d in opcodes.OPCODES.values():
         for v in np.unique(variants[op == d.opcode]).tolist():
             rows = (op == d.opcode) & (variants == v)
-            unused = ~_used_bytes(d, tuple(bool(v >> k & 1) for k in range(3)))
+            unused = ~_used_bytes(d, tuple(bool(v >> k & 1) for k in range(3)), bool(v >> 3))
             stray = (raw[rows][:, unused] != 0).any(0)
             if stray.any():
                 byte = int(np.flatnonzero(unused)[np.flatnonzero(stray)[0]])

@@ -19,7 +19,7 @@ from stagec.errors import PlanError
 from stagec.isa import opcodes
 from stagec.isa.access import element_offsets, is_dense
 from stagec.isa.instructions import AccMode, DType, Opcode
-from stagec.isa.semantics import ACCUMULATE, Namespace, accumulate, cast, widen
+from stagec.isa.semantics import ACCUMULATE, Namespace, accumulate, cast, table_index, table_words, widen
 
 from .boxes import box, read
 from .fixed_point import requantize, rescale
@@ -129,6 +129,7 @@ class Vector(Kernel):
     has_init: bool
     dtype: DType
     out_dtype: DType
+    table_offset: int = 0       # n3: a table function's first element (isa.semantics.table_index)
     kind = "vector"
     slots = ("src1", "src2", "init")
 
@@ -145,13 +146,16 @@ class Vector(Kernel):
         if not is_dense(node.strides("x"), dims):
             raise PlanError(f"instruction {node.index}: vector op writes a non-contiguous local region")
         sig = cls(node.chain, node.func, node.acc, node.n[:3], node.strides("x"), node.strides("y"),
-                  node.strides("z") if f.sources == 2 else None, node.has_init, node.dtype, node.out_dtype)
+                  node.strides("z") if f.sources == 2 else None, node.has_init, node.dtype, node.out_dtype,
+                  node.n[3] if f.src2_table else 0)
         return sig, tuple(node.source(s) for s in cls.slots), int(np.prod(dims))
 
     def read_dims(self, slot):
         f = opcodes.VECTOR_FUNCS[self.func]
         if slot == "src1":
             return box(self.src1_strides, self.n)
+        if slot == "src2" and f.src2_table:   # the table's words, read whole
+            return ((self._table_words, 1),)
         if slot == "src2" and f.src2_words > 1:   # records of src2_words words, strides counting records
             w = f.src2_words
             return (*((c, st * w) for c, st in box(self.src2_strides, _src2_dims(f, self.n))), (w, 1))
@@ -159,14 +163,19 @@ class Vector(Kernel):
             return box(self.src2_strides, self.n)
         return box(self.dst_strides, _dst_dims(f, self.n))
 
+    @property
+    def _table_words(self) -> int:
+        return int(table_words((*self.n, self.table_offset), self.src2_strides))
+
     def build(self, hows, layout):
         j, n, f = self.chain, self.n, opcodes.VECTOR_FUNCS[self.func]
         rel1, rel_dst = _rel(self.src1_strides, n), _rel(self.dst_strides, _dst_dims(f, n))
-        words = (f.src2_words,) if f.src2_words > 1 else ()
+        w = self._table_words if f.src2_table else f.src2_words
+        words = (w,) if w > 1 or f.src2_table else ()
+        index = [table_index((*n, self.table_offset), self.src2_strides)] if f.src2_table else []
         rel2 = None
         if f.sources == 2:
-            rel2 = (_rel(self.src2_strides, _src2_dims(f, n))[:, None] * f.src2_words
-                    + np.arange(f.src2_words)).reshape(-1)
+            rel2 = (_rel(self.src2_strides, _src2_dims(f, n))[:, None] * w + np.arange(w)).reshape(-1)
 
         def run(*args):
             t = args[1].shape[0]
@@ -178,7 +187,7 @@ class Vector(Kernel):
             init = read(*rest, rel_dst, hows[2]).reshape(t, -1) if self.has_init else None
             if f.reads_dst:
                 sources.append(init.reshape(sources[0].shape))
-            v = cast(JAX, f.apply(JAX, *(widen(JAX, x) for x in sources)).reshape(t, j, -1), self.out_dtype)
+            v = cast(JAX, f.apply(JAX, *(widen(JAX, x) for x in sources), *index).reshape(t, j, -1), self.out_dtype)
             if self.acc == AccMode.OVERWRITE:
                 return v[:, 0]
             # the members, in order; an integer sum wraps in the value's type, as each add would
@@ -192,7 +201,7 @@ def _dst_dims(f: opcodes.VectorFuncDef, n) -> tuple:
 
 
 def _src2_dims(f: opcodes.VectorFuncDef, n) -> tuple:
-    return (1, 1, 1) if f.src2_once else tuple(n[:3])
+    return (1, 1, 1) if f.src2_once or f.src2_table else tuple(n[:3])
 
 
 @dataclass(frozen=True)

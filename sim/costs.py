@@ -162,6 +162,19 @@ def vector_cycles(elements, lanes: int, *, per_lane=1, transcendental=False, red
     return groups * per_group + tree_cycles(reduce_length, xp)
 
 
+def vector_instruction_cycles(func, dtype, out_dtype, elements, hw: HardwareConfig, reduce_length=1) -> float:
+    """Cycles of one VECTOR instruction of `func` from `dtype` to `out_dtype` over `elements` (a
+    reduction's: runs of `reduce_length`) on `hw`, as unit_cycles charges it: its lanes packed by
+    lane_bits, a dot reduction's steps by lane_work.  The predictions that price the instructions they
+    will emit one by one (lower.schedule.rowwise, lower.schedule.flash_int8) use it, not a rule of their own."""
+    func, dtype, out_dtype = int(func), int(dtype), int(out_dtype)
+    return float(vector_cycles(elements, hw.vector_lanes,
+                               per_lane=lane_elements(lane_bits(func, dtype, out_dtype), hw.vector_subword_packing),
+                               transcendental=bool(func_table("transcendental")[func]), reduce_length=reduce_length,
+                               dot=dot_reduction(func, dtype, out_dtype),
+                               cycles_per_transcendental=hw.vector_cycles_per_transcendental))
+
+
 # --- the formulas applied to an instruction stream -----------------------------------------------
 
 @dataclass(frozen=True)

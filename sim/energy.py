@@ -110,6 +110,13 @@ def _dma_actions(d: OpcodeDef, f: Fields, rows, slots, hw, counts) -> None:
 def _lanes_actions(d: OpcodeDef, f: Fields, rows, slots, hw, counts) -> None:
     counts["vector_ops"][rows] += d.unit.elements(f)
     _slot_traffic(d, rows, slots, counts, distinct=True)
+    # a table (CLAMP's) is accessed whole, up to its last element read; the lanes read its lo and hi and
+    # each distinct element of it: what its scratchpad reads cost
+    table = opcodes.func_table("src2_table")[f.func].astype(bool)
+    if table.any():
+        z = slots["z", False]
+        used = 2 + np.prod(np.where(f.strides("z") != 0, f.n[:, :3], 1), axis=1)
+        _local(counts, rows[table], z.space[rows][table], False, (used - z.words[rows])[table] * 4.0)
 
 
 def _array_actions(d: OpcodeDef, f: Fields, rows, slots, hw: HardwareConfig, counts) -> None:

@@ -58,7 +58,6 @@ _REPORT_METADATA = {
                      and type(c["tile"]) is list and len(c["tile"]) == 2 and all(map(_count, c["tile"]))
                      and _number(c["saved_bytes"]) for c in v)),
     "packed_weight_zeros": ("a byte count", _count),
-    "clamp_bound_bytes": ("a byte count", _count),
     "targets": ("{latency_s: seconds or null, power_w: watts or null, tried: [what compile tried]}",
                 lambda v: type(v) is dict and set(v) == {"latency_s", "power_w", "tried"}
                 and all(v[k] is None or _number(v[k]) for k in ("latency_s", "power_w"))

@@ -311,14 +311,13 @@ def model_limit(program: Program) -> dict:
     """The model's physical limit: max(total MACs / peak MACs per cycle, compulsory bytes / DRAM bandwidth).
 
     Compulsory bytes are what no schedule avoids moving: the weights (the constant blob, less the zeros
-    that packing depthwise convs adds and the bounds that clamp records repeat per channel) read once,
+    that packing depthwise convs adds) read once,
     the model's inputs read once and its outputs written once; every intermediate stays on chip.  MACs
     are the useful ones (a packed conv's zeros are not).
     """
     hw = program.hw
     macs = sum(layer.macs for layer in program.layers)
-    encoding = sum(program.metadata.get(k, 0) for k in ("packed_weight_zeros", "clamp_bound_bytes"))
-    weights = len(program.constants) - encoding
+    weights = len(program.constants) - program.metadata.get("packed_weight_zeros", 0)
     compulsory = weights + sum(t.nbytes for t in (*program.inputs, *program.outputs))
     compute, memory = macs / hw.peak_macs_per_cycle, compulsory / hw.dma_bandwidth_bytes_per_cycle
     return {"macs": macs, "compute_cycles": compute, "compulsory_bytes": compulsory, "memory_cycles": memory,

@@ -111,3 +111,13 @@ def seeded_graph(module, shape):
     from stagec.layers import model_graph
     torch.manual_seed(0)
     return model_graph(module.eval(), (torch.randn(*shape),))
+
+
+def vector_busy(program, layers, hw) -> float:
+    """Cycles the timing simulator charges the vector unit for the VECTOR instructions of `layers` (names)."""
+    from stagec.sim.costs import instruction_shapes, unit_cycles, unit_parameters
+
+    ids = [i for i, layer in enumerate(program.layers) if layer.name in set(layers)]
+    shapes = instruction_shapes(program.code)
+    occupancy, _ = unit_cycles(shapes, unit_parameters(hw))
+    return float(occupancy[np.isin(program.layer_ids, ids) & shapes.is_vector].sum())

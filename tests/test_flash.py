@@ -281,3 +281,25 @@ def test_bf16_masked_attention_runs_flash_style():
     for action in ("dram_read_bytes", "dram_write_bytes", "macs_bf16", "vector_ops"):
         assert getattr(cost.actions, action) == sum(getattr(r.actions, action) for r in layers), action
     assert cost.instructions == sum(sum(r.instructions.values()) for r in layers)
+
+
+class ScaledAttention(torch.nn.Module):
+    """softmax(Q K^T * scale) V, the scale a constant of S's matmul epilogue."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, q, k, v):
+        return torch.softmax((q @ k.transpose(-1, -2)) * self.scale, -1) @ v
+
+
+def test_a_zero_scale_is_a_scale():
+    """A scale of 0.0 (every key weighted alike) is matched as the scores' scale, not taken for none:
+    the attention runs as one flash cascade scaled by 0.0 and equals PyTorch."""
+    args, model = inputs(2, 24, 40, 8), ScaledAttention(0.0)
+    c = run(PIPELINE, Compilation(Request(model, args, hw=TIGHT)))
+    (cascade,) = [x for x in c.schedule.cascades if isinstance(x, FlashAttention)]
+    assert cascade.scale == 0.0
+    y, _ = stagec.simulate(c.program, *args)
+    assert rel_err(y, model(*args).numpy()) < 1e-5

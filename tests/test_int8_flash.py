@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import vector_busy
 from test_int8_attention import COSINE, SelfAttention, _calibration, assert_matches_reference, cosine
 
 import stagec
@@ -153,6 +154,8 @@ def test_the_cost_counts_the_programs_instructions_dram_bytes_macs_and_vector_op
     assert cost.instructions == sum(sum(r.instructions.values()) for r in layers)
     for action in ("dram_read_bytes", "dram_write_bytes", "macs_int8", "vector_ops"):
         assert getattr(acts, action) == sum(getattr(r.actions, action) for r in layers), action
+    # the vector unit's cycles are the simulator's: the int8 running max packs four a lane, the reductions' trees
+    assert cost.units["vector"] == vector_busy(c.program, cascade.layers, TIGHT)
     if visible is not None:
         assert cascade.mask.heads == 2 and cascade.mask.resident
         per_head = int8_flash_cost(shape_of(pattern, graph, c.layout), *cascade.tile, TIGHT).actions

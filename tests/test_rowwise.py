@@ -6,7 +6,7 @@ a bf16 graph's norms too."""
 import numpy as np
 import pytest
 import torch
-from helpers import rel_err
+from helpers import rel_err, vector_busy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_int8_attention import assert_matches_reference, cosine
@@ -216,7 +216,9 @@ def test_bf16_layer_norms_run_as_row_cascades():
 @pytest.mark.parametrize("quantize", ["int8", "bf16"])
 def test_the_row_cost_counts_narrow_values(quantize):
     """The row cost of a bf16 or int8-island cascade: its DRAM bytes and vector ops (the bf16 roundings
-    too) are the program's; the footprint it checked is the one the emitter allocated."""
+    too) are the program's, its vector unit's cycles the simulator's (each instruction's lanes packed by
+    the simulator's rule, sim.costs.vector_instruction_cycles); the footprint it checked is the one the
+    emitter allocated."""
     model = PostNorm(48)
     args = inputs(model, rows=(3, 50))
     options = {"quantize": quantize} | ({"calibration": [args], "fallback": "bf16"} if quantize == "int8" else {})
@@ -228,6 +230,7 @@ def test_the_row_cost_counts_narrow_values(quantize):
     cost = row_cost(plan, cascade.tile[0], HardwareConfig())
     for action in ("dram_read_bytes", "dram_write_bytes", "vector_ops"):
         assert getattr(cost.actions, action) == sum(getattr(r.actions, action) for r in layers), action
+    assert cost.units["vector"] == vector_busy(c.program, cascade.layers, HardwareConfig())
     assert c.program.metadata["local_peak_bytes"][cascade.layers[0]][0] == cost.spad_bytes
 
 

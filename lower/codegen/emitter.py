@@ -170,8 +170,10 @@ class Emitter:
         self._append(matmul(a, b, c, m1, m0, k, n, accumulate=accumulate, dtype=dtype, out_dtype=ACC_DTYPE[dtype]))
 
     def vector(self, func: VectorFunc, dst: Operand, src1: Operand, src2: Operand | None, counts, *,
-               acc: AccMode = AccMode.OVERWRITE, dtype: DType = DType.F32, out_dtype: DType | None = None) -> None:
-        self._append(vector(func, dst, src1, src2, counts, acc=acc, dtype=dtype, out_dtype=out_dtype))
+               acc: AccMode = AccMode.OVERWRITE, dtype: DType = DType.F32, out_dtype: DType | None = None,
+               table_offset: int = 0) -> None:
+        self._append(vector(func, dst, src1, src2, counts, acc=acc, dtype=dtype, out_dtype=out_dtype,
+                            table_offset=table_offset))
 
 
 def _dram_operand(t: DramTensor, start, axes) -> Operand:

@@ -79,10 +79,17 @@ class LowerContext:
 
 
 def _extras(ctx: LowerContext, node: Node, first: int, shape) -> list[DramTensor]:
-    """The epilogue's extra inputs broadcast to the output's shape (records: shape + their words)."""
+    """The epilogue's extra inputs broadcast to the output's shape (records: shape + their words; a clamp
+    table, every word of it)."""
     records = record_words(node.attr("epilogue"))
-    return [ctx.tensor(v).broadcast_to(tuple(shape) + ((records[k + 1],) if k + 1 in records else ()))
-            for k, v in enumerate(node.inputs[first:])]
+
+    def view(k: int, v: Value) -> DramTensor:
+        t, words = ctx.tensor(v), records.get(k + 1)
+        if words == 0:   # a clamp table: one record of all its words
+            t = DramTensor(t.region, t.address((0,) * t.rank), (math.prod(v.shape),), (1,), t.dtype)
+            words = t.shape[0]
+        return t.broadcast_to(tuple(shape) + ((words,) if words is not None else ()))
+    return [view(k, v) for k, v in enumerate(node.inputs[first:])]
 
 
 @register(OpKind.CONV)
@@ -106,7 +113,7 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
             start[dim], limit[dim] = gi * size, (gi + 1) * size
             return t.slice(start, limit, (1,) * t.rank)
         emit_conv(ctx.em, p, m, part(x, 1, p.c), part(w, 0, p.o), part(out, 1, p.o), epilogue,
-                  [part(e, 1, p.o) for e in extras], ctx.fill)
+                  [part(e, 1, p.o) for e in extras], ctx.fill, gi * p.o)
 
 
 @register(OpKind.MATMUL)
@@ -275,7 +282,7 @@ def lower_to_program(graph: Graph, layout: Layout, schedule: Schedule, hw: Hardw
             regions.append(Region(ref.name, kind, ref.offset, ref.nbytes))
     regions.append(Region("activations", RegionKind.INTERMEDIATE, data_base + arena, peak))
     meta = {"peak_activation_bytes": peak, "activation_bytes": total, "local_peak_bytes": em.local_peaks,
-            "packed_weight_zeros": packed_weight_zeros(graph), "clamp_bound_bytes": clamp_bound_bytes(graph),
+            "packed_weight_zeros": packed_weight_zeros(graph),
             **({"cascades": [c.to_dict() for c in schedule.cascades]} if schedule.cascades else {}),
             **(metadata or {})}
     program = Program(code=code, layer_ids=np.array(em.layer_ids, np.int32), layers=tuple(layers),
@@ -288,14 +295,6 @@ def packed_weight_zeros(graph) -> int:
     """Bytes of the zeros that packing depthwise convs (lower.schedule.pack) added to the weights."""
     return sum(graph.constants[n.inputs[1].id].nbytes * (n.attr("packed") - 1) // n.attr("packed")
                for n in graph.nodes if n.attr("packed"))
-
-
-def clamp_bound_bytes(graph) -> int:
-    """Bytes of the clamp records (lower.graph.clamp) beyond the model's biases: each channel's bounds and
-    spare word, which the record format repeats (the whole record of a layer without a bias)."""
-    records = [graph.constants[n.inputs[s.args[1] + 1].id] for n in graph.nodes
-               for s in n.attr("epilogue") or () if s.func == "clamp"]
-    return sum(r.nbytes if r.ndim == 1 else r.nbytes - r[..., 0].nbytes for r in records)
 
 
 def node_macs(node: Node) -> int:

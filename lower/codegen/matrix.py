@@ -21,9 +21,9 @@ from collections.abc import Callable
 import numpy as np
 
 from stagec.errors import LoweringError
-from stagec.isa.instructions import Operand, Space, VectorFunc
+from stagec.isa.instructions import CLAMP_HEADER_WORDS, Operand, Space, VectorFunc
 
-from ..schedule.buffers import EPILOGUE_TILES, EPILOGUE_VECTORS, NO_EXTRAS, EpilogueLayout, slot_offsets
+from ..schedule.buffers import EPILOGUE_TILES, EPILOGUE_VECTORS, NO_EXTRAS, WORD, EpilogueLayout, slot_offsets
 from ..schedule.nest import ConvProblem, LayerShape, TileMapping, row_tiles, tile_line, tiles
 from ..schedule.nest_work import matrix_buffers, one_spatial_tile
 from ..schedule.tensors import DramTensor
@@ -47,7 +47,9 @@ class Epilogue:
     """
 
     def __init__(self, em, layout: EpilogueLayout | None, extras: list[DramTensor], bases: dict[str, list[int]],
-                 tile_o: int, channels: int, bufs: int, tile_elements: int, channels_per_tile: bool = False):
+                 tile_o: int, channels: int, bufs: int, tile_elements: int, channels_per_tile: bool = False,
+                 channel0: int = 0):
+        """`channel0`: the layer's channel the nest's first output channel is (a group's of a grouped conv)."""
         self.layout, self.extras = layout, extras
         channels, copies = (tile_o, bufs) if channels_per_tile else (channels, 1)
         vectors = bases[EPILOGUE_VECTORS][0]
@@ -56,7 +58,9 @@ class Epilogue:
         self.per_tile = channels_per_tile
         inputs = layout.inputs if layout else ()
         for k, i in enumerate(inputs):
-            if i.kind == "scalar" or not channels_per_tile and i.kind == "channel":
+            if i.table:
+                _load_table(em, extras[k], i, channel0, self.vectors[k][0])
+            elif i.kind == "scalar" or not channels_per_tile and i.kind == "channel":
                 _load_channels(em, extras[k], i.record, 0, channels if i.kind == "channel" else 1, self.vectors[k][0])
         owned = [k for k, i in enumerate(inputs) if i.kind == "tile"]
         offsets = slot_offsets(layout.tile_widths, tile_elements) if layout else []
@@ -75,7 +79,11 @@ class Epilogue:
             return acc_tile if final is None else _copy(em, acc_tile, final, counts, typed)
         args = [acc_tile]
         for k, (e, i) in enumerate(zip(self.extras, self.layout.inputs, strict=True)):
-            if i.kind == "tile":
+            if i.table:   # its header, then the biases of the nest's channels (one for all without a bias)
+                each = i.itemsize // WORD > CLAMP_HEADER_WORDS + 1
+                tile = tile_expr.LocalTile(Space.SPAD, self.vectors[k][0], (1, 1, counts[2] if each else 1),
+                                           local_type(e.dtype), CLAMP_HEADER_WORDS + each * o0)
+            elif i.kind == "tile":
                 extent = i.extent(counts)
                 tile = tile_expr.LocalTile(Space.SPAD, self.tile_buf[buf][k], extent, local_type(e.dtype))
                 em.load(e, (n, o0, h0, w0), OUT_AXES, extent, tile.operand(extent))
@@ -114,18 +122,35 @@ def _load_channels(em, e: DramTensor, record: bool, o0: int, count: int, base: i
     per = e.shape[-1]
     if count > 1 and (e.strides[1], e.strides[-1]) != (per, 1):   # rows and columns: see Epilogue
         raise ValueError(f"{em.layer_name}: records must be dense along the channels")
-    words = count * per
-    em.load(DramTensor(e.region, e.address((0, o0, 0, 0, 0)), (words,), (1,), e.dtype), (0,), (None, None, 0),
-            (1, 1, words), Operand(Space.SPAD, base, (0, 0, 1)))
+    _load_words(em, e, e.address((0, o0, 0, 0, 0)), count * per, base)
+
+
+def _load_words(em, e: DramTensor, address: int, words: int, base: int) -> None:
+    """LOAD `words` consecutive elements of `e`'s region from `address` to the scratchpad at `base`."""
+    em.load(DramTensor(e.region, address, (words,), (1,), e.dtype), (0,), (None, None, 0), (1, 1, words),
+            Operand(Space.SPAD, base, (0, 0, 1)))
+
+
+def _load_table(em, e: DramTensor, i, channel0: int, base: int) -> None:
+    """LOAD a clamp table (`e`: its words last, i: its EpilogueInput) as the nest holds it: whole, or
+    (i.loads == 2, a group of a grouped conv) its header, then the group's biases from `channel0`."""
+    start, words = e.address((0,) * e.rank), i.itemsize // WORD
+    if i.loads == 1:
+        _load_words(em, e, start, words, base)
+        return
+    _load_words(em, e, start, CLAMP_HEADER_WORDS, base)
+    _load_words(em, e, start + (CLAMP_HEADER_WORDS + channel0) * WORD, words - CLAMP_HEADER_WORDS,
+                base + CLAMP_HEADER_WORDS * WORD)
 
 
 def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, out: DramTensor,
               epilogue: EpilogueLayout | None = None, extras: list[DramTensor] = (),
-              fill: Callable | None = None) -> None:
+              fill: Callable | None = None, channel0: int = 0) -> None:
     """Emit a whole convolution; x [N,C,H,W], w [O,C,KH,KW], out [N,O,OH,OW] are DRAM views.  Float32
-    operands accumulate in float32, int8 ones in int32 (the epilogue then sees an int32 tile)."""
+    operands accumulate in float32, int8 ones in int32 (the epilogue then sees an int32 tile).
+    `channel0`: the layer's channel out's first is (a group's of a grouped conv)."""
     nest = _ConvNest(em, p, m, x, w, epilogue, fill)
-    epi = nest.start(extras)
+    epi = nest.start(extras, channel0)
 
     def store(n, o0, oh0, ow0, counts, result):
         em.store(out, (n, o0, oh0, ow0), OUT_AXES, counts, result.operand(counts))
@@ -177,12 +202,13 @@ class _ConvNest:
         self.n_halo = self.n_w = self.n_out = 0
         self.shared = None   # the spatial tile's halo, where one LOAD serves every output-channel tile
 
-    def start(self, extras) -> Epilogue:
-        """LOAD what the nest holds throughout (resident weights, the epilogue's whole vectors); its Epilogue."""
+    def start(self, extras, channel0: int = 0) -> Epilogue:
+        """LOAD what the nest holds throughout (resident weights, the epilogue's whole vectors); its Epilogue
+        (`channel0`: emit_conv's)."""
         self.load_resident_weights()
         m = self.m
         return Epilogue(self.em, self.epilogue, list(extras), self.bases, m.tile_o, self.p.o, self.bufs,
-                        m.tile_oh * m.tile_ow * m.tile_o, self.one)
+                        m.tile_oh * m.tile_ow * m.tile_o, self.one, channel0)
 
     def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None, outs=None,
                      ins=None, block=None) -> None:

@@ -28,6 +28,7 @@ class LocalTile:
     base: int
     extent: tuple[int, int, int]
     dtype: DType = DType.F32
+    table_offset: int = 0   # a CLAMP table's (base: its header): the word of the tile's first bias, n3
 
     def operand(self, counts) -> Operand:
         e0, e1, e2 = self.extent
@@ -93,12 +94,17 @@ def value_dtypes(expr: Expr, dtypes) -> list[DType]:
     return values
 
 
-def step_lane_bits(expr: Expr, dtypes) -> list[int]:
-    """sim.costs.lane_bits of each step's instructions as `emit` emits them over inputs of `dtypes`
-    (a select's COPY and SELECT are both of its result's type)."""
+def step_instructions(expr: Expr, dtypes) -> list[tuple[VectorFunc, DType, DType]]:
+    """(function, dtype, out_dtype) of each step's instruction as `emit` emits it over inputs of `dtypes`
+    (a select's SELECT, of its result's type, as the COPY of its on_false that may come first)."""
     values = value_dtypes(expr, dtypes)
-    return [int(lane_bits(int(_func(step)), int(out if step.func == "select" else values[step.args[0]]), int(out)))
+    return [(_func(step), out if step.func == "select" else values[step.args[0]], out)
             for step, out in zip(expr, values[len(dtypes):], strict=True)]
+
+
+def step_lane_bits(expr: Expr, dtypes) -> list[int]:
+    """sim.costs.lane_bits of each step's instructions as `emit` emits them over inputs of `dtypes`."""
+    return [int(lane_bits(int(f), int(d), int(o))) for f, d, o in step_instructions(expr, dtypes)]
 
 
 def _func(step: Step) -> VectorFunc:
@@ -140,10 +146,15 @@ def emit(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTi
             second = src[1].operand(counts) if len(src) > 1 else None
             if second is not None and VECTOR_FUNCS[func].src2_once:   # one record (a table) for the whole tile
                 second = Operand(second.space, second.base, (0, 0, 0))
+            table = {"table_offset": src[1].table_offset} if VECTOR_FUNCS[func].src2_table else {}
             em.vector(func, out.operand(counts), src[0].operand(counts), second, counts, dtype=src[0].dtype,
-                      out_dtype=out_type)
+                      out_dtype=out_type, **table)
         values.append(out)
     return values[-1]
+
+
+# the (function, dtype, out_dtype) of the instructions round_bf16 emits, for the costs that count them
+ROUNDING = ((VectorFunc.COPY, DType.F32, DType.BF16), (VectorFunc.COPY, DType.BF16, DType.F32))
 
 
 def round_bf16(em, tile: LocalTile, scratch: int) -> None:

@@ -3,9 +3,10 @@
 A float32 CONV/MATMUL whose epilogue is [add(acc, per-channel bias)] then a clamp to constant bounds
 (ReLU, ReLU6, hardtanh: relu, max and min with scalars; lower.graph.activations.clamp_bounds) took
 one vector instruction a step over every output tile: MobileNetV2's expand and depthwise layers
-three (add, max, min).  `clamp(acc, r)` does them in one, by float32 records (bias, lo, hi, 0) per
-channel (one record for the tensor without a bias), as REQUANT carries int8's bias and bounds.  The
-add rounds as before and max and min are exact, so the result is the same (a -0.0 may become +0.0).
+three (add, max, min).  `clamp(acc, r)` does them in one, by one float32 table per layer (lo, hi, 0, 0,
+then the biases; a single 0 without a bias: graph_ir.clamp_table_parts), the bounds held once, not per
+channel as REQUANT's records carry int8's.  The add rounds as before and max and min are exact, so the
+result is the same (a -0.0 may become +0.0).
 int8 keeps its clamps in REQUANT's bounds (lower.graph.quantize): this pass leaves int8 layers alone.
 """
 
@@ -15,13 +16,16 @@ from types import MappingProxyType
 
 import numpy as np
 
+from stagec.isa.instructions import CLAMP_HEADER_WORDS
+
 from .activations import bias_steps, clamp_bounds, scalar
 from .graph_ir import MATRIX_OPS, Graph, Node, Step, Value
 
 
-def clamp_records(node: Node, consts) -> np.ndarray | None:
-    """The float32 clamp records of a float32 CONV/MATMUL whose whole epilogue (two steps or more) is
-    [bias add] then a clamp to constant bounds, shaped as the bias ([4] without one); else None."""
+def clamp_table(node: Node, consts) -> np.ndarray | None:
+    """The float32 clamp table of a float32 CONV/MATMUL whose whole epilogue (two steps or more) is
+    [bias add] then a clamp to constant bounds, shaped as the bias with its channel axis (its one longer
+    than 1, or its first) CLAMP_HEADER_WORDS longer ([5] without a bias); else None."""
     expr = node.attr("epilogue") or ()
     if (node.op not in MATRIX_OPS or len(expr) < 2
             or not node.inputs[0].dtype == node.output.dtype == "float32"):
@@ -35,8 +39,12 @@ def clamp_records(node: Node, consts) -> np.ndarray | None:
     if bounds is None:
         return None
     shape = node.inputs[max(expr[0].args) + 1].shape if k else ()
-    words = [bias.reshape(shape) if k else np.zeros(shape), *(np.full(shape, b) for b in bounds), np.zeros(shape)]
-    return np.stack(words, axis=-1).astype(np.float32)
+    biases = np.asarray(bias, np.float32).reshape(shape or (1,)) if k else np.zeros(1, np.float32)
+    header = np.zeros(CLAMP_HEADER_WORDS, np.float32)
+    header[:2] = bounds
+    axis = int(np.argmax(biases.shape))
+    head = header.reshape([CLAMP_HEADER_WORDS if a == axis else 1 for a in range(biases.ndim)])
+    return np.concatenate([head, biases], axis=axis)
 
 
 def fold_clamps(graph: Graph) -> Graph:
@@ -45,16 +53,16 @@ def fold_clamps(graph: Graph) -> Graph:
     ids = graph.fresh_ids()
     nodes = []
     for node in graph.nodes:
-        records = clamp_records(node, consts)
-        if records is None:
+        table = clamp_table(node, consts)
+        if table is None:
             nodes.append(node)
             continue
-        r = Value(next(ids), records.shape, "float32")
-        consts[r.id] = records
+        r = Value(next(ids), table.shape, "float32")
+        consts[r.id] = table
         nodes.append(Node(node.op, (*node.inputs[:2], r), node.output, node.attrs, node.name)
                      .with_attrs(epilogue=(Step("clamp", (0, 1)),)))
     if len(consts) == len(graph.constants):
         return graph
-    live = {v.id for n in nodes for v in n.inputs} | {v.id for v in graph.outputs}   # bias and bounds: in records
+    live = {v.id for n in nodes for v in n.inputs} | {v.id for v in graph.outputs}   # bias and bounds: in tables
     return Graph(graph.inputs, graph.outputs, tuple(nodes),
                  MappingProxyType({k: a for k, a in consts.items() if k in live}))

@@ -12,7 +12,7 @@ from jax import lax
 
 from stagec.isa.semantics import clamp, requantize, rescale
 
-from .graph_ir import Expr, Graph, Node, OpKind
+from .graph_ir import Expr, Graph, Node, OpKind, clamp_table_parts
 
 
 def _requant(x, records):
@@ -36,7 +36,7 @@ STEP_FUNCS = {
     "to_f32": lambda x: x.astype(jnp.float32), "to_i32": lambda x: jnp.trunc(x).astype(jnp.int32),
     "mul_i32": lambda a, b: a.astype(jnp.int32) * b.astype(jnp.int32),
     "requant": _requant, "rescale": _rescale, "lut": lambda x, table: jnp.take(table, x.astype(jnp.int32) + 128),
-    "clamp": lambda x, records: clamp(jnp, x, records),
+    "clamp": lambda x, table: clamp(jnp, x, *clamp_table_parts(jnp, table)),
 }
 ACC_TYPE = {jnp.dtype(jnp.int8): jnp.int32}   # int8 products and sums accumulate in int32
 COMPUTED = {"bfloat16": "float32"}            # the type a node of a result type computes in

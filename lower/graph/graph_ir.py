@@ -28,9 +28,11 @@ conv's bias is its records' (TFLite adds the int32 bias before the fixed-point m
 takes int8 x to int8 t[x + 128] (isa LUT): t is one int8 table of 256 entries.
 `rescale(x, r)` takes int8 or int32 x to int32 (isa RESCALE, TFLite Add's input scaling):
 records (multiplier, shift, zero point, left shift, four zeros), x shifted left first, the result not
-saturated to int8.  `clamp(x, r)` takes float32 x to min(max(x + bias, lo), hi) (isa CLAMP): float32
-records (bias, lo, hi, 0), a float layer's bias and ReLU/ReLU6/hardtanh in one step (lower.graph.clamp).
-The second operands of all four are records (`RECORDS`): constants whose last dim is the record's.
+saturated to int8.  `clamp(x, r)` takes float32 x to min(max(x + bias, lo), hi) (isa CLAMP), a float
+layer's bias and ReLU/ReLU6/hardtanh in one step (lower.graph.clamp): r is the layer's one float32 table
+(lo, hi, 0, 0, then the biases) shaped as the bias with its channel axis CLAMP_HEADER_WORDS longer
+(`clamp_table_parts`).  The second operands of all four are records (`RECORDS`): constants whose last dim
+is the record's, but a clamp's table, one for the node.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from types import MappingProxyType
 import numpy as np
 
 from stagec.errors import LoweringError
-from stagec.isa.instructions import CLAMP_RECORD_WORDS, LUT_ENTRIES, REQUANT_RECORD_BYTES
+from stagec.isa.instructions import CLAMP_HEADER_WORDS, LUT_ENTRIES, REQUANT_RECORD_BYTES
 
 
 class OpKind(enum.StrEnum):
@@ -199,7 +201,7 @@ RESULT_DTYPES = {**CONVERSIONS, "requant": "int8", "lut": "int8", "rescale": "in
 VECTOR_FUNC_OF = {**dict.fromkeys(CONVERSIONS, "copy"), "mul_i32": "mul"}   # steps not named as their VectorFunc
 RECORD_WORDS = REQUANT_RECORD_BYTES // 4             # int32 words of one requant or rescale record
 RECORDS = {"requant": RECORD_WORDS, "rescale": RECORD_WORDS, "lut": LUT_ENTRIES,   # steps reading records: words
-           "clamp": CLAMP_RECORD_WORDS}
+           "clamp": 0}   # 0: one table, the whole value
 RECORD_DTYPES = {"requant": "int32", "rescale": "int32", "lut": "int8", "clamp": "float32"}
 
 
@@ -234,17 +236,35 @@ def record_inputs(expr: Expr) -> frozenset[int]:
 def check_records(node: Node) -> None:
     """Each record operand of `node`'s expr or epilogue is what its step reads: int32 requant records
     [..., RECORD_WORDS]; one int8 lut table of exactly 256 entries (isa LUT reads one table per instruction);
-    float32 clamp records [..., CLAMP_RECORD_WORDS]."""
+    one float32 clamp table, a header and one bias or more along its one axis longer than 1."""
     expr, first = (node.attr("epilogue"), 1) if node.op in MATRIX_OPS else (node.attr("expr"), 0)
     for s in expr or ():
         if s.func not in RECORDS or s.args[1] >= expr_inputs(node) or (s.args[1] == 0 and first):
             continue
         v = node.inputs[s.args[1] + first]
         shape = (LUT_ENTRIES,) if s.func == "lut" else v.shape[:-1] + (RECORDS[s.func],)
+        if s.func == "clamp":
+            shape = clamp_table_shape(v.shape)
         if v.dtype != RECORD_DTYPES[s.func] or v.shape != shape:
             what = "a lut table" if s.func == "lut" else f"{s.func} records"
             raise LoweringError(f"{node.name}: {what} must be {RECORD_DTYPES[s.func]}[{','.join(map(str, shape))}], "
                                 f"not {_ty(v)}")
+
+
+def clamp_table_shape(shape) -> tuple:
+    """`shape` as a clamp table's must be (its one axis longer than 1 at least CLAMP_HEADER_WORDS + 1 long):
+    itself where it is one, else the shape it comes nearest (what check_records names)."""
+    shape = tuple(shape) or (1,)
+    axis = int(np.argmax(shape))
+    return tuple(max(d, CLAMP_HEADER_WORDS + 1) if k == axis else 1 for k, d in enumerate(shape))
+
+
+def clamp_table_parts(xp, table):
+    """(lo, hi, biases) of a clamp table: lo, hi, 0, 0, then the biases along its one axis longer than 1
+    (the bias's channel axis, broadcasting as the bias did; one 0 without a bias)."""
+    axis = int(np.argmax(table.shape))
+    flat = table.reshape(-1)
+    return flat[0], flat[1], xp.take(table, np.arange(CLAMP_HEADER_WORDS, table.shape[axis]), axis=axis)
 
 
 def expr_inputs(node: Node) -> int:

@@ -19,11 +19,12 @@ buffer, `EPILOGUE_VECTORS`, in which `EpilogueLayout.vector_offsets` places each
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from stagec.errors import LoweringError
-from stagec.isa.instructions import REQUANT_RECORD_BYTES, Space
+from stagec.isa.instructions import CLAMP_HEADER_WORDS, REQUANT_RECORD_BYTES, Space
 from stagec.isa.opcodes import TRANSCENDENTAL
 from stagec.sim.costs import lane_bits
 
@@ -112,6 +113,8 @@ class EpilogueInput:
     record: bool
     spans: tuple[bool, bool, bool]
     itemsize: int = FP32   # bytes of one element as LOADed (a record: all its words, 16 or a table's 256)
+    loads: int = 1         # LOADs that bring it (a clamp table's for a group of a grouped conv: two)
+    table: bool = False    # a clamp table (isa CLAMP): one record, its header then its biases
 
     @property
     def item_bytes(self) -> int:
@@ -149,7 +152,7 @@ class EpilogueLayout:
         return Extras(sum(self.tile_widths), sum(i.item_bytes for i in kinds["channel"]) // WORD,
                       sum(i.item_bytes for i in kinds["scalar"]), any(i.record for i in self.inputs),
                       len(kinds["tile"]), tuple(span_bytes), len(kinds["channel"]),
-                      sum(i.itemsize for i in kinds["channel"]), len(kinds["scalar"]),
+                      sum(i.itemsize for i in kinds["channel"]), sum(i.loads for i in kinds["scalar"]),
                       sum(i.itemsize for i in kinds["scalar"]), *self.vector_work)
 
     @property
@@ -203,9 +206,19 @@ def _nest_axes(node: Node):
     return (rank - 2,), (None, rank - 2, rank - 1)   # a matmul: its batch dims are separate nests
 
 
+def clamp_table_part(node: Node, words: int) -> tuple[int, bool]:
+    """(biases, split) of a clamp table of `words` words as a nest holds it: all of them, or, where a
+    grouped conv (not a depthwise one: a packed one, lower.schedule.pack) runs a nest per group, the
+    group's biases, split: LOADed apart from the header (lower.codegen.matrix.Epilogue)."""
+    biases, g = words - CLAMP_HEADER_WORDS, node.attr("groups") or 1
+    split = (node.op == OpKind.CONV and g > 1 and biases == node.output.shape[1] > 1
+             and not (node.inputs[1].shape[1] == 1 and biases == g))
+    return (biases // g if split else biases), split
+
+
 def epilogue_layout(node: Node) -> EpilogueLayout | None:
     """The epilogue of a CONV or MATMUL node (its inputs after x and w), from the graph's shapes;
-    None without one."""
+    None without one.  A clamp table is one record held once (one LOAD; two for a group's)."""
     expr = node.attr("epilogue")
     if not expr:
         return None
@@ -215,7 +228,8 @@ def epilogue_layout(node: Node) -> EpilogueLayout | None:
     inputs = []
     for k, v in enumerate(node.inputs[2:]):
         record = k + 1 in records
-        shape = v.shape[:-1] if record else v.shape
+        table = records.get(k + 1) == 0
+        shape = () if table else v.shape[:-1] if record else v.shape
         padded = (1,) * (len(out) - len(shape)) + tuple(shape)
         kind = ("tile" if any(padded[a] > 1 for a in pixel_axes) else
                 "channel" if padded[tile_axes[2]] > 1 else "scalar")
@@ -224,7 +238,10 @@ def epilogue_layout(node: Node) -> EpilogueLayout | None:
                                 f"per tensor")
         spans = tuple(a is None or padded[a] == out[a] for a in tile_axes)
         item = DTYPE_OF[v.dtype].itemsize * records.get(k + 1, 1)
-        inputs.append(EpilogueInput(kind, record, spans, item))
+        if table:
+            biases, split = clamp_table_part(node, math.prod(v.shape))
+            item = DTYPE_OF[v.dtype].itemsize * (CLAMP_HEADER_WORDS + biases)
+        inputs.append(EpilogueInput(kind, record, spans, item, 2 if table and split else 1, table))
     writable = frozenset({0} | {k + 1 for k, i in enumerate(inputs) if i.kind == "tile" and all(i.spans)})
     x = node.inputs[0].dtype
     dtypes = (DTYPE_OF[ACCUMULATES.get(x, x)], *(local_type(DTYPE_OF[v.dtype]) for v in node.inputs[2:]))

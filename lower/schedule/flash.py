@@ -224,10 +224,11 @@ def _sizes(total: int, tile: int) -> list[tuple[int, int]]:
 
 
 def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = False, bf16: bool = False,
-               out_itemsize: int = F32, mask: Mask = UNSHARED) -> FlashCost:
+               out_itemsize: int = F32, mask: Mask = UNSHARED, footprint=None) -> FlashCost:
     """The cost of a flash cascade of `dims` (batch, M, N, D) in blocks of tq x tk, its scores
     scaled and masked (read as `mask` says) or not, float32 or bf16 (S, P, l and r rounded as the layers
-    store them), its output of `out_itemsize` bytes an element, as lower.codegen.flash emits it (module doc)."""
+    store them), its output of `out_itemsize` bytes an element, as lower.codegen.flash emits it (module doc);
+    `footprint`: its (scratchpad, accumulator) bytes where the caller has them (search_blocks)."""
     b, m, n, d = dims
     resident = masked and mask.resident
     t = dict.fromkeys(("matrix", "vector", "vector_ops", "spad_r", "spad_w", "acc_r", "acc_w", "macs",
@@ -282,7 +283,7 @@ def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = F
     drain = sum(float(vector_cycles(v.elements, hw.vector_lanes, transcendental=v.transcendental,
                                     cycles_per_transcendental=hw.vector_cycles_per_transcendental))
                 for v in final_vectors(q0, d)) + dma_cycles(1, q0 * d * out_itemsize, hw)
-    spad, acc = local_bytes(flash_buffers(tq, tk, d, masked, bf16, n * resident))
+    spad, acc = footprint or local_bytes(flash_buffers(tq, tk, d, masked, bf16, n * resident))
     return FlashCost(fill + max(units.values()) + drain, int(loads + b * nq + t["instructions"]), acts, units,
                      int(spad), int(acc))
 
@@ -322,7 +323,8 @@ def match(graph, layout, excluded=frozenset()) -> list[Attention]:
                 or node_of(total.inputs[0], OpKind.ELEMENTWISE) is not e
                 or node_of(mx.inputs[0], OpKind.ELEMENTWISE if mask else OpKind.MATMUL) is not (mask or s)):
             continue
-        scaled = s.attr("epilogue") == (Step("mul", (0, 1)),) and len(s.inputs) == 3 and constant(s.inputs[2])
+        scaled = (s.attr("epilogue") == (Step("mul", (0, 1)),) and len(s.inputs) == 3
+                  and constant(s.inputs[2]) is not None)    # a scale of 0.0 is a scale
         plain = len(s.inputs) == 2 and not s.attr("epilogue")
         masked_scale = parts is not None and parts.scale is not None
         if not (scaled or plain) or masked_scale and (not plain or constant(parts.scale) is None):
@@ -372,14 +374,15 @@ def _layers_alone(a: Attention, tilings: dict, hw, objective: str) -> tuple[floa
 
 def search_blocks(m: int, n: int, buffers, cost, hw, objective: str):
     """The (query block, key block) of least objective whose `buffers(tq, tk)` fit the scratchpad and
-    the accumulator, with its (charged cycles, energy), or None; `cost(tq, tk)`: (charged cycles, actions)."""
+    the accumulator, with its (charged cycles, energy), or None; `cost(tq, tk, footprint)`: (charged cycles,
+    actions), given the (scratchpad, accumulator) bytes the fit was checked on, not computed twice."""
     best = None
     for tq in tile_sizes(m, MAX_COUNT):
         for tk in tile_sizes(n, MAX_COUNT):
             spad, acc = local_bytes(buffers(int(tq), int(tk)))
             if spad > hw.scratchpad_bytes or acc > hw.accumulator_bytes:
                 continue
-            charged, actions = cost(int(tq), int(tk))
+            charged, actions = cost(int(tq), int(tk), (spad, acc))
             energy = sum(energy_pj(actions, charged, hw).values())
             value = objective_of(charged, energy, objective)
             if best is None or value < best[0]:
@@ -392,8 +395,8 @@ def map_flash(dims, hw, objective: str, scale: bool = False, masked: bool = Fals
     """(the (tq, tk) of least objective that fits, with its (charged cycles, energy), or None; the way it
     reads its mask): a mask that several heads share is kept resident where that pays and fits."""
     def search(way: Mask):
-        def cost(tq: int, tk: int):
-            return flash_cost(dims, tq, tk, hw, scale, masked, bf16, out_itemsize, way).charged
+        def cost(tq: int, tk: int, footprint):
+            return flash_cost(dims, tq, tk, hw, scale, masked, bf16, out_itemsize, way, footprint).charged
         return search_blocks(dims[1], dims[2], lambda tq, tk: flash_buffers(
             tq, tk, dims[3], masked, bf16, dims[2] * way.resident), cost, hw, objective)
     return mask_ways(mask, masked, search, objective)

@@ -32,9 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from stagec.isa.instructions import MAX_COUNT, REQUANT_RECORD_BYTES, Space
-from stagec.isa.opcodes import TRANSCENDENTAL
-from stagec.sim.costs import matmul_cycles, vector_cycles
+from stagec.isa.instructions import MAX_COUNT, REQUANT_RECORD_BYTES, DType, Space, VectorFunc
+from stagec.sim.costs import matmul_cycles, vector_instruction_cycles
 from stagec.sim.energy import ActionCounts
 
 from ..codegen import tile_expr  # the emitter's own expression plan, so both count the same temporaries
@@ -44,11 +43,10 @@ from .buffers import Buffer, local_bytes, words
 from .cascade import CascadeRecord
 from .flash import UNSHARED, FlashCost, Mask, _sizes, mask_ways, pays, search_blocks
 from .nest_cost import dma_cycles
-from .tensors import DTYPE_OF
+from .tensors import DTYPE_OF, local_type
 
 F32 = 4
 RECORD = REQUANT_RECORD_BYTES    # a constant's slot: a record's size and alignment, at least
-HARD = {f.name.lower() for f in TRANSCENDENTAL}
 ROLES = ("scores", "max", "dequant", "exp", "sum", "recip", "quant", "pv")
 MASKED_ROLES = ("scores", "mask", "max", "exp", "sum", "recip", "quant", "pv")
 ROWS = ("m", "mf", "l", "r")     # per query row: the int8 max, its float (masked: the float max), the sum, 1/sum
@@ -212,7 +210,8 @@ def dims_of(p: Pattern) -> tuple[int, int, int, int]:
 
 
 class Shape(NamedTuple):
-    """What the cost and the buffers need of a pattern: dims, each member's expression steps (func names),
+    """What the cost and the buffers need of a pattern: dims, each member's expression steps (their
+    instructions' function, dtype, out_dtype: lower.codegen.tile_expr.step_instructions),
     the roles whose values round to bf16, the temporaries an expression needs, the output's bytes per
     element, the number of constants, the bytes of the largest and of them all, how it reads a mask
     (None: unmasked)."""
@@ -228,15 +227,23 @@ class Shape(NamedTuple):
     mask: Mask | None = None
 
 
+def _held(node) -> list[DType]:
+    """The element types of `node`'s expression inputs as lower.codegen.flash_int8 holds them: a MATMUL's
+    int32 accumulator, then its trailing inputs; each LOADed value as the vector unit holds it."""
+    first = 2 * (node.op == OpKind.MATMUL)
+    return [DType.I32] * (first // 2) + [local_type(DTYPE_OF[v.dtype]) for v in node.inputs[first:]]
+
+
 def shape_of(p: Pattern, graph, layout, resident: bool = False) -> Shape:
     """`p`'s Shape, a mask its heads share read `resident` or per key block."""
-    exprs = {role: expr_of(n) or () for role, n in zip(p.roles, p.nodes, strict=True) if n.op != OpKind.REDUCE}
+    steps = {role: tuple(tile_expr.step_instructions(expr_of(n) or (), _held(n)))
+             for role, n in zip(p.roles, p.nodes, strict=True) if n.op != OpKind.REDUCE}
     temps = max(tile_expr.plan(expr_of(n) or (), n_args(n), frozenset()).temps
                 for n in p.nodes if n.op != OpKind.REDUCE)
     consts = {v.id: v for n in p.nodes for v in constants(n, graph).values()}
     mask = p.mask and Mask(DTYPE_OF[p.mask_input(graph).dtype].itemsize,
                            shared_heads(p.mask_input(graph), Walk(graph, layout)), resident)
-    return Shape(dims_of(p), {role: tuple(s.func for s in e) for role, e in exprs.items()},
+    return Shape(dims_of(p), steps,
                  frozenset(r for r, n in zip(p.roles, p.nodes, strict=True) if n.output.dtype == "bfloat16"),
                  max(temps, 1), DTYPE_OF[p.pv.output.dtype].itemsize, len(consts),
                  -(-max((graph.constants[v].nbytes for v in consts), default=F32) // RECORD) * RECORD,
@@ -266,19 +273,22 @@ def int8_flash_buffers(sh: Shape, tq: int, tk: int) -> list[Buffer]:
 
 
 def _expr(sh: Shape, role: str, elements: int) -> list:
-    """(elements, transcendental) of the vector instructions of a member's expression over `elements`,
-    and of its bf16 rounding where the layers keep its value bf16.  A select COPYs its on_false first
-    (lower.codegen.tile_expr.emit; a mask's fill, a constant, is never computed in place)."""
+    """(elements, function, dtype, out_dtype, reduced run) of the vector instructions of a member's expression
+    over `elements`, and of its bf16 rounding where the layers keep its value bf16.  A select COPYs its
+    on_false first (lower.codegen.tile_expr.emit; a mask's fill, a constant, is never computed in place)."""
     steps = sh.steps.get(role, ())
-    return ([(elements, f in HARD) for f in steps] + [(elements, False)] * steps.count("select")
-            + 2 * [(elements, False)] * (role in sh.rounded))
+    return ([(elements, *ins, 1) for ins in steps]
+            + [(elements, VectorFunc.COPY, out, out, 1) for f, _, out in steps if f == VectorFunc.SELECT]
+            + [(elements, *ins, 1) for ins in tile_expr.ROUNDING] * (role in sh.rounded))
 
 
 def _block_vectors(sh: Shape, q: int, t: int) -> list:
     """One key block of t columns for q query rows (lower.codegen.flash_int8's): S's epilogue, the mask's
     expression, the running max, E's expression, its row sums, P's expression."""
-    return (_expr(sh, "scores", q * t) + _expr(sh, "mask", q * t) + [(q * t, False)] + _expr(sh, "exp", q * t)
-            + [(q * t, False)] + _expr(sh, "quant", q * t))
+    top = DType.F32 if sh.mask else DType.I8       # the max runs over the masked float scores, or the int8 ones
+    return (_expr(sh, "scores", q * t) + _expr(sh, "mask", q * t) + [(q * t, VectorFunc.RMAX, top, top, t)]
+            + _expr(sh, "exp", q * t) + [(q * t, VectorFunc.RSUM, DType.F32, DType.F32, t)]
+            + _expr(sh, "quant", q * t))
 
 
 def _end_vectors(sh: Shape, q: int, d: int) -> list:
@@ -286,18 +296,18 @@ def _end_vectors(sh: Shape, q: int, d: int) -> list:
     return _expr(sh, "dequant", q) + _expr(sh, "sum", q) + _expr(sh, "recip", q) + _expr(sh, "pv", q * d)
 
 
-def int8_flash_cost(sh: Shape, tq: int, tk: int, hw) -> FlashCost:
+def int8_flash_cost(sh: Shape, tq: int, tk: int, hw, footprint=None) -> FlashCost:
     """The cost of the cascade in blocks of tq x tk, as lower.codegen.flash_int8 emits it: cycles the
     busiest of the load queue, the DRAM channel, the array and the vector unit, plus the first block's
     loads.  Its instructions, DRAM bytes, MACs and vector ops are the program's exactly; its scratchpad
-    and accumulator bytes (energy only) an estimate."""
+    and accumulator bytes (energy only) an estimate; `footprint`: those bytes where the caller has them
+    (lower.schedule.flash.search_blocks)."""
     b, m, n, d = sh.dims
     t = dict.fromkeys(("matrix", "vector", "ops", "macs", "instructions"), 0.0)
 
     def add(vectors: list, times: int) -> None:
-        for elements, hard in vectors:
-            t["vector"] += times * float(vector_cycles(elements, hw.vector_lanes, transcendental=hard,
-                                                       cycles_per_transcendental=hw.vector_cycles_per_transcendental))
+        for elements, func, dtype, out_dtype, run in vectors:
+            t["vector"] += times * vector_instruction_cycles(func, dtype, out_dtype, elements, hw, run)
             t["ops"] += times * elements
         t["instructions"] += times * len(vectors)
 
@@ -329,7 +339,7 @@ def int8_flash_cost(sh: Shape, tq: int, tk: int, hw) -> FlashCost:
                         accumulator_write_bytes=t["macs"] * F32 / hw.array_rows, dram_read_bytes=read,
                         dram_write_bytes=written)
     return FlashCost(cycles, int(t["instructions"] + loads + b * nq), acts, units,
-                     *map(int, local_bytes(int8_flash_buffers(sh, tq, tk))))
+                     *map(int, footprint or local_bytes(int8_flash_buffers(sh, tq, tk))))
 
 
 def map_int8_flash(sh: Shape, hw, objective: str):
@@ -338,7 +348,8 @@ def map_int8_flash(sh: Shape, hw, objective: str):
     def search(way):
         shape = sh._replace(mask=way)
         return search_blocks(sh.dims[1], sh.dims[2], lambda tq, tk: int8_flash_buffers(shape, tq, tk),
-                             lambda tq, tk: int8_flash_cost(shape, tq, tk, hw).charged, hw, objective)
+                             lambda tq, tk, footprint: int8_flash_cost(shape, tq, tk, hw, footprint).charged, hw,
+                             objective)
     mapped, way = mask_ways(sh.mask or UNSHARED, sh.mask is not None, search, objective)
     return mapped, sh._replace(mask=sh.mask and way)
 

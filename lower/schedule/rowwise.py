@@ -28,9 +28,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from stagec.isa.instructions import MAX_COUNT, REQUANT_RECORD_BYTES, Space
-from stagec.isa.opcodes import TRANSCENDENTAL
-from stagec.sim.costs import vector_cycles
+from stagec.isa.instructions import MAX_COUNT, REQUANT_RECORD_BYTES, DType, Space, VectorFunc
+from stagec.sim.costs import vector_instruction_cycles
 from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..codegen import tile_expr  # the emitter's own expression plan, so both count the same temporaries
@@ -39,10 +38,9 @@ from .buffers import Buffer, local_bytes, words
 from .cascade import CascadeRecord
 from .nest_cost import dma_cycles
 from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
-from .tensors import DTYPE_OF
+from .tensors import DTYPE_OF, local_type
 
 F32 = 4
-HARD = {f.name.lower() for f in TRANSCENDENTAL}
 EXTERNAL = ("full", "row", "col", "scalar", "record")   # how an outside value is read: per block, or once
 FLOATS = ("float32", "bfloat16")
 
@@ -127,18 +125,23 @@ class RowCost(NamedTuple):
 
 
 def block_work(p: RowPlan, q: int) -> dict:
-    """One block of q rows: the bytes of each LOAD, vector (elements, transcendental, reduced run) and
-    the bytes of each STORE, as lower.codegen.rowwise emits them."""
+    """One block of q rows: the bytes of each LOAD, vector (elements, function, dtype, out_dtype, reduced
+    run) and the bytes of each STORE, as lower.codegen.rowwise emits them."""
     c = p.dims[1]
     width = {"full": q * c, "row": q}
     loads = [width[k] * itemsize(v) for k, v in p.externals.values() if k in ("full", "row")]
+    held = {m.node.output.id: m.node.output for m in p.members}
+
+    def local(a: Arg) -> DType:
+        return local_type(DTYPE_OF[(held[a.value] if a.kind == "member" else a.value).dtype])
     vectors = []
     for m in p.members:
-        if m.node.op == OpKind.REDUCE:
-            vectors.append((q * c, False, c))
+        if m.node.op == OpKind.REDUCE:   # float rows, held float32
+            vectors.append((q * c, VectorFunc[f"R{m.node.attr('func').upper()}"], DType.F32, DType.F32, c))
         else:
-            vectors += [(width[m.out], s.func in HARD, 1) for s in m.node.attr("expr")]
-        vectors += 2 * [(width[m.out], False, 1)] * (m.node.output.dtype == "bfloat16")   # rounded, widened back
+            vectors += [(width[m.out], *ins, 1)
+                        for ins in tile_expr.step_instructions(m.node.attr("expr"), [local(a) for a in m.args])]
+        vectors += [(width[m.out], *ins, 1) for ins in tile_expr.ROUNDING] * (m.node.output.dtype == "bfloat16")
     stores = [width[m.out] * itemsize(m.node.output) for m in p.members if m.node.output.id in p.stored]
     return {"loads": loads, "vectors": vectors, "stores": stores}
 
@@ -159,10 +162,8 @@ def row_cost(p: RowPlan, r: int, hw) -> RowCost:
         if q == 0 or times == 0:
             continue
         w = block_work(p, q)
-        for elements, hard, run in w["vectors"]:
-            t["vector"] += times * float(vector_cycles(elements, hw.vector_lanes, transcendental=hard,
-                                                       reduce_length=run,
-                                                       cycles_per_transcendental=hw.vector_cycles_per_transcendental))
+        for elements, func, dtype, out_dtype, run in w["vectors"]:
+            t["vector"] += times * vector_instruction_cycles(func, dtype, out_dtype, elements, hw, run)
             t["ops"] += times * elements
         t["loads"] += times * len(w["loads"])
         t["read"] += times * sum(w["loads"])
