@@ -6,7 +6,7 @@ depthwise -> 1x1 projection; its halo comes from DRAM, so it needs no overlap), 
 member after 1x1 ones (the first may be any convolution: a stem's), which then compute its input
 windows (lower.schedule.halo: the spatial tiles are the depthwise's output's, the members ahead tile
 its windows, recomputing the rows consecutive windows share or keeping them in a line buffer,
-`Cascade.halo`).  Its nest walks
+`Cascade.halo`; two depthwise members across a block boundary, their halos stacked).  Its nest walks
 spatial tiles of the common output (`Cascade.tile`: rows x columns; a matmul's rows are its M); per
 spatial tile each member runs its own nest's output-channel tiles (its TileMapping, whose spatial
 tile is the cascade's), the first reading its halo from DRAM, the others the previous member's whole

@@ -2,7 +2,8 @@
 
 A chain is a run of consecutive emitted pointwise layers (`member`; a depthwise one too, `follows`),
 each one's result read by the next alone (not a graph output, no other reader).  Each segment of a
-chain of up to MAX_MEMBERS layers gets its best cascade tiling (`map_cascade`: a grid of spatial
+chain of up to MAX_MEMBERS layers (MAX_SPAN with two depthwise members: across a block boundary,
+lower.schedule.halo's stacked halos, on a thinner grid) gets its best cascade tiling (`map_cascade`: a grid of spatial
 tiles crossed with each member's output-channel tile and weight residency, chunked or not
 (lower.schedule.cascade) and the halo strategy (lower.schedule.halo), what fits the scratchpad and
 accumulator, ranked by compile's objective of the cascade's cost); a chain is then

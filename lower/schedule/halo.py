@@ -36,6 +36,15 @@ side by side, padded before the first and past the last by what they read of the
 the windows'; exact where no other window reads padding, as the last but one does ahead of a last
 window too short to reach past the input); it takes the recompute strategy alone (`halos`).  Written
 over an ops namespace like the nest (lower.schedule.nest.Exact; costmodel.smooth.Relaxed).
+
+Across an inverted residual block's boundary a cascade holds two depthwise members (`halo_members`):
+the halos stack.  The spatial tiles are the last depthwise's output's; the members from the first
+depthwise on compute the last one's windows, and the members ahead of the first compute the windows
+of those windows: the two depthwise convolutions composed into one window (`compose`: kernel extent,
+stride and padding of the pair; `targets`, each member's window).  The first depthwise computes its
+output over the second's padding too (its `ahead_shape` over the second's windows, as a k x k lead's),
+which the mask of the member just ahead of the second zeroes; each member just ahead of a depthwise
+masks its own window.  Stacked halos recompute (`line_buffers`).
 """
 
 from __future__ import annotations
