@@ -6,6 +6,7 @@ both expanded ones never leave the chip.  Checked against PyTorch, the unfused p
 and a cascade that does not fit split."""
 
 import numpy as np
+import pytest
 import torch
 from helpers import check_cascade_cost, rel_err
 from hypothesis import given, settings
@@ -15,7 +16,7 @@ from test_int8_halo import int8_programs
 import stagec
 from stagec.isa import HardwareConfig
 from stagec.lower.schedule import cascade_map
-from stagec.lower.schedule.halo import RECOMPUTE, compose, halos, targets
+from stagec.lower.schedule.halo import LINE, RECOMPUTE, compose, halos, targets
 from stagec.lower.schedule.nest import ConvProblem, LayerShape, halo
 from stagec.pipeline import PIPELINE, Compilation, Request, position, run
 
@@ -57,16 +58,19 @@ def test_composed_windows_are_the_windows_of_the_windows(h, first, second, th):
     Ls = [pw, a, pw, pw, b, pw]
     assert [t if t is None else (t.kh, t.stride_h) for t in targets(Ls, np)] == \
         [(v.kh, v.stride_h), (b.kh, b.stride_h), (b.kh, b.stride_h), (b.kh, b.stride_h), None, None]
-    assert halos(Ls) == (RECOMPUTE,)     # stacked halos recompute
+    assert halos(Ls) == (RECOMPUTE, LINE)     # both windows share rows
 
 
-def test_two_blocks_are_one_cascade_priced_as_simulated_and_equal_to_the_unfused_program():
-    """The six layers run as one cascade, recomputing; its cost is the simulator's (tests/helpers.py:
-    check_cascade_cost); its output is PyTorch's and the unfused program's within 1e-5, moving less DRAM."""
+@pytest.mark.parametrize("strategy", [RECOMPUTE, LINE])
+def test_two_blocks_are_one_cascade_priced_as_simulated_and_equal_to_the_unfused_program(strategy, monkeypatch):
+    """The six layers run as one cascade, recomputing or line-buffered (both windows' shared rows); its
+    cost is the simulator's (tests/helpers.py:check_cascade_cost); its output is PyTorch's and the
+    unfused program's within 1e-5, moving less DRAM."""
+    monkeypatch.setattr(cascade_map, "HALOS", (strategy,))
     model, x = blocks()
     c = run(PIPELINE, Compilation(Request(model, (x,), hw=STARVED)))
     (cascade,) = c.schedule.cascades
-    assert len(cascade.layers) == 6 and cascade.halo == RECOMPUTE
+    assert len(cascade.layers) == 6 and cascade.halo == strategy
     check_cascade_cost(c, cascade, STARVED)
     y, report = stagec.simulate(c.program, x)
     alone = stagec.compile(model, (x,), hw=STARVED, fuse_layers=False)

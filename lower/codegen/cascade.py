@@ -101,12 +101,15 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
         share = {} if not chunked or i < chunk else \
             {"ins": [parts[j]]} if mb is last and mb.kind == "matrix" else {"outs": [parts[j]]}
         held = wins[i].halo(th, tw)[0] if wins[i] is not None else th    # the window's rows
-        if i == d - 1:
+        if i in masks:
             share["block"] = (held, at[4])
             if at[4]:   # the rows it shares with the window above (a line buffer's) copied forward
-                above = dw.halo(ms[d].tile_oh, tw)[0]
+                above = wins[i].halo(ms[d].tile_oh, tw)[0]
                 copy_forward(em, buffer(i, step - 1), above, into[0], held, at[3], at[4], mb.problem.o,
                              mb.mapping.tile_o, into[1])
+        if mb.kind == "depthwise" and i and wins[i] is not None:
+            # a stacked halo's first depthwise: its rows' halo starts below the window's shared rows
+            share["block"] = (wins[i - 1].halo(th, tw)[0], at[4] * mb.problem.stride[0])
         nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3], _store(em, last.out), inside, into, **share)
         if i in masks:
             mask = masks[i][k % len(masks[i])]

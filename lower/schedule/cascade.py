@@ -178,24 +178,24 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
     d = halo.depthwise_at(Ls)
     # each member ahead of a depthwise one tiles its window (its target's; a stacked halo's composed)
     wins = halo.targets(given, xp)
-    works = [matrix_work(L, m, hw, ops, halo.ahead_rows(dw, ms[d].tile_oh, ops, line) if dw is not None else None)
-             if L.kind == MATRIX else window_work(L, m, hw, ops) for L, m, dw in zip(Ls, ms, wins, strict=True)]
-    # the member just ahead of each depthwise one masks its window's padding (the last one's copies its
-    # line buffer's rows forward)
+    rows = [None if dw is None else halo.ahead_rows(dw, ms[d].tile_oh, ops, line) for dw in wins]
+    works = [(matrix_work if L.kind == MATRIX else window_work)(L, m, hw, ops, r)
+             for L, m, r in zip(Ls, ms, rows, strict=True)]
+    # the member just ahead of each depthwise one masks its window's padding and copies its line
+    # buffer's rows forward
     ahead = [h - 1 for h in halo.halo_members(Ls)]
     insides = {i: halo.inside(wins[i], ms[d], xp, line) for i in ahead}
     masks = [halo.mask_work(Ls[i], insides[i], works[i], hw, ops) for i in ahead]
-    mul_cycles = {i: m[1][1] for i, m in zip(ahead, masks, strict=True)}
-    copied, copy_cycles, _ = (halo.copy_work(Ls[d - 1], Ls[d], ms[d].tile_oh, works[d - 1], hw, ops, line) if d
-                              else (0, 0, 0))
+    copies_ = [halo.copy_work(Ls[i], wins[i], ms[d].tile_oh, works[i], hw, ops, line) for i in ahead]
+    vec_extra = {i: m[1][1] + c[1] for i, m, c in zip(ahead, masks, copies_, strict=True)}
     loads = tuple(sum(m[0][k] for m in masks) for k in range(2))
     store, startup, matrix, vector, step = works[-1].store, (0, 0), 0, 0, 0
     # the steps each member runs in: spatial tiles, a chunked cascade's chunks from its chunked member on
     spatial = Ls[-1].n * works[-1].dims.n_h * works[-1].dims.n_w
     chunks = 1 + chunked * (works[chunk_at(Ls)].dims.n_o - 1)
-    instructions = loads[0] + sum(m[1][0] for m in masks) + copied
+    instructions = loads[0] + sum(m[1][0] for m in masks) + sum(c[0] for c in copies_)
     acts = [halo.mask_actions(Ls[i], insides[i], works[i], hw, ops) for i in ahead]
-    acts += [halo.copy_actions(Ls[d - 1], Ls[d], ms[d].tile_oh, works[d - 1], hw, ops, line)] if d else []
+    acts += [halo.copy_actions(Ls[i], wins[i], ms[d].tile_oh, works[i], hw, ops, line) for i in ahead]
     for i, (L, m, w) in enumerate(zip(Ls, ms, works, strict=True)):
         on_array = (L.kind == MATRIX) * 1      # else a depthwise member: taps on the vector unit,
         window = w.halo if i == 0 else (0, 0)   # every weight loaded before the first tile
@@ -205,8 +205,8 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
         copy = copies(L) * (i < last)
         turned = (1 - on_array) * (i > 0) * m.dot   # a dot mapping's COPY turning each window
         turn_cycles, turn_elements = window_turn(L, w.dims, hw, ops)
-        vec = (w.epilogue + copy * w.groups + (1 - on_array) * w.compute + mul_cycles.get(i, 0)
-               + (i == d - 1) * copy_cycles + turned * turn_cycles)
+        vec = (w.epilogue + copy * w.groups + (1 - on_array) * w.compute + vec_extra.get(i, 0)
+               + turned * turn_cycles)
         tiles = xp.maximum(w.tiles, 1)
         # the next member's first MATMUL waits for this member's last output tile's vector work
         matrix = (matrix + on_array * (w.compute + waits(L, m, w, hw))

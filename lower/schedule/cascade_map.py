@@ -181,7 +181,8 @@ def map_cascade(nests, hw, objective: str) -> Mapped | None:
     charged, energy, value = _charged(cost.cycles, cost.instructions, cost.actions, hw, objective)
     shape = np.broadcast_shapes(*(np.shape(g) for g in grid))
     # a line buffer holds its rows' every channel (not chunked) and its windows' new rows read the input
-    legal = (line == 0) | ((chunked == 0) & line_reads_input(Ls[d], grid[1])) if lines.any() else True
+    reads = [line_reads_input(w, grid[1]) for w in targets(Ls, np) if w is not None]    # each window buffered
+    legal = (line == 0) | ((chunked == 0) & np.logical_and.reduce(reads)) if lines.any() else True
     fit = np.broadcast_to((cost.spad_bytes <= hw.scratchpad_bytes) & (cost.acc_bytes <= hw.accumulator_bytes)
                           & legal, shape)
     if not fit.any():

@@ -44,7 +44,9 @@ of those windows: the two depthwise convolutions composed into one window (`comp
 stride and padding of the pair; `targets`, each member's window).  The first depthwise computes its
 output over the second's padding too (its `ahead_shape` over the second's windows, as a k x k lead's),
 which the mask of the member just ahead of the second zeroes; each member just ahead of a depthwise
-masks its own window.  Stacked halos recompute (`line_buffers`).
+masks its own window.  A line buffer keeps both windows' shared rows: each member just ahead of a
+depthwise one copies its window's forward, the members between compute new rows only, the first
+depthwise reading its window's rows below the shared ones (lower.codegen.halo.computed).
 """
 
 from __future__ import annotations
@@ -119,9 +121,14 @@ def line_buffers(Ls):
     """Whether a cascade of members `Ls` may keep a line buffer: a depthwise member after its first whose
     consecutive windows share rows, and a pointwise first member (a k x k one's row tiles of unequal
     rows re-read unequal overlaps of its input, which the nest's halo count, over equal tiles, does not
-    price), the only one (stacked halos recompute).  Of arrays too (costmodel.fusion's relaxed choice)."""
-    d = depthwise_at(Ls)
-    return (overlap(Ls[d]) > 0) & pointwise(Ls[0]) if len(halo_members(Ls)) == 1 else False
+    price); stacked, every window the members ahead compute shares rows too (`targets`).  Of arrays too
+    (costmodel.fusion's relaxed choice)."""
+    if not depthwise_at(Ls):
+        return False
+    shares = pointwise(Ls[0])
+    for w in targets(Ls, np):
+        shares = shares & (overlap(w) > 0) if w is not None else shares
+    return shares
 
 
 def halos(Ls) -> tuple:
