@@ -6,7 +6,8 @@ DRAM; each member's output-channel tiles land in its intermediate (the epilogue 
 every channel there itself, else a COPY puts each tile at its channels), which is the next
 member's input, read in place as its halo; the last member STOREs.  Each member's instructions
 belong to its own layer.  Members after a depthwise one tile its output, the ones ahead its input
-windows (lower.codegen.halo; with a line buffer the tiles walk each column strip top to bottom).  A
+windows (lower.codegen.halo; with a line buffer the tiles walk each column strip top to bottom; two
+depthwise members: those ahead of the first compute the windows of its windows, lower.schedule.halo.targets).  A
 chunked cascade's steps are its spatial tiles' chunks: per chunk, the chunked member computes one
 output-channel tile, the members after it take it on, the last adding it to its sums
 (lower.schedule.cascade).  The steps are emitted software-pipelined
