@@ -68,8 +68,7 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
         em.layer, em.layer_name = mb.layer, mb.name
         own = {b.name: bases[f"{i}:{b.name}"] for b in bufs}
         inter.append(own.pop("intermediate", None))
-        if MASK in own:
-            masks[i] = own.pop(MASK)
+        masks.update({i: own.pop(MASK)} if MASK in own else {})
         if mb.kind == "depthwise":
             nest = WindowNest(em, "depthwise", mb.problem, mb.mapping, mb.x, mb.w, mb.epilogue, fill, own)
         else:
@@ -102,15 +101,14 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
         share = {} if not chunked or i < chunk else \
             {"ins": [parts[j]]} if mb is last and mb.kind == "matrix" else {"outs": [parts[j]]}
         held = wins[i].halo(th, tw)[0] if wins[i] is not None else th    # the window's rows
-        if i in masks:
-            share["block"] = (held, at[4])
-            if at[4]:   # the rows it shares with the window above (a line buffer's) copied forward
-                above = wins[i].halo(ms[d].tile_oh, tw)[0]
-                copy_forward(em, buffer(i, step - 1), above, into[0], held, at[3], at[4], mb.problem.o,
-                             mb.mapping.tile_o, into[1])
-        if mb.kind == "depthwise" and i and wins[i] is not None:
-            # a stacked halo's first depthwise: its rows' halo starts below the window's shared rows
-            share["block"] = (wins[i - 1].halo(th, tw)[0], at[4] * mb.problem.stride[0])
+        if i in masks and at[4]:   # the rows it shares with the window above (a line buffer's) copied forward
+            copy_forward(em, buffer(i, step - 1), wins[i].halo(ms[d].tile_oh, tw)[0], into[0], held, at[3], at[4],
+                         mb.problem.o, mb.mapping.tile_o, into[1])
+        if i in masks or mb.kind == "depthwise" and i and wins[i] is not None:
+            # the rows computed lie below the shared ones in the window (a stacked halo's first depthwise
+            # reads its window's from there, at its stride)
+            share["block"] = (held, at[4]) if i in masks else (wins[i - 1].halo(th, tw)[0],
+                                                                at[4] * mb.problem.stride[0])
         nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3], _store(em, last.out), inside, into, **share)
         if i in masks:
             mask = masks[i][k % len(masks[i])]
