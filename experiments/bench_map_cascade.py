@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench_fusion import CONFIGS, MODELS
 
-from stagec.lower.schedule.cascade import MAX_MEMBERS
+from stagec.lower.schedule.cascade import MAX_SPAN
 from stagec.lower.schedule.cascade_map import chains, map_cascade
 from stagec.pipeline import PIPELINE, Compilation, Request, position, run
 
@@ -40,7 +40,7 @@ def measure(name: str, full: bool, repeat: int) -> dict:
     segments = []
     for found in chains(c.graph, c.layout, tilings, frozenset()):
         nests = [tilings[node.name].nests[0] for node in found]
-        segments += [nests[i:j] for j in range(2, len(nests) + 1) for i in range(max(0, j - MAX_MEMBERS), j - 1)]
+        segments += [nests[i:j] for j in range(2, len(nests) + 1) for i in range(max(0, j - MAX_SPAN), j - 1)]
     best = float("inf")
     for _ in range(repeat):
         t = time.process_time()

@@ -6,7 +6,8 @@ DRAM; each member's output-channel tiles land in its intermediate (the epilogue 
 every channel there itself, else a COPY puts each tile at its channels), which is the next
 member's input, read in place as its halo; the last member STOREs.  Each member's instructions
 belong to its own layer.  Members after a depthwise one tile its output, the ones ahead its input
-windows (lower.codegen.halo; with a line buffer the tiles walk each column strip top to bottom).  A
+windows (lower.codegen.halo; with a line buffer the tiles walk each column strip top to bottom; two
+depthwise members: those ahead of the first compute the windows of its windows, lower.schedule.halo.targets).  A
 chunked cascade's steps are its spatial tiles' chunks: per chunk, the chunked member computes one
 output-channel tile, the members after it take it on, the last adding it to its sums
 (lower.schedule.cascade).  The steps are emitted software-pipelined
@@ -22,10 +23,10 @@ import numpy as np
 
 from ..schedule.buffers import EpilogueLayout
 from ..schedule.cascade import cascade_buffers, member_buffers
-from ..schedule.halo import MASK, depthwise_at
+from ..schedule.halo import MASK, depthwise_at, targets
 from ..schedule.nest import ConvProblem, LayerShape, TileMapping, tiles
 from ..schedule.tensors import DramTensor
-from .halo import apply_mask, computed, copy_forward, load_mask, padded
+from .halo import apply_mask, computed, copy_forward, load_mask, padded, problem_of
 from .matrix import OUT_AXES, _ConvNest
 from .window import WindowNest
 
@@ -54,18 +55,20 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
     ms = [mb.mapping for mb in members]
     d = depthwise_at(Ls)
     dw = members[d].problem
-    # members ahead of a depthwise one compute its padded input windows (lower.codegen.halo)
-    members = [dataclasses.replace(mb, problem=padded(mb.problem, dw)) if i < d else mb
-               for i, mb in enumerate(members)]
+    # members ahead of a depthwise one compute its padded input windows (lower.codegen.halo; a stacked
+    # halo's: the windows of the depthwise windows after them, composed)
+    wins = [None if t is None else problem_of(t) for t in targets(Ls, np)]
+    members = [dataclasses.replace(mb, problem=padded(mb.problem, t)) if t is not None else mb
+               for mb, t in zip(members, wins, strict=True)]
     em.layer, em.layer_name = members[0].layer, members[0].name
     chunked = chunk is not None
     bases = em.allocate(cascade_buffers(Ls, ms, np, chunked))
-    nests, epis, inter, masks = [], [], [], []
+    nests, epis, inter, masks = [], [], [], {}
     for i, (mb, bufs) in enumerate(zip(members, member_buffers(Ls, ms, np, chunked), strict=True)):
         em.layer, em.layer_name = mb.layer, mb.name
         own = {b.name: bases[f"{i}:{b.name}"] for b in bufs}
         inter.append(own.pop("intermediate", None))
-        masks = own.pop(MASK, masks)
+        masks.update({i: own.pop(MASK)} if MASK in own else {})
         if mb.kind == "depthwise":
             nest = WindowNest(em, "depthwise", mb.problem, mb.mapping, mb.x, mb.w, mb.epilogue, fill, own)
         else:
@@ -94,22 +97,24 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
         # the next member reads its input as its weights' type (bf16 too: the array's and a depthwise's taps)
         into = None if mb is last else (buffer(i, step), members[i + 1].w.dtype)
         inside = buffer(i - 1, step) if i else None
-        at = computed(dw, oh0, th, ow0, tw, line) if i < d else (oh0, ow0, th, tw, 0)
+        at = computed(wins[i], oh0, th, ow0, tw, line) if wins[i] is not None else (oh0, ow0, th, tw, 0)
         share = {} if not chunked or i < chunk else \
             {"ins": [parts[j]]} if mb is last and mb.kind == "matrix" else {"outs": [parts[j]]}
-        held = dw.halo(th, tw)[0]     # the window's rows
-        if i == d - 1:
-            share["block"] = (held, at[4])
-            if at[4]:   # the rows it shares with the window above (a line buffer's) copied forward
-                above = dw.halo(ms[d].tile_oh, tw)[0]
-                copy_forward(em, buffer(i, step - 1), above, into[0], held, at[3], at[4], mb.problem.o,
-                             mb.mapping.tile_o, into[1])
+        held = wins[i].halo(th, tw)[0] if wins[i] is not None else th    # the window's rows
+        if i in masks and at[4]:   # the rows it shares with the window above (a line buffer's) copied forward
+            copy_forward(em, buffer(i, step - 1), wins[i].halo(ms[d].tile_oh, tw)[0], into[0], held, at[3], at[4],
+                         mb.problem.o, mb.mapping.tile_o, into[1])
+        if i in masks or mb.kind == "depthwise" and i and wins[i] is not None:
+            # the rows computed lie below the shared ones in the window (a stacked halo's first depthwise
+            # reads its window's from there, at its stride)
+            share["block"] = (held, at[4]) if i in masks else (wins[i - 1].halo(th, tw)[0],
+                                                                at[4] * mb.problem.stride[0])
         nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3], _store(em, last.out), inside, into, **share)
-        if i == d - 1:
-            mask = masks[k % len(masks)]
+        if i in masks:
+            mask = masks[i][k % len(masks[i])]
             if not j:
-                load_mask(em, dw, mask, at, into[1])
-            o, tile_o = (parts[j][1],) * 2 if chunked else (mb.problem.o, mb.mapping.tile_o)
+                load_mask(em, wins[i], mask, at, into[1])
+            o, tile_o = (parts[j][1],) * 2 if chunked and i >= chunk else (mb.problem.o, mb.mapping.tile_o)
             apply_mask(em, into[0], mask, at, held, o, tile_o, into[1])
 
     # Software-pipelined: step s runs member i on step s - i, so that each unit's in-order queue finds

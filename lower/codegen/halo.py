@@ -24,6 +24,13 @@ from ..schedule.nest import ConvProblem, LayerShape, tiles
 from ..schedule.tensors import DramTensor
 
 
+def problem_of(L: LayerShape) -> ConvProblem:
+    """The window LayerShape `L` (a depthwise member's, or stacked ones composed: lower.schedule.halo.targets)
+    as the problem the halo's emission walks: its input, kernel extent, stride and padding."""
+    return ConvProblem(L.n, L.c, L.h, L.w, L.o, L.kh, L.kw, (L.stride_h, L.stride_w),
+                       ((L.pad_top, L.pad_bottom), (L.pad_left, L.pad_right)), (L.dilation_h, L.dilation_w))
+
+
 def padded(p: ConvProblem, dw: ConvProblem) -> ConvProblem:
     """A member ahead of depthwise `dw` as emitted: its output dw's input padded as far as the windows
     read, its input extended by the padding that reads (lower.schedule.halo.ahead_shape of one window

@@ -85,20 +85,24 @@ class WindowNest:
         self.w_bases = {c0: self.load_weights(c0, tc) for c0, tc in tiles(self.p.o, self.m.tile_o)}
         return self.epilogue(extras)
 
-    def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None, outs=None) -> None:
+    def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None, outs=None,
+                     block=None) -> None:
         """A spatial tile's channel tiles (those of `outs` where given: a chunked cascade's chunk), as
         lower.codegen.matrix's nest runs them in a cascade: each written by write(n, c0, oh0, ow0, counts,
         result), or, `into` = (base, type), by its epilogue into the scratchpad there, channel tiles one
         after another.  `inside`: the scratchpad base of the input windows, padding included, channel
-        tiles one after another (lower.codegen.halo), or None: DRAM."""
+        tiles one after another (lower.codegen.halo), or None: DRAM; `block`: (rows each channel tile
+        holds there, the row the tile's halo starts at) where that is more than its halo (a line-buffered
+        window below its shared rows), else (its halo's rows, 0)."""
         c_tiles = tiles(self.p.o, self.m.tile_o) if outs is None else outs
         ih, iw = self.p.halo(th, tw)
+        held, row0 = block or (ih, 0)
         for c0, tc in c_tiles:
             final, at = None, c0 - c_tiles[0][0]
             if into is not None:
                 base, dtype = into
                 final = tile_expr.LocalTile(Space.SPAD, base + at * th * tw * dtype.itemsize, (th, tw, tc), dtype)
-            window = None if inside is None else inside + at * ih * iw * self.x.dtype.itemsize
+            window = None if inside is None else inside + (at * held + row0 * tc) * iw * self.x.dtype.itemsize
             result = self.tile(epi, n, oh0, th, ow0, tw, c0, tc, self.w_bases[c0], final, window)
             if into is None:
                 write(n, c0, oh0, ow0, (th, tw, tc), result)

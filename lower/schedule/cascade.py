@@ -6,7 +6,7 @@ depthwise -> 1x1 projection; its halo comes from DRAM, so it needs no overlap), 
 member after 1x1 ones (the first may be any convolution: a stem's), which then compute its input
 windows (lower.schedule.halo: the spatial tiles are the depthwise's output's, the members ahead tile
 its windows, recomputing the rows consecutive windows share or keeping them in a line buffer,
-`Cascade.halo`).  Its nest walks
+`Cascade.halo`; two depthwise members across a block boundary, their halos stacked).  Its nest walks
 spatial tiles of the common output (`Cascade.tile`: rows x columns; a matmul's rows are its M); per
 spatial tile each member runs its own nest's output-channel tiles (its TileMapping, whose spatial
 tile is the cascade's), the first reading its halo from DRAM, the others the previous member's whole
@@ -53,6 +53,7 @@ from .nest_energy import actions
 from .nest_work import matrix_buffers, matrix_work, waits, window_buffers, window_turn, window_work
 
 MAX_MEMBERS = 3     # layers per cascade the mapper considers (its grid grows with each one's tile choices)
+MAX_SPAN = 6        # ... across a block boundary (two depthwise members; expand, depthwise, project twice)
 
 
 class CascadeRecord:
@@ -131,7 +132,7 @@ def member_buffers(Ls, ms, xp, chunked=0) -> list[list[Buffer]]:
     a depthwise member holds every channel tile's weights) and, but for the last, its intermediate (a
     chunk's where `chunked`); the member just ahead of a depthwise one, its masks (lower.schedule.halo)."""
     out = []
-    d = halo.depthwise_at(Ls)
+    ahead = [h - 1 for h in halo.halo_members(Ls)]
     chunk = chunk_members(Ls, chunked)
     for i, (L, m) in enumerate(zip(halo.ahead_shapes(Ls, ms, xp), ms, strict=True)):
         if L.kind == MATRIX:
@@ -143,7 +144,7 @@ def member_buffers(Ls, ms, xp, chunked=0) -> list[list[Buffer]]:
         own = [b if i == 0 or b.name != "halo" else dataclasses.replace(b, count=b.count * m.dot) for b in own
                if i == 0 or b.name != "halo" or L.kind != MATRIX]
         out.append(own + ([intermediate(L, m, chunk[i])] if i < len(Ls) - 1 else [])
-                   + ([halo.mask_buffer(L, m)] if i == d - 1 else []))
+                   + ([halo.mask_buffer(L, m)] if i in ahead else []))
     return out
 
 
@@ -173,23 +174,28 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
     tilings (halo.ahead_rows)."""
     xp = ops.xp
     last = len(Ls) - 1
-    Ls = halo.ahead_shapes(Ls, ms, xp, line)
+    given, Ls = Ls, halo.ahead_shapes(Ls, ms, xp, line)
     d = halo.depthwise_at(Ls)
-    rows = halo.ahead_rows(Ls[d], ms[d].tile_oh, ops, line) if d else None
-    works = [matrix_work(L, m, hw, ops, rows if i < d else None) if L.kind == MATRIX else window_work(L, m, hw, ops)
-             for i, (L, m) in enumerate(zip(Ls, ms, strict=True))]
-    inside = halo.inside(Ls[d], ms[d], xp, line) if d else 0
-    masks, (muls, mul_cycles, _) = halo.mask_work(Ls[d - 1], inside, works[d - 1], hw, ops) if d else \
-        ((0, 0), (0, 0, 0))
-    copied, copy_cycles, _ = (halo.copy_work(Ls[d - 1], Ls[d], ms[d].tile_oh, works[d - 1], hw, ops, line) if d
-                              else (0, 0, 0))
-    loads, store, startup, matrix, vector, step = masks, works[-1].store, (0, 0), 0, 0, 0
+    # each member ahead of a depthwise one tiles its window (its target's; a stacked halo's composed)
+    wins = halo.targets(given, xp)
+    rows = [None if dw is None else halo.ahead_rows(dw, ms[d].tile_oh, ops, line) for dw in wins]
+    works = [(matrix_work if L.kind == MATRIX else window_work)(L, m, hw, ops, r)
+             for L, m, r in zip(Ls, ms, rows, strict=True)]
+    # the member just ahead of each depthwise one masks its window's padding and copies its line
+    # buffer's rows forward
+    ahead = [h - 1 for h in halo.halo_members(Ls)]
+    insides = {i: halo.inside(wins[i], ms[d], xp, line) for i in ahead}
+    masks = [halo.mask_work(Ls[i], insides[i], works[i], hw, ops) for i in ahead]
+    copies_ = [halo.copy_work(Ls[i], wins[i], ms[d].tile_oh, works[i], hw, ops, line) for i in ahead]
+    vec_extra = {i: m[1][1] + c[1] for i, m, c in zip(ahead, masks, copies_, strict=True)}
+    loads = tuple(sum(m[0][k] for m in masks) for k in range(2))
+    store, startup, matrix, vector, step = works[-1].store, (0, 0), 0, 0, 0
     # the steps each member runs in: spatial tiles, a chunked cascade's chunks from its chunked member on
     spatial = Ls[-1].n * works[-1].dims.n_h * works[-1].dims.n_w
     chunks = 1 + chunked * (works[chunk_at(Ls)].dims.n_o - 1)
-    instructions = masks[0] + muls + copied
-    acts = [halo.mask_actions(Ls[d - 1], inside, works[d - 1], hw, ops)] if d else []
-    acts += [halo.copy_actions(Ls[d - 1], Ls[d], ms[d].tile_oh, works[d - 1], hw, ops, line)] if d else []
+    instructions = loads[0] + sum(m[1][0] for m in masks) + sum(c[0] for c in copies_)
+    acts = [halo.mask_actions(Ls[i], insides[i], works[i], hw, ops) for i in ahead]
+    acts += [halo.copy_actions(Ls[i], wins[i], ms[d].tile_oh, works[i], hw, ops, line) for i in ahead]
     for i, (L, m, w) in enumerate(zip(Ls, ms, works, strict=True)):
         on_array = (L.kind == MATRIX) * 1      # else a depthwise member: taps on the vector unit,
         window = w.halo if i == 0 else (0, 0)   # every weight loaded before the first tile
@@ -199,7 +205,7 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
         copy = copies(L) * (i < last)
         turned = (1 - on_array) * (i > 0) * m.dot   # a dot mapping's COPY turning each window
         turn_cycles, turn_elements = window_turn(L, w.dims, hw, ops)
-        vec = (w.epilogue + copy * w.groups + (1 - on_array) * w.compute + (i == d - 1) * (mul_cycles + copy_cycles)
+        vec = (w.epilogue + copy * w.groups + (1 - on_array) * w.compute + vec_extra.get(i, 0)
                + turned * turn_cycles)
         tiles = xp.maximum(w.tiles, 1)
         # the next member's first MATMUL waits for this member's last output tile's vector work
@@ -223,7 +229,7 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
     # steady period (its total over the steps) takes over, and that first pass is all the cost of a
     # cascade of few steps
     ramp = ops.max(step - busiest / (spatial * chunks), 0)
-    spad, acc = local_bytes(cascade_buffers(Ls, ms, xp, chunked))
+    spad, acc = local_bytes(cascade_buffers(given, ms, xp, chunked))
     total = ActionCounts(**{k: sum(a.get(k, 0) for a in acts) for k in acts[-1]})
     return CascadeCost(dma_cycles(*startup, hw) + fill + busiest + ramp + drain, instructions, total, units, spad,
                        acc)

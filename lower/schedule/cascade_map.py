@@ -2,7 +2,8 @@
 
 A chain is a run of consecutive emitted pointwise layers (`member`; a depthwise one too, `follows`),
 each one's result read by the next alone (not a graph output, no other reader).  Each segment of a
-chain of up to MAX_MEMBERS layers gets its best cascade tiling (`map_cascade`: a grid of spatial
+chain of up to MAX_MEMBERS layers (MAX_SPAN with two depthwise members: across a block boundary,
+lower.schedule.halo's stacked halos, on a thinner grid) gets its best cascade tiling (`map_cascade`: a grid of spatial
 tiles crossed with each member's output-channel tile and weight residency, chunked or not
 (lower.schedule.cascade) and the halo strategy (lower.schedule.halo), what fits the scratchpad and
 accumulator, ranked by compile's objective of the cascade's cost); a chain is then
@@ -23,8 +24,8 @@ from stagec.isa.instructions import MAX_COUNT
 from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..graph.graph_ir import OpKind
-from .cascade import MAX_MEMBERS, Cascade, cascade_cost, chunk_at
-from .halo import LINE, depthwise_at, halos, line_reads_input, pointwise, window_tile
+from .cascade import MAX_MEMBERS, MAX_SPAN, Cascade, cascade_cost, chunk_at
+from .halo import LINE, depthwise_at, halo_members, halos, line_reads_input, pointwise, targets, window_tile
 from .nest import MATRIX, Exact, LayerShape, TileMapping, dots
 from .nest_cost import nest_cost
 from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
@@ -118,11 +119,13 @@ def _mappings(Ls, axes, double) -> list[TileMapping]:
     tiles the one before's; a member ahead of a depthwise one tiles its input windows
     (lower.schedule.halo); chunked, the last matrix member's output tile is all its channels."""
     th, tw = axes[0], axes[1]
-    d = depthwise_at(Ls)
-    outs = [axes[2 + 2 * (i - 1)] if d and i == d else axes[2 + 2 * i] for i in range(len(Ls))]
+    outs = [axes[2 + 2 * i] for i in range(len(Ls))]
+    for d in halo_members(Ls):
+        outs[d] = outs[d - 1]
     if Ls[-1].kind == MATRIX:
         outs[-1] = axes[-1] * Ls[-1].o + (1 - axes[-1]) * outs[-1]   # numbers, grids or relaxed (costmodel.fusion)
-    return [TileMapping(*(window_tile(Ls[d], th, tw) if i < d else (th, tw)), outs[i],
+    wins = targets(Ls, np)
+    return [TileMapping(*(window_tile(wins[i], th, tw) if wins[i] is not None else (th, tw)), outs[i],
                         outs[i - 1] if i else L.c if L.kind == MATRIX else 1, double,
                         axes[3 + 2 * i] if L.kind == MATRIX else False, axes[-2] if i == len(Ls) - 1 else 0,
                         dot=False if L.kind == MATRIX else axes[3 + 2 * i])
@@ -147,16 +150,25 @@ def map_cascade(nests, hw, objective: str) -> Mapped | None:
     one grid over both halo strategies (lower.schedule.halo; those of HALOS where set), a `line` axis."""
     Ls = [LayerShape.of(nest.kind, nest.problem, nest.extras) for nest in nests]
     strategies = [h for h in halos(Ls) if h is None or HALOS is None or h in HALOS]
-    if max(L.c for L in Ls) > MAX_COUNT or sum(L.kind != MATRIX for L in Ls) > 1 or not strategies:   # one halo
+    hs = halo_members(Ls)
+    # a depthwise member leads or follows a matrix one; more than MAX_MEMBERS only across a block
+    # boundary (two depthwise members: stacked halos)
+    windowed = sum(L.kind != MATRIX for L in Ls)
+    if (max(L.c for L in Ls) > MAX_COUNT or windowed > 2 or len(Ls) > MAX_MEMBERS and windowed < 2
+            or not strategies or any(Ls[h - 1].kind != MATRIX for h in hs)):
         return None
-    if not all(L.kind != MATRIX or pointwise(L) or not i and depthwise_at(Ls) == 1 for i, L in enumerate(Ls)):
-        return None     # a k x k convolution leads a cascade, just ahead of its depthwise member
+    if not all(L.kind != MATRIX or pointwise(L) or not i and hs[:1] == [1] for i, L in enumerate(Ls)):
+        return None     # a k x k convolution leads a cascade, just ahead of its first depthwise member
     d = depthwise_at(Ls)
     axes = [tile_sizes(Ls[d].oh), tile_sizes(Ls[d].ow)]
     for i, L in enumerate(Ls):   # output-channel tiles (a depthwise member's after the first: the one
-        # ahead's), weight residency (a depthwise member's are whole, held throughout: its dot mapping)
-        axes += [np.array([0]) if d and i == d else _options(L.o, hw.array_cols),
-                 np.array([1, 0] if L.kind == MATRIX else [0, 1] if dots(L) else [0])]
+        # ahead's), weight residency (a depthwise member's are whole, held throughout: its dot mapping);
+        # a long cascade's members before the last: resident weights, three tiles at most (its grid)
+        long = len(Ls) > MAX_MEMBERS and i < len(Ls) - 1
+        sizes = _options(L.o, hw.array_cols)
+        sizes = sizes[np.unique([0, len(sizes) // 2, len(sizes) - 1])] if long else sizes
+        axes += [np.array([0]) if i in hs else sizes,
+                 np.array([1] if long else [1, 0]) if L.kind == MATRIX else np.array([0, 1] if dots(L) else [0])]
     # the last member's single accumulator tile (a chunked one's holds every channel); chunked (its
     # last MATMULs' n is the o)
     axes += [np.array([0, 1] if Ls[-1].kind == MATRIX else [0]), np.array([0, 1] if Ls[-1].o <= MAX_COUNT else [0])]
@@ -169,7 +181,8 @@ def map_cascade(nests, hw, objective: str) -> Mapped | None:
     charged, energy, value = _charged(cost.cycles, cost.instructions, cost.actions, hw, objective)
     shape = np.broadcast_shapes(*(np.shape(g) for g in grid))
     # a line buffer holds its rows' every channel (not chunked) and its windows' new rows read the input
-    legal = (line == 0) | ((chunked == 0) & line_reads_input(Ls[d], grid[1])) if lines.any() else True
+    reads = [line_reads_input(w, grid[1]) for w in targets(Ls, np) if w is not None]    # each window buffered
+    legal = (line == 0) | ((chunked == 0) & np.logical_and.reduce(reads)) if lines.any() else True
     fit = np.broadcast_to((cost.spad_bytes <= hw.scratchpad_bytes) & (cost.acc_bytes <= hw.accumulator_bytes)
                           & legal, shape)
     if not fit.any():
@@ -210,7 +223,7 @@ def choose_cascades(graph, layout, tilings: dict, hw, objective: str, excluded) 
         for j in range(1, len(run) + 1):
             cycles, energy, cut = best[j - 1]
             options = [(cycles + alone[j - 1][0], energy + alone[j - 1][1], cut)]
-            for i in range(max(0, j - MAX_MEMBERS), j - 1):
+            for i in range(max(0, j - MAX_SPAN), j - 1):
                 mapped = map_cascade(nests[i:j], hw, objective)
                 if mapped is not None:
                     cascade = Cascade(tuple(n.name for n in run[i:j]), mapped.tile, mapped.mappings,

@@ -36,11 +36,23 @@ side by side, padded before the first and past the last by what they read of the
 the windows'; exact where no other window reads padding, as the last but one does ahead of a last
 window too short to reach past the input); it takes the recompute strategy alone (`halos`).  Written
 over an ops namespace like the nest (lower.schedule.nest.Exact; costmodel.smooth.Relaxed).
+
+Across an inverted residual block's boundary a cascade holds two depthwise members (`halo_members`):
+the halos stack.  The spatial tiles are the last depthwise's output's; the members from the first
+depthwise on compute the last one's windows, and the members ahead of the first compute the windows
+of those windows: the two depthwise convolutions composed into one window (`compose`: kernel extent,
+stride and padding of the pair; `targets`, each member's window).  The first depthwise computes its
+output over the second's padding too (its `ahead_shape` over the second's windows, as a k x k lead's),
+which the mask of the member just ahead of the second zeroes; each member just ahead of a depthwise
+masks its own window.  A line buffer keeps both windows' shared rows: each member just ahead of a
+depthwise one copies its window's forward, the members between compute new rows only, the first
+depthwise reading its window's rows below the shared ones (lower.codegen.halo.computed).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -55,9 +67,41 @@ RECOMPUTE = "recompute"     # the halo strategies (module doc)
 LINE = "line buffer"
 
 
+def halo_members(Ls) -> list:
+    """The indices of a cascade's depthwise members after its first: each has the members before it
+    compute its input windows (two across an inverted residual block's boundary)."""
+    return [i for i, L in enumerate(Ls) if i and int(L.kind) == DEPTHWISE]
+
+
 def depthwise_at(Ls) -> int:
-    """The index of a cascade's depthwise member after its first, 0 if it has none."""
-    return next((i for i, L in enumerate(Ls) if i and int(L.kind) == DEPTHWISE), 0)
+    """The index of a cascade's last depthwise member after its first (whose output tiles are the
+    cascade's spatial tiles), 0 if it has none."""
+    return (halo_members(Ls) or [0])[-1]
+
+
+def compose(a: LayerShape, b: LayerShape, xp) -> LayerShape:
+    """Depthwise `a` then depthwise `b` as one window over a's input (stacked halos): a window of b's
+    input is computed by a from a's halo of it, so the members ahead of `a` compute b's windows'
+    windows.  Its padding: a's below b's, scaled by a's stride; past the end as far as b's last
+    window reaches (what lies beyond a's own padding feeds only b's padding, which the mask zeroes)."""
+    ext_h, ext_w = ((b.kh - 1) * b.dilation_h) * a.stride_h + (a.kh - 1) * a.dilation_h + 1, \
+        ((b.kw - 1) * b.dilation_w) * a.stride_w + (a.kw - 1) * a.dilation_w + 1
+    sh, sw = a.stride_h * b.stride_h, a.stride_w * b.stride_w
+    top, left = b.pad_top * a.stride_h + a.pad_top, b.pad_left * a.stride_w + a.pad_left
+    return dataclasses.replace(a, kh=ext_h, kw=ext_w, stride_h=sh, stride_w=sw, dilation_h=1, dilation_w=1,
+                               pad_top=top, pad_left=left,
+                               pad_bottom=xp.maximum((b.oh - 1) * sh + ext_h - top - a.h, 0),
+                               pad_right=xp.maximum((b.ow - 1) * sw + ext_w - left - a.w, 0))
+
+
+def targets(Ls, xp) -> list:
+    """Per member, the depthwise window it computes: the halo_members after it composed (`compose`),
+    None for the last depthwise member and those after it."""
+    out = []
+    for i in range(len(Ls)):
+        after = [Ls[d] for d in halo_members(Ls) if d > i]
+        out.append(functools.reduce(lambda b, a: compose(a, b, xp), after[-2::-1], after[-1]) if after else None)
+    return out
 
 
 def overlap(dw: LayerShape):
@@ -77,9 +121,14 @@ def line_buffers(Ls):
     """Whether a cascade of members `Ls` may keep a line buffer: a depthwise member after its first whose
     consecutive windows share rows, and a pointwise first member (a k x k one's row tiles of unequal
     rows re-read unequal overlaps of its input, which the nest's halo count, over equal tiles, does not
-    price).  Of arrays too (costmodel.fusion's relaxed choice)."""
-    d = depthwise_at(Ls)
-    return (overlap(Ls[d]) > 0) & pointwise(Ls[0]) if d else False
+    price); stacked, every window the members ahead compute shares rows too (`targets`).  Of arrays too
+    (costmodel.fusion's relaxed choice)."""
+    if not depthwise_at(Ls):
+        return False
+    shares = pointwise(Ls[0])
+    for w in targets(Ls, np):
+        shares = shares & (overlap(w) > 0) if w is not None else shares
+    return shares
 
 
 def halos(Ls) -> tuple:
@@ -172,11 +221,12 @@ def ahead_shape(L: LayerShape, dw: LayerShape, th, tw, xp, line=0) -> LayerShape
 
 
 def ahead_shapes(Ls, ms, xp, line=0) -> list:
-    """`Ls` with the members ahead of a depthwise (if any) as ahead_shape prices them (applied again, the same
+    """`Ls` with the members ahead of a depthwise (if any) as ahead_shape prices them, each over its
+    `targets` window (applied again, the same
     output tiles and buffers: member_buffers applies it to what cascade_cost did)."""
     d = depthwise_at(Ls)
-    return [ahead_shape(L, Ls[d], ms[d].tile_oh, ms[d].tile_ow, xp, line) if i < d else L
-            for i, L in enumerate(Ls)]
+    return [ahead_shape(L, dw, ms[d].tile_oh, ms[d].tile_ow, xp, line) if dw is not None else L
+            for L, dw in zip(Ls, targets(Ls, xp), strict=True)]
 
 
 def mask_buffer(L: LayerShape, m) -> Buffer:

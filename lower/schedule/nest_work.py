@@ -301,12 +301,12 @@ def window_halos(L: LayerShape, d: Dims, m: TileMapping, ops):
     return L.n * d.n_h * d.n_w * d.n_o, per_column * rows * cols, per_column * padded_rows * padded_cols
 
 
-def window_work(L: LayerShape, m: TileMapping, hw, ops) -> Work:
+def window_work(L: LayerShape, m: TileMapping, hw, ops, rows=None) -> Work:
     """The vector-unit nest of a depthwise conv or a pooling (lower.codegen.window.emit_window): per channel
     tile its weights, per output tile its halo, a VECTOR per kernel tap (which widens int8 or bf16
-    elements itself), the epilogue and a STORE."""
+    elements itself), the epilogue and a STORE; its row tiles `rows` where given (dims)."""
     xp = ops.xp
-    d = dims(L, m, ops, channel_tiles=False)
+    d = dims(L, m, ops, channel_tiles=False, rows=rows)
     tiles_out, halo_bytes, padded = window_halos(L, d, m, ops)
     weighted = (L.kind == DEPTHWISE) * 1
     taps = L.kh * L.kw

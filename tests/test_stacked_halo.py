@@ -1,0 +1,102 @@
+"""Cascades across an inverted residual block's boundary (lower.schedule.halo's stacked halos): expand ->
+depthwise -> project -> expand -> depthwise -> project as one cascade, the members ahead of the first
+depthwise computing the windows of the second's windows (halo.compose), so the boundary activation and
+both expanded ones never leave the chip.  Checked against PyTorch, the unfused program (fp32 within
+1e-5, int8 bit for bit and against stagec.int8_reference), the cascade's cost against the simulator,
+and a cascade that does not fit split."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import check_cascade_cost, rel_err
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_int8_halo import int8_programs
+
+import stagec
+from stagec.isa import HardwareConfig
+from stagec.lower.schedule import cascade_map
+from stagec.lower.schedule.halo import LINE, RECOMPUTE, compose, halos, targets
+from stagec.lower.schedule.nest import ConvProblem, LayerShape, halo
+from stagec.pipeline import PIPELINE, Compilation, Request, position, run
+
+# DRAM-starved (half a byte a cycle), so that keeping the boundary on chip pays for the stacked windows
+STARVED = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=256 * 1024, accumulator_bytes=128 * 1024,
+                         dma_bandwidth_bytes_per_cycle=0.5)
+
+
+def blocks(size=16, strides=(1, 2), seed=0):
+    """(model, input): two inverted residual blocks without residual (8 -> 24 -> 8, 8 -> 32 -> 12 channels),
+    their depthwise convs 3x3 of `strides`."""
+    torch.manual_seed(seed)
+    layers = []
+    for (c, hidden, out), stride in zip([(8, 24, 8), (8, 32, 12)], strides, strict=True):
+        layers += [torch.nn.Conv2d(c, hidden, 1), torch.nn.ReLU6(),
+                   torch.nn.Conv2d(hidden, hidden, 3, stride=stride, padding=1, groups=hidden), torch.nn.ReLU6(),
+                   torch.nn.Conv2d(hidden, out, 1)]
+    return torch.nn.Sequential(*layers).eval(), torch.randn(1, 8, size, size)
+
+
+def depthwise(h, k, stride, pad, c=4) -> LayerShape:
+    return LayerShape.of("depthwise", ConvProblem(1, c, h, h, c, k, k, (stride, stride), ((pad, pad), (pad, pad))))
+
+
+@settings(max_examples=6, deadline=None)
+@given(h=st.integers(5, 20), first=st.sampled_from([(3, 1, 1), (3, 2, 1), (5, 1, 2), (3, 1, 0)]),
+       second=st.sampled_from([(3, 1, 1), (3, 2, 1), (5, 2, 2)]), th=st.integers(1, 4))
+def test_composed_windows_are_the_windows_of_the_windows(h, first, second, th):
+    """compose(a, b): b's output tile's window in a's input is a's halo of b's halo of it, at b's padded row
+    times a's stride less a's padding; its output is b's."""
+    a = depthwise(h, *first)
+    b = depthwise(int(a.oh), *second)
+    v = compose(a, b, np)
+    assert v.oh == b.oh and v.ow == b.ow
+    assert halo(v, th, th) == halo(a, *halo(b, th, th))
+    for oh0 in range(0, int(b.oh), th):
+        assert oh0 * v.stride_h - v.pad_top == (oh0 * b.stride_h - b.pad_top) * a.stride_h - a.pad_top
+    pw = LayerShape.of("matrix", ConvProblem(1, 4, h, h, 4))
+    Ls = [pw, a, pw, pw, b, pw]
+    assert [t if t is None else (t.kh, t.stride_h) for t in targets(Ls, np)] == \
+        [(v.kh, v.stride_h), (b.kh, b.stride_h), (b.kh, b.stride_h), (b.kh, b.stride_h), None, None]
+    assert halos(Ls) == (RECOMPUTE, LINE)     # both windows share rows
+
+
+@pytest.mark.parametrize("strategy", [RECOMPUTE, LINE])
+def test_two_blocks_are_one_cascade_priced_as_simulated_and_equal_to_the_unfused_program(strategy, monkeypatch):
+    """The six layers run as one cascade, recomputing or line-buffered (both windows' shared rows); its
+    cost is the simulator's (tests/helpers.py:check_cascade_cost); its output is PyTorch's and the
+    unfused program's within 1e-5, moving less DRAM."""
+    monkeypatch.setattr(cascade_map, "HALOS", (strategy,))
+    model, x = blocks()
+    c = run(PIPELINE, Compilation(Request(model, (x,), hw=STARVED)))
+    (cascade,) = c.schedule.cascades
+    assert len(cascade.layers) == 6 and cascade.halo == strategy
+    check_cascade_cost(c, cascade, STARVED)
+    y, report = stagec.simulate(c.program, x)
+    alone = stagec.compile(model, (x,), hw=STARVED, fuse_layers=False)
+    y_alone, report_alone = stagec.simulate(alone, x)
+    assert rel_err(y, y_alone) <= 1e-5 and rel_err(y, model(x).detach().numpy()) < 1e-5
+    dram = [r.actions.dram_read_bytes + r.actions.dram_write_bytes for r in (report, report_alone)]
+    assert dram[0] < dram[1] - 2 * 8 * 16 * 16 * 4     # at least the boundary's STORE and LOAD saved
+
+
+def test_int8_blocks_across_the_boundary_are_bit_exact():
+    """int8: one cascade of the six, bit for bit the unfused program and stagec.int8_reference."""
+    model, x = blocks(size=8, strides=(1, 1))
+    fused, y, y_alone, y_ref = int8_programs(model, x, hw=STARVED)
+    assert [len(c["layers"]) for c in fused.metadata["cascades"]] == [6]
+    np.testing.assert_array_equal(y, y_alone)
+    np.testing.assert_array_equal(y, y_ref)
+
+
+def test_blocks_that_do_not_fit_together_are_split():
+    """On a 16 KiB scratchpad the six layers' windows, intermediates and weights do not fit together:
+    map_cascade finds no tiling of the six, and the blocks are cascades of at most three (whose outputs
+    the one-halo tests check)."""
+    model, x = blocks(size=12)
+    hw = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=16 * 1024, accumulator_bytes=16 * 1024,
+                        dma_bandwidth_bytes_per_cycle=0.5)
+    c = run(PIPELINE[:position("schedule") + 1], Compilation(Request(model, (x,), hw=hw)))
+    (chain,) = cascade_map.chains(c.graph, c.layout, dict(c.schedule.tilings), ())
+    assert cascade_map.map_cascade([c.schedule[n.name].nests[0] for n in chain], hw, "edp") is None
+    assert [len(cascade.layers) for cascade in c.schedule.cascades] == [3, 3]
