@@ -207,7 +207,7 @@ class VectorFuncDef:
     src2_dtype: int = -1        # the DType of src2's words; -1: the instruction's dtype
     src2_once: bool = False     # src2 is one record for the whole instruction (dims 1, strides 0): a table
     runs: bool = False          # its sources are read as contiguous runs over i2 (strides s2 of 1): packed lanes
-    types: frozenset | None = None          # legal (dtype, out_dtype) pairs; None: equal types
+    types: frozenset | None = None          # legal (dtype, out_dtype) pairs; None: equal types (+ verify.ROUNDING)
 
     @property
     def name(self) -> str:
