@@ -193,7 +193,7 @@ class _Blocks:
         self.at("recip")
         self.expr(p.recip, [total], total.extent, r)
         self.at("pv")
-        counts, ob = (1, b.qr, self.d), self.bases["out"][b.index % 2]
+        counts, ob = (1, b.qr, self.d), self.bases["out"][0]
         out = LocalTile(Space.SPAD, ob, counts, local_type(DTYPE_OF[p.pv.output.dtype]))
         self.expr(p.pv, [LocalTile(Space.ACC, self.bases["o"][0], counts, DType.I32), r], counts, out)
         em.store_box(b.head[3], (b.q0, 0), (0, 1), (b.qr, self.d), Space.SPAD, ob)

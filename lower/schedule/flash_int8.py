@@ -255,7 +255,8 @@ def int8_flash_buffers(sh: Shape, tq: int, tk: int) -> list[Buffer]:
     """Q's block, K^T's and V's blocks (two each), the score row (two where pipelined: a block's and the
     next's; int8, every key block; masked, the float scores' rows, an int8 block and the mask's blocks,
     two), E's and P's blocks (two each), the temporaries and the bf16 rounding's scratch, the row
-    statistics, the output's block (two), the constants; S's blocks (two) and the output accumulator."""
+    statistics, the output's block (one: its STORE has a whole sweep to finish before the next block's
+    epilogue), the constants; S's blocks (two) and the output accumulator."""
     _, _, n, d = sh.dims
     wide, nk = max(tk, d) * tq, -(-n // tk)
 
@@ -269,7 +270,7 @@ def int8_flash_buffers(sh: Shape, tq: int, tk: int) -> list[Buffer]:
             Buffer("e", Space.SPAD, tq * tk * F32, 2), int8("p", tq * tk, 2),
             Buffer("temps", Space.SPAD, wide * F32, sh.temps), Buffer("round", Space.SPAD, words(wide * 2, 2)),
             Buffer("rows", Space.SPAD, tq * F32, len(ROWS)),
-            Buffer("out", Space.SPAD, words(tq * d * sh.out_itemsize, sh.out_itemsize), 2),
+            Buffer("out", Space.SPAD, words(tq * d * sh.out_itemsize, sh.out_itemsize)),
             Buffer("consts", Space.SPAD, sh.const_bytes, sh.n_consts, align=RECORD),
             Buffer("s", Space.ACC, tq * tk * F32, 2), Buffer("o", Space.ACC, tq * d * F32)]
 
