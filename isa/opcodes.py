@@ -211,7 +211,7 @@ class VectorFuncDef:
     src2_once: bool = False     # src2 is one record for the whole instruction (dims 1, strides 0): a table
     src2_table: bool = False    # src2 is a table read whole, its elements from word n3 (semantics.table_index)
     runs: bool = False          # its sources are read as contiguous runs over i2 (strides s2 of 1): packed lanes
-    types: frozenset | None = None          # legal (dtype, out_dtype) pairs; None: equal types
+    types: frozenset | None = None          # legal (dtype, out_dtype) pairs; None: equal types (+ verify.ROUNDING)
 
     @property
     def name(self) -> str:

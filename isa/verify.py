@@ -109,8 +109,14 @@ def _def(op) -> OpcodeDef:
     return opcodes.OPCODES[int(op)]
 
 
+# A vector function that computes float32 may write its result rounded to bf16 (to nearest even, as a
+# STORE rounds it): a bf16 value kept on chip (a cascade's intermediate, flash attention's P) needs no COPY.
+ROUNDING = "float32 to bf16 by a float32 vector function, rounding as it writes"
+
+
 def _check_types(p: Program, f: Fields, op: np.ndarray, takes_func: np.ndarray) -> None:
-    """Known element types the hardware has, in the pairs each opcode (or vector function) allows."""
+    """Known element types the hardware has, in the pairs each opcode (or vector function) allows, and
+    ROUNDING."""
     dt, odt = f.field("dtype"), f.field("out_dtype")
     for name, values in (("dtype", dt), ("out_dtype", odt)):
         _fail(~np.isin(values, list(DType)), name, lambda i, v=values: f"unknown element type {v[i]}")
@@ -121,11 +127,13 @@ def _check_types(p: Program, f: Fields, op: np.ndarray, takes_func: np.ndarray) 
     rules = [(op == d.opcode, d.types, d.name) for d in opcodes.OPCODES.values() if not d.takes_func]
     rules += [(takes_func & (f.func == v.func), v.types, v.name) for v in opcodes.VECTOR_FUNCS.values()]
     converters = ", ".join(who for _, types, who in rules if types is not None)
+    rounding = takes_func & (dt == DType.F32) & (odt == DType.BF16)
     for rows, types, who in rules:
         if types is None:
-            _fail(rows & (dt != odt), "out_dtype", f"element type conversion is done by {converters} only")
+            _fail(rows & (dt != odt) & ~rounding, "out_dtype",
+                  f"element type conversion is done by {converters} only (and {ROUNDING})")
             continue
-        legal = np.zeros(len(dt), bool)
+        legal = rounding & ((DType.F32, DType.F32) in types)
         for a, b in types:
             legal |= (dt == a) & (odt == b)
         pairs = ", ".join(f"{a.name.lower()} to {b.name.lower()}" for a, b in sorted(types))

@@ -341,8 +341,8 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("fuse_quantized", GraphPass(lambda g: fuse_epilogues(fuse_elementwise(g)), fusion=True), when=_quantizing),
     # bf16: activations and weights bf16 in DRAM, inputs and outputs as the model has them (int8: the islands')
     Stage("bf16", _bf16, when=lambda r: r.quantize in ("int8", "bf16")),
-    # float32: a conv/matmul's bias add and ReLU/ReLU6/hardtanh -> one clamp step (isa CLAMP)
-    Stage("fold_clamps", GraphPass(fold_clamps, fusion=True), when=lambda r: r.quantize is None),
+    # float32 and bf16: a conv/matmul's bias add and ReLU/ReLU6/hardtanh -> one clamp step (isa CLAMP)
+    Stage("fold_clamps", GraphPass(fold_clamps, fusion=True), when=lambda r: r.quantize in (None, "bf16")),
     # depthwise convs that run cheaper packed on the array -> grouped convs (lower.schedule.pack)
     Stage("pack", _pack),
     # tune=: mappings by gradient on the cost model (stagec.tune), with the collector on

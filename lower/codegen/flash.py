@@ -23,7 +23,7 @@ from stagec.isa.instructions import AccMode, DType, Operand, Space, VectorFunc
 
 from ..schedule.attention_walk import mask_inputs
 from ..schedule.flash import CONSTS, F32, ROWS, flash_buffers
-from .tile_expr import LocalTile, round_bf16
+from .tile_expr import LocalTile, round_bf16, widen_bf16
 
 
 def emit_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
@@ -176,9 +176,11 @@ def _softmax_block(em, at, rows: dict, cur: int, nxt: int, blocks: tuple, o: int
         cur, nxt = nxt, cur
     at("exp")
     em.vector(VectorFunc.SUB, p_op, s_op, _col(cur), tile)
-    em.vector(VectorFunc.EXP, p_op, p_op, None, tile)
-    if pb is not None:
-        round_bf16(em, LocalTile(Space.SPAD, p, tile), pb)
+    if pb is None:
+        em.vector(VectorFunc.EXP, p_op, p_op, None, tile)
+    else:   # P rounded as EXP writes it, the array's operand; widened back for its row sums
+        em.vector(VectorFunc.EXP, Operand(Space.SPAD, pb, (0, kb, 1)), p_op, None, tile, out_dtype=DType.BF16)
+        widen_bf16(em, LocalTile(Space.SPAD, pb, tile, DType.BF16), LocalTile(Space.SPAD, p, tile))
     at("sum")
     if not first:
         em.vector(VectorFunc.MUL, _row(rows["l"]), _row(rows["l"]), _row(rows["alpha"]), line)

@@ -6,11 +6,15 @@ into the block's place in the scratchpad's score row and folds the block into th
 max is dequantized; the second sweep runs E's expression over each kept block (rounded to bf16 where
 the layers keep E bf16), adds its row sums into l, runs P's expression and adds P @ V (V's block
 LOADed) into the output accumulator.  Then l rounded, r, P·V's epilogue (r and the requantization),
-one STORE.  Every expression is the layer's own, emitted by lower.codegen.tile_expr; each
-instruction belongs to the layer it stands for; the cascade is emitted at its last layer.
+one STORE.  Pipelined (the mapper's choice), each block's first sweep is emitted between its
+predecessor's second sweep's key blocks (`_Blocks`), so the array's work overlaps the vector unit's.
+Every expression is the layer's own, emitted by lower.codegen.tile_expr; each instruction belongs
+to the layer it stands for; the cascade is emitted at its last layer.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from stagec.isa.instructions import AccMode, DType, Operand, Space, VectorFunc
 
@@ -33,7 +37,8 @@ def emit_int8_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
 
     at("scores")
     n, (tq, tk) = cascade.dims[2], cascade.tile
-    bases = em.allocate(int8_flash_buffers(shape_of(p, ctx.graph, ctx.layout, cascade.mask.resident), tq, tk))
+    bases = em.allocate(int8_flash_buffers(shape_of(p, ctx.graph, ctx.layout, cascade.mask.resident,
+                                                    cascade.pipelined), tq, tk))
     consts, loaded = {}, {}     # by the input that reads it; by the constant
     for role, node in zip(cascade.roles, nodes, strict=True):
         at(role)
@@ -43,9 +48,23 @@ def emit_int8_flash(ctx, cascade, nodes: list, layers: list[int]) -> None:
             consts[v] = loaded[source.id]
     views = [ctx.tensor(v) for v in (p.scores.inputs[0], p.scores.inputs[1], p.pv.inputs[1], p.pv.output)]
     views += [ctx.tensor(p.mask_input(ctx.graph))] if p.mask else []
+    run = _Blocks(em, at, bases, consts, p, cascade)
+    pending = None      # the query block whose second sweep is still to emit
     for block, (b, q0, qr, row) in enumerate(query_blocks(em, at, cascade, views, bases)):
-        _query_block(em, at, bases, consts, p, [_select(t, b) for t in views], (q0, qr, row), cascade,
-                     block * -(-n // tk), block)
+        now = _Block([_select(t, b) for t in views], q0, qr, row, block, block * -(-n // tk))
+        run.start(now)
+        if pending is None:
+            for j in range(len(run.keys)):
+                run.scores(now, j)
+                run.scores_vectors(now, j)
+        else:
+            run.sweep(pending, now)
+        pending = now
+        if not cascade.pipelined:
+            run.sweep(pending, None)
+            pending = None
+    if pending is not None:
+        run.sweep(pending, None)
 
 
 def _load_constant(ctx, v, base: int) -> LocalTile:
@@ -56,86 +75,128 @@ def _load_constant(ctx, v, base: int) -> LocalTile:
     return LocalTile(Space.SPAD, base, (1, 1, 1), local_type(t.dtype))
 
 
-def _query_block(em, at, bases: dict, consts: dict, p: Pattern, head: list, rows_at: tuple, cascade, step: int,
-                 block: int) -> None:
-    """Query rows q0 .. q0 + qr of one head (`head`: its Q, K^T, V, output and mask views; `rows_at`: q0, qr
-    and a resident mask row's base, else 0): `step` key blocks and `block` query blocks came before (the
-    double buffers' parities)."""
-    (q0, qr, _), (tk, (_, _, n, d)) = rows_at, (cascade.tile[1], cascade.dims)
-    q_t, kt_t, v_t, out_t, *mask_t = head
-    rows = dict(zip(ROWS, bases["rows"], strict=True))
-    qb, ob, o = bases["q"][block % 2], bases["out"][block % 2], bases["o"][0]
-    line = (1, qr, 1)
+class _Block(NamedTuple):
+    """One head's query rows q0 .. q0 + qr: its Q, K^T, V, output and mask views (`head`), a resident
+    mask row's base (else 0), its index among the blocks and the key blocks before it (the double
+    buffers' parities)."""
 
-    def expr(node, operands: list, counts, final: LocalTile) -> None:
+    head: list
+    q0: int
+    qr: int
+    row: int
+    index: int
+    step: int
+
+
+class _Blocks:
+    """The query blocks' instructions, software-pipelined where the cascade is: a block's first sweep (S on
+    the array, its requantization and row max: the array's work) runs a key block at a time between its
+    predecessor's second sweep's key blocks (E, P and P @ V: the vector unit's), so the two units overlap;
+    each block's score row and row maxes are double-buffered (by its index's parity) for that."""
+
+    def __init__(self, em, at, bases: dict, consts: dict, p: Pattern, cascade):
+        self.em, self.at, self.bases, self.consts, self.p = em, at, bases, consts, p
+        (self.tk, (_, _, self.n, self.d)) = cascade.tile[1], cascade.dims
+        self.keys = list(range(0, self.n, self.tk))
+        self.rows = dict(zip(ROWS, bases["rows"], strict=True))
+        self.parities = 1 + cascade.pipelined     # of the score rows and row maxes
+
+    def expr(self, node, operands: list, counts, final: LocalTile) -> None:
         """`node`'s expression over the box `counts`: its operands that are not constants, in order, are
-        `operands` (a MATMUL's: its result first), its result into `final`, rounded as the layer stores it."""
+        `operands` (a MATMUL's: its result first), its result into `final`, rounded as the layer stores it
+        (by its last step, tile_expr.emit_rounded)."""
         first = 2 * (node.op == OpKind.MATMUL)      # a MATMUL's epilogue: its result, then its trailing inputs
         rest = iter(operands[first // 2:])
-        args = operands[:first // 2] + [consts[v.id] if v.id in consts else next(rest) for v in node.inputs[first:]]
+        args = operands[:first // 2] + [self.consts[v.id] if v.id in self.consts else next(rest)
+                                        for v in node.inputs[first:]]
         plan = tile_expr.plan(expr_of(node), len(args), frozenset())
-        temps = [LocalTile(Space.SPAD, b, tuple(counts)) for b in bases["temps"]]
-        tile_expr.emit(em, expr_of(node), plan, args, temps, counts, final)
-        rounded(node, final)
-
-    def rounded(node, tile: LocalTile) -> None:
+        temps = [LocalTile(Space.SPAD, b, tuple(counts)) for b in self.bases["temps"]]
         if node.output.dtype == "bfloat16":
-            tile_expr.round_bf16(em, tile, bases["round"][0])
+            tile_expr.emit_rounded(self.em, expr_of(node), plan, args, temps, counts, final, self.bases["round"][0])
+        else:
+            tile_expr.emit(self.em, expr_of(node), plan, args, temps, counts, final)
 
-    at("scores")
-    em.load_box(q_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, qb)
-    keys = list(enumerate(range(0, n, tk)))
-    # the row the max runs over and exp reads: the int8 scores, or (masked) the float island's masked scores
-    masked, kept = p.mask is not None, []
-    m8, mf = LocalTile(Space.SPAD, rows["m"], line, DType.I8), LocalTile(Space.SPAD, rows["mf"], line)
-    for j, k0 in keys:
-        kb, slot = min(tk, n - k0), (step + j) % 2
-        counts, kt = (1, qr, kb), bases["kt"][slot]
-        at("scores")
-        em.load_box(kt_t, (0, k0), (0, 1), (d, kb), Space.SPAD, kt)
-        em.matmul(Operand(Space.SPAD, qb, (0, d, 1)), Operand(Space.SPAD, kt, (kb, 1, 0)),
-                  Operand(Space.ACC, bases["s"][slot], (0, kb, 1)), 1, qr, d, kb, accumulate=False, dtype=DType.I8)
-        s8 = LocalTile(Space.SPAD, bases["s8"][0 if masked else j], counts, DType.I8)
-        expr(p.scores, [LocalTile(Space.ACC, bases["s"][slot], counts, DType.I32)], counts, s8)
-        row = s8
-        if masked:
-            at("mask")
-            row = LocalTile(Space.SPAD, bases["sf"][j], counts)
-            expr(p.mask, [s8, _mask_block(em, bases, mask_t[0], rows_at, (k0, slot), counts)], counts, row)
-        kept.append(row)
-        at("max")
-        top = mf if masked else m8
+    def line(self, b: _Block, name: str, dtype: DType = DType.F32) -> LocalTile:
+        """Row statistic `name` of block `b` (the maxes: of its parity, ROWS)."""
+        key = f"{name}{b.index % self.parities}" if name in ("m", "mf") else name
+        return LocalTile(Space.SPAD, self.rows[key], (1, b.qr, 1), dtype)
+
+    def kept(self, b: _Block, j: int) -> LocalTile:
+        """Key block j of `b`'s score row: the int8 scores, or (masked) the float island's masked scores."""
+        counts, at = (1, b.qr, min(self.tk, self.n - self.keys[j])), (b.index % self.parities) * len(self.keys) + j
+        return (LocalTile(Space.SPAD, self.bases["sf"][at], counts) if self.p.mask is not None
+                else LocalTile(Space.SPAD, self.bases["s8"][at], counts, DType.I8))
+
+    def start(self, b: _Block) -> None:
+        self.at("scores")
+        self.em.load_box(b.head[0], (b.q0, 0), (0, 1), (b.qr, self.d), Space.SPAD, self.bases["q"][b.index % 2])
+
+    def scores(self, b: _Block, j: int) -> None:
+        """S's key block j on the array: K^T's block LOADed, int32 into the accumulator."""
+        k0, slot = self.keys[j], (b.step + j) % 2
+        kb, kt, qb = min(self.tk, self.n - k0), self.bases["kt"][slot], self.bases["q"][b.index % 2]
+        self.at("scores")
+        self.em.load_box(b.head[1], (0, k0), (0, 1), (self.d, kb), Space.SPAD, kt)
+        self.em.matmul(Operand(Space.SPAD, qb, (0, self.d, 1)), Operand(Space.SPAD, kt, (kb, 1, 0)),
+                       Operand(Space.ACC, self.bases["s"][slot], (0, kb, 1)), 1, b.qr, self.d, kb,
+                       accumulate=False, dtype=DType.I8)
+
+    def scores_vectors(self, b: _Block, j: int) -> None:
+        """S's key block j requantized into its place in the score row (masked: into the int8 block, then
+        the mask's expression into the row), folded into the row max."""
+        em, p, slot, row = self.em, self.p, (b.step + j) % 2, self.kept(b, j)
+        counts = row.extent
+        s8 = row if p.mask is None else LocalTile(Space.SPAD, self.bases["s8"][0], counts, DType.I8)
+        self.at("scores")
+        self.expr(p.scores, [LocalTile(Space.ACC, self.bases["s"][slot], counts, DType.I32)], counts, s8)
+        if p.mask is not None:
+            self.at("mask")
+            mask = _mask_block(em, self.bases, b.head[4], (b.q0, b.qr, b.row), (self.keys[j], slot), counts)
+            self.expr(p.mask, [s8, mask], counts, row)
+        self.at("max")
+        top = self.line(b, "m", DType.I8) if p.mask is None else self.line(b, "mf")
         em.vector(VectorFunc.RMAX, top.operand(counts), row.operand(counts), None, counts,
                   acc=AccMode.MAX if j else AccMode.OVERWRITE, dtype=top.dtype)
-    if not masked:
-        at("dequant")
-        expr(p.dequant, [m8], line, mf)
-    total, r = LocalTile(Space.SPAD, rows["l"], line), LocalTile(Space.SPAD, rows["r"], line)
-    for j, k0 in keys:
-        kb, slot = min(tk, n - k0), (step + j) % 2
-        counts, v = (1, qr, kb), bases["v"][slot]
-        e = LocalTile(Space.SPAD, bases["e"][slot], counts)
-        pt = LocalTile(Space.SPAD, bases["p"][slot], counts, DType.I8)
-        at("exp")
-        expr(p.exp, [kept[j], mf], counts, e)
-        at("sum")
-        em.vector(VectorFunc.RSUM, total.operand(counts), e.operand(counts), None, counts,
-                  acc=AccMode.ADD if j else AccMode.OVERWRITE)
-        at("quant")
-        expr(p.quant, [e], counts, pt)
-        at("pv")
-        em.load_box(v_t, (k0, 0), (0, 1), (kb, d), Space.SPAD, v)
-        em.matmul(Operand(Space.SPAD, pt.base, (0, kb, 1)), Operand(Space.SPAD, v, (d, 1, 0)),
-                  Operand(Space.ACC, o, (0, d, 1)), 1, qr, kb, d, accumulate=j > 0, dtype=DType.I8)
-    at("sum")
-    rounded(p.row_sum, total)
-    at("recip")
-    expr(p.recip, [total], line, r)
-    at("pv")
-    counts = (1, qr, d)
-    out = LocalTile(Space.SPAD, ob, counts, local_type(DTYPE_OF[p.pv.output.dtype]))
-    expr(p.pv, [LocalTile(Space.ACC, o, counts, DType.I32), r], counts, out)
-    em.store_box(out_t, (q0, 0), (0, 1), (qr, d), Space.SPAD, ob)
+
+    def sweep(self, b: _Block, after: _Block | None) -> None:
+        """`b`'s second sweep, then its end; `after`'s first sweep (if any) between its key blocks: S's
+        block on the array before the vector unit's work on b's, its requantization and max after."""
+        em, p = self.em, self.p
+        mf, total, r = self.line(b, "mf"), self.line(b, "l"), self.line(b, "r")
+        if p.mask is None:
+            self.at("dequant")
+            self.expr(p.dequant, [self.line(b, "m", DType.I8)], mf.extent, mf)
+        for j, k0 in enumerate(self.keys):
+            if after is not None:
+                self.scores(after, j)
+            kb, slot = min(self.tk, self.n - k0), (b.step + j) % 2
+            counts, v = (1, b.qr, kb), self.bases["v"][slot]
+            e = LocalTile(Space.SPAD, self.bases["e"][slot], counts)
+            pt = LocalTile(Space.SPAD, self.bases["p"][slot], counts, DType.I8)
+            self.at("exp")
+            self.expr(p.exp, [self.kept(b, j), mf], counts, e)
+            self.at("sum")
+            em.vector(VectorFunc.RSUM, total.operand(counts), e.operand(counts), None, counts,
+                      acc=AccMode.ADD if j else AccMode.OVERWRITE)
+            self.at("quant")
+            self.expr(p.quant, [e], counts, pt)
+            self.at("pv")
+            em.load_box(b.head[2], (k0, 0), (0, 1), (kb, self.d), Space.SPAD, v)
+            em.matmul(Operand(Space.SPAD, pt.base, (0, kb, 1)), Operand(Space.SPAD, v, (self.d, 1, 0)),
+                      Operand(Space.ACC, self.bases["o"][0], (0, self.d, 1)), 1, b.qr, kb, self.d,
+                      accumulate=j > 0, dtype=DType.I8)
+            if after is not None:
+                self.scores_vectors(after, j)
+        self.at("sum")
+        if p.row_sum.output.dtype == "bfloat16":
+            tile_expr.round_bf16(em, total, self.bases["round"][0])
+        self.at("recip")
+        self.expr(p.recip, [total], total.extent, r)
+        self.at("pv")
+        counts, ob = (1, b.qr, self.d), self.bases["out"][0]
+        out = LocalTile(Space.SPAD, ob, counts, local_type(DTYPE_OF[p.pv.output.dtype]))
+        self.expr(p.pv, [LocalTile(Space.ACC, self.bases["o"][0], counts, DType.I32), r], counts, out)
+        em.store_box(b.head[3], (b.q0, 0), (0, 1), (b.qr, self.d), Space.SPAD, ob)
 
 
 def _mask_block(em, bases: dict, mask_t, rows_at: tuple, keys: tuple, counts) -> LocalTile:

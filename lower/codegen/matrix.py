@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from stagec.errors import LoweringError
-from stagec.isa.instructions import CLAMP_HEADER_WORDS, Operand, Space, VectorFunc
+from stagec.isa.instructions import CLAMP_HEADER_WORDS, DType, Operand, Space, VectorFunc
 
 from ..schedule.buffers import EPILOGUE_TILES, EPILOGUE_VECTORS, NO_EXTRAS, WORD, EpilogueLayout, slot_offsets
 from ..schedule.nest import ConvProblem, LayerShape, TileMapping, row_tiles, tile_line, tiles
@@ -73,8 +73,8 @@ class Epilogue:
         """Run the epilogue on `acc_tile` (holding output box counts at (n, o0, h0, w0)); return the result
         tile: `final` (a scratchpad tile) when given, which frees the accumulator tile before the store.
         `typed`: the result in `final` as final's type (a cascade's intermediate, lower.codegen.cascade):
-        one of another type (a bf16 intermediate's float32, which a STORE would round) is put there by
-        a converting COPY."""
+        a bf16 intermediate's float32, which a STORE would round, rounded by the epilogue's last step
+        (lower.schedule.cascade.copies); without an epilogue, by a converting COPY."""
         if not self.layout:
             return acc_tile if final is None else _copy(em, acc_tile, final, counts, typed)
         args = [acc_tile]
@@ -100,9 +100,11 @@ class Epilogue:
             args.append(tile)
         temps = [tile_expr.LocalTile(Space.SPAD, b, tuple(counts)) for b in self.temp_buf[buf]]
         expr, plan = self.layout.expr, self.layout.plan
-        if typed and tile_expr.value_dtypes(expr, [a.dtype for a in args])[-1] != final.dtype:
+        last = tile_expr.value_dtypes(expr, [a.dtype for a in args])[-1]
+        rounded = typed and final.dtype == DType.BF16 and last == DType.F32
+        if typed and last != final.dtype and not rounded:
             return _copy(em, tile_expr.emit(em, expr, plan, args, temps, counts), final, counts, typed)
-        return tile_expr.emit(em, expr, plan, args, temps, counts, final)
+        return tile_expr.emit(em, expr, plan, args, temps, counts, final, rounded)
 
 
 def _copy(em, tile: tile_expr.LocalTile, final: tile_expr.LocalTile, counts, typed: bool) -> tile_expr.LocalTile:

@@ -123,22 +123,27 @@ def slot_itemsizes(expr: Expr, p: ExprPlan, dtypes, owned) -> list[int]:
 
 
 def emit(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTile], counts,
-         final: LocalTile | None = None) -> LocalTile:
+         final: LocalTile | None = None, rounded: bool = False) -> LocalTile:
     """Emit one vector instruction per step over the box `counts`; returns the result's tile (in
-    `final`'s place when given, instead of the plan's slot for the last step)."""
+    `final`'s place when given, instead of the plan's slot for the last step).  `rounded`: a float32
+    result is written as bf16, rounded by its last step (isa.opcodes.ROUNDING), where a layer would
+    round it by its STORE."""
     values = list(args)
     for j, (step, (kind, k)) in enumerate(zip(expr, p.dst, strict=True)):
-        slot = final if final is not None and j == len(expr) - 1 else args[k] if kind == "arg" else temps[k]
+        last = j == len(expr) - 1
+        slot = final if final is not None and last else args[k] if kind == "arg" else temps[k]
         src = [values[a] for a in step.args]
         out_type = result_dtype(step, [t.dtype for t in src])
+        if rounded and last and out_type == DType.F32:
+            out_type = DType.BF16
         out = LocalTile(slot.space, slot.base, tuple(counts), out_type)
         if step.func == "select":   # out = on_false, then on_true where pred
             pred, on_false, on_true = src
             if on_false != out:
                 em.vector(VectorFunc.COPY, out.operand(counts), on_false.operand(counts), None, counts,
-                          dtype=on_false.dtype)
+                          dtype=on_false.dtype, out_dtype=out_type)
             em.vector(VectorFunc.SELECT, out.operand(counts), pred.operand(counts), on_true.operand(counts), counts,
-                      dtype=out_type)
+                      dtype=on_true.dtype, out_dtype=out_type)
         elif step.func == "copy" and src[0] == out:   # a copy onto itself is no instruction
             pass
         else:
@@ -164,5 +169,20 @@ def round_bf16(em, tile: LocalTile, scratch: int) -> None:
     counts = tile.extent
     rounded = LocalTile(Space.SPAD, scratch, counts, DType.BF16)
     em.vector(VectorFunc.COPY, rounded.operand(counts), tile.operand(counts), None, counts, out_dtype=DType.BF16)
+    widen_bf16(em, rounded, tile)
+
+
+def emit_rounded(em, expr: Expr, p: ExprPlan, args: list[LocalTile], temps: list[LocalTile], counts,
+                 final: LocalTile, scratch: int) -> None:
+    """`emit` of an expression whose float32 result the layers STORE as bf16: its last step writes it
+    rounded (into the scratchpad at `scratch`), widened back into `final`: one COPY, not round_bf16's two."""
+    rounded = emit(em, expr, p, args, temps, counts, LocalTile(Space.SPAD, scratch, tuple(counts), DType.BF16),
+                   rounded=True)
+    widen_bf16(em, rounded, final)
+
+
+def widen_bf16(em, rounded: LocalTile, tile: LocalTile) -> None:
+    """The bf16 `rounded` as float32 in `tile`'s place (exact)."""
+    counts = rounded.extent
     em.vector(VectorFunc.COPY, tile.operand(counts), rounded.operand(counts), None, counts, dtype=DType.BF16,
               out_dtype=DType.F32)

@@ -7,7 +7,9 @@ three (add, max, min).  `clamp(acc, r)` does them in one, by one float32 table p
 then the biases; a single 0 without a bias: graph_ir.clamp_table_parts), the bounds held once, not per
 channel as REQUANT's records carry int8's.  The add rounds as before and max and min are exact, so the
 result is the same (a -0.0 may become +0.0).
-int8 keeps its clamps in REQUANT's bounds (lower.graph.quantize): this pass leaves int8 layers alone.
+A bf16 layer's epilogue computes in float32 on its float32 accumulator, its bias a bf16 constant (exact
+in float32), and rounds once where its result is stored: the same clamp, the same rounding.  int8
+keeps its clamps in REQUANT's bounds (lower.graph.quantize): this pass leaves int8 layers alone.
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ from stagec.isa.instructions import CLAMP_HEADER_WORDS
 from .activations import bias_steps, clamp_bounds, scalar
 from .graph_ir import MATRIX_OPS, Graph, Node, Step, Value
 
+FLOATS = ("float32", "bfloat16")
+
 
 def clamp_table(node: Node, consts) -> np.ndarray | None:
-    """The float32 clamp table of a float32 CONV/MATMUL whose whole epilogue (two steps or more) is
-    [bias add] then a clamp to constant bounds, shaped as the bias with its channel axis (its one longer
-    than 1, or its first) CLAMP_HEADER_WORDS longer ([5] without a bias); else None."""
+    """The float32 clamp table of a float32 or bf16 CONV/MATMUL whose whole epilogue (two steps or more)
+    is [bias add] then a clamp to constant bounds, shaped as the bias with its channel axis (its one
+    longer than 1, or its first) CLAMP_HEADER_WORDS longer ([5] without a bias); else None."""
     expr = node.attr("epilogue") or ()
-    if (node.op not in MATRIX_OPS or len(expr) < 2
-            or not node.inputs[0].dtype == node.output.dtype == "float32"):
+    if (node.op not in MATRIX_OPS or len(expr) < 2 or node.inputs[0].dtype != node.output.dtype
+            or node.output.dtype not in FLOATS):
         return None
     bias, k = bias_steps(node, consts)
     n_in = len(node.inputs) - 1
@@ -48,7 +52,7 @@ def clamp_table(node: Node, consts) -> np.ndarray | None:
 
 
 def fold_clamps(graph: Graph) -> Graph:
-    """Each float32 CONV/MATMUL epilogue of a bias add and a clamp (module doc) as one clamp step."""
+    """Each float32 or bf16 CONV/MATMUL epilogue of a bias add and a clamp (module doc) as one clamp step."""
     consts = dict(graph.constants)
     ids = graph.fresh_ids()
     nodes = []

@@ -42,7 +42,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from stagec.isa.instructions import DType, Space
+from stagec.isa.instructions import Space
 from stagec.sim.energy import ActionCounts
 
 from . import halo
@@ -112,10 +112,10 @@ def chunk_members(Ls, chunked) -> list:
 
 def copies(L: LayerShape):
     """1 where a non-last member's output tiles reach the intermediate by a COPY out of the accumulator
-    (it has no epilogue, or a bf16 output: the COPY rounds the epilogue's float32 result, as a STORE
-    would), 0 where its epilogue writes them there (lower.schedule.nest_work.epilogue_ops)."""
+    (it has no epilogue), 0 where its epilogue writes them there (lower.schedule.nest_work.epilogue_ops;
+    a bf16 intermediate rounded by the epilogue's last step as it writes, isa.opcodes.ROUNDING)."""
     e = L.epilogue
-    return ((e.plain + e.hard == 0) | (L.out_itemsize == DType.BF16.itemsize)) * 1
+    return (e.plain + e.hard == 0) * 1
 
 
 def intermediate(L: LayerShape, m: TileMapping, chunk=0) -> Buffer:

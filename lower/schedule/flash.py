@@ -198,7 +198,8 @@ def final_vectors(q: int, d: int) -> list[Vec]:
 
 
 def rounding(elements: int) -> list[Vec]:
-    """A bf16 value rounded where the layers STORE it (lower.codegen.tile_expr.round_bf16): two COPYs."""
+    """A bf16 value rounded where the layers STORE it (lower.codegen.tile_expr.round_bf16): two COPYs; P's
+    rounded by its EXP as it writes it, then the second alone (widened back for its row sums)."""
     return [Vec(elements, spad_r=elements * F32, spad_w=elements * 2), Vec(elements, spad_r=elements * 2,
                                                                           spad_w=elements * F32)]
 
@@ -259,7 +260,7 @@ def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = F
                 t["acc_w"] += b * q_times * times * mm[4]
             t["instructions"] += b * q_times * times * 2
             add(score_vectors(q, kb, scale, masked, resident) + block_vectors(q, kb, d, first)
-                + bf16 * 2 * rounding(q * kb), b * q_times * times)
+                + bf16 * (rounding(q * kb) + rounding(q * kb)[1:]), b * q_times * times)
         add(final_vectors(q, d) + bf16 * 2 * rounding(q), b * q_times)
         add(resident * mask_zeros(q * n), b // mask.heads * q_times)
     nq = -(-m // tq)

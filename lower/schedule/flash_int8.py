@@ -14,7 +14,10 @@ the first computes S's blocks on the array (int8 Q, K^T) and keeps them, int8, i
 query block's whole score row: tq x N bytes; masked, the mask's block LOADed per head and the masked
 float scores kept instead: tq x N words), their row max running; then mf, and the second
 computes each block's E, adds its row sums into l, quantizes it to P and adds P @ V into the output
-accumulator (int32).  Last r, P·V's epilogue, one STORE.  Every member computes what its layer
+accumulator (int32).  Last r, P·V's epilogue, one STORE.  The first sweep is the array's work, the
+second the vector unit's: pipelined, a block's first sweep runs between the previous block's second
+sweep's key blocks (two score rows and row maxes), so the units overlap; else one sweep after the other
+(one score row: room for larger blocks).  The mapper chooses by the cost.  Every member computes what its layer
 computes, in the same order (the max is the whole row's before any exp, as the layers'): no
 online-softmax rescaling, whose exp(m_old - m_new) would change P's int8 values.  Each value the
 layers keep in a bf16 island is rounded to bf16 where the layers' STORE rounds it.  The only
@@ -43,13 +46,16 @@ from .buffers import Buffer, local_bytes, words
 from .cascade import CascadeRecord
 from .flash import UNSHARED, FlashCost, Mask, _sizes, mask_ways, pays, search_blocks
 from .nest_cost import dma_cycles
+from .search import objective_of
 from .tensors import DTYPE_OF, local_type
 
 F32 = 4
 RECORD = REQUANT_RECORD_BYTES    # a constant's slot: a record's size and alignment, at least
 ROLES = ("scores", "max", "dequant", "exp", "sum", "recip", "quant", "pv")
 MASKED_ROLES = ("scores", "mask", "max", "exp", "sum", "recip", "quant", "pv")
-ROWS = ("m", "mf", "l", "r")     # per query row: the int8 max, its float (masked: the float max), the sum, 1/sum
+# per query row: the int8 max and its float (masked: the float max), two of each (a block's and the next's,
+# lower.codegen.flash_int8 pipelines them), the sum, 1/sum
+ROWS = ("m0", "mf0", "m1", "mf1", "l", "r")
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class Int8Attention(CascadeRecord):
     mappings: tuple = ()          # its members keep their own tilings: the cascade's tile is its own
     roles: tuple[str, ...] = ROLES
     mask: Mask = UNSHARED         # how a masked cascade reads its mask
+    pipelined: bool = True        # a block's first sweep runs in its predecessor's second (two score rows)
 
     @property
     def mask_row(self) -> int:
@@ -225,6 +232,7 @@ class Shape(NamedTuple):
     const_bytes: int
     const_read: int
     mask: Mask | None = None
+    pipelined: bool = True
 
 
 def _held(node) -> list[DType]:
@@ -234,8 +242,8 @@ def _held(node) -> list[DType]:
     return [DType.I32] * (first // 2) + [local_type(DTYPE_OF[v.dtype]) for v in node.inputs[first:]]
 
 
-def shape_of(p: Pattern, graph, layout, resident: bool = False) -> Shape:
-    """`p`'s Shape, a mask its heads share read `resident` or per key block."""
+def shape_of(p: Pattern, graph, layout, resident: bool = False, pipelined: bool = True) -> Shape:
+    """`p`'s Shape, a mask its heads share read `resident` or per key block, its blocks `pipelined` or not."""
     steps = {role: tuple(tile_expr.step_instructions(expr_of(n) or (), _held(n)))
              for role, n in zip(p.roles, p.nodes, strict=True) if n.op != OpKind.REDUCE}
     temps = max(tile_expr.plan(expr_of(n) or (), n_args(n), frozenset()).temps
@@ -247,47 +255,55 @@ def shape_of(p: Pattern, graph, layout, resident: bool = False) -> Shape:
                  frozenset(r for r, n in zip(p.roles, p.nodes, strict=True) if n.output.dtype == "bfloat16"),
                  max(temps, 1), DTYPE_OF[p.pv.output.dtype].itemsize, len(consts),
                  -(-max((graph.constants[v].nbytes for v in consts), default=F32) // RECORD) * RECORD,
-                 sum(graph.constants[v].nbytes for v in consts), mask or None)
+                 sum(graph.constants[v].nbytes for v in consts), mask or None, pipelined)
 
 
 def int8_flash_buffers(sh: Shape, tq: int, tk: int) -> list[Buffer]:
-    """Q's block, K^T's and V's blocks (two each), the score row (int8, every key block; masked, the
-    float scores' row, an int8 block and the mask's blocks, two), E's and P's blocks (two each), the
-    temporaries and the bf16 rounding's scratch, the row statistics, the output's block (two), the
-    constants; S's blocks (two) and the output accumulator."""
+    """Q's block, K^T's and V's blocks (two each), the score row (two where pipelined: a block's and the
+    next's; int8, every key block; masked, the float scores' rows, an int8 block and the mask's blocks,
+    two), E's and P's blocks (two each), the temporaries and the bf16 rounding's scratch, the row
+    statistics, the output's block (one: its STORE has a whole sweep to finish before the next block's
+    epilogue), the constants; S's blocks (two) and the output accumulator."""
     _, _, n, d = sh.dims
     wide, nk = max(tk, d) * tq, -(-n // tk)
 
     def int8(name: str, elements: int, count: int) -> Buffer:
         return Buffer(name, Space.SPAD, words(elements, 1), count)
-    row = ([Buffer("sf", Space.SPAD, tq * tk * F32, nk), int8("s8", tq * tk, 1),
+    rows = (1 + sh.pipelined) * nk
+    row = ([Buffer("sf", Space.SPAD, tq * tk * F32, rows), int8("s8", tq * tk, 1),
             Buffer("mask", Space.SPAD, tq * (n if sh.mask.resident else tk) * F32, 2)] if sh.mask
-           else [int8("s8", tq * tk, nk)])
+           else [int8("s8", tq * tk, rows)])
     return [int8("q", tq * d, 2), int8("kt", d * tk, 2), int8("v", tk * d, 2), *row,
             Buffer("e", Space.SPAD, tq * tk * F32, 2), int8("p", tq * tk, 2),
             Buffer("temps", Space.SPAD, wide * F32, sh.temps), Buffer("round", Space.SPAD, words(wide * 2, 2)),
             Buffer("rows", Space.SPAD, tq * F32, len(ROWS)),
-            Buffer("out", Space.SPAD, words(tq * d * sh.out_itemsize, sh.out_itemsize), 2),
+            Buffer("out", Space.SPAD, words(tq * d * sh.out_itemsize, sh.out_itemsize)),
             Buffer("consts", Space.SPAD, sh.const_bytes, sh.n_consts, align=RECORD),
             Buffer("s", Space.ACC, tq * tk * F32, 2), Buffer("o", Space.ACC, tq * d * F32)]
 
 
 def _expr(sh: Shape, role: str, elements: int) -> list:
     """(elements, function, dtype, out_dtype, reduced run) of the vector instructions of a member's expression
-    over `elements`, and of its bf16 rounding where the layers keep its value bf16.  A select COPYs its
-    on_false first (lower.codegen.tile_expr.emit; a mask's fill, a constant, is never computed in place)."""
-    steps = sh.steps.get(role, ())
+    over `elements`, and of its bf16 rounding where the layers keep its value bf16: the widening COPY back
+    after a last step that rounds as it writes (lower.codegen.tile_expr.emit_rounded), or, with no step (a
+    reduction's), tile_expr.ROUNDING's two COPYs.  A select COPYs its on_false first
+    (lower.codegen.tile_expr.emit; a mask's fill, a constant, is never computed in place)."""
+    steps, rounded = list(sh.steps.get(role, ())), role in sh.rounded
+    if rounded and steps and steps[-1][2] == DType.F32:
+        steps[-1] = (*steps[-1][:2], DType.BF16)
+    rounding = (tile_expr.ROUNDING[1:] if steps else tile_expr.ROUNDING) if rounded else ()
     return ([(elements, *ins, 1) for ins in steps]
             + [(elements, VectorFunc.COPY, out, out, 1) for f, _, out in steps if f == VectorFunc.SELECT]
-            + [(elements, *ins, 1) for ins in tile_expr.ROUNDING] * (role in sh.rounded))
+            + [(elements, *ins, 1) for ins in rounding])
 
 
-def _block_vectors(sh: Shape, q: int, t: int) -> list:
-    """One key block of t columns for q query rows (lower.codegen.flash_int8's): S's epilogue, the mask's
-    expression, the running max, E's expression, its row sums, P's expression."""
+def _sweep_vectors(sh: Shape, q: int, t: int) -> tuple[list, list]:
+    """One key block of t columns for q query rows (lower.codegen.flash_int8's), in its first sweep: S's
+    epilogue, the mask's expression, the running max; in its second: E's expression, its row sums, P's
+    expression."""
     top = DType.F32 if sh.mask else DType.I8       # the max runs over the masked float scores, or the int8 ones
-    return (_expr(sh, "scores", q * t) + _expr(sh, "mask", q * t) + [(q * t, VectorFunc.RMAX, top, top, t)]
-            + _expr(sh, "exp", q * t) + [(q * t, VectorFunc.RSUM, DType.F32, DType.F32, t)]
+    return (_expr(sh, "scores", q * t) + _expr(sh, "mask", q * t) + [(q * t, VectorFunc.RMAX, top, top, t)],
+            _expr(sh, "exp", q * t) + [(q * t, VectorFunc.RSUM, DType.F32, DType.F32, t)]
             + _expr(sh, "quant", q * t))
 
 
@@ -298,60 +314,71 @@ def _end_vectors(sh: Shape, q: int, d: int) -> list:
 
 def int8_flash_cost(sh: Shape, tq: int, tk: int, hw, footprint=None) -> FlashCost:
     """The cost of the cascade in blocks of tq x tk, as lower.codegen.flash_int8 emits it: cycles the
-    busiest of the load queue, the DRAM channel, the array and the vector unit, plus the first block's
-    loads.  Its instructions, DRAM bytes, MACs and vector ops are the program's exactly; its scratchpad
-    and accumulator bytes (energy only) an estimate; `footprint`: those bytes where the caller has them
+    busiest of the load queue, the DRAM channel, the array and the vector unit (`sh.pipelined`; else the
+    first sweeps' busiest plus the second sweeps'), plus the first block's loads.  Its instructions, DRAM
+    bytes, MACs and vector ops are the program's exactly; its scratchpad and accumulator bytes (energy
+    only) an estimate; `footprint`: those bytes where the caller has them
     (lower.schedule.flash.search_blocks)."""
     b, m, n, d = sh.dims
-    t = dict.fromkeys(("matrix", "vector", "ops", "macs", "instructions"), 0.0)
+    t = dict.fromkeys(("ops", "macs", "instructions"), 0.0)
+    sweeps = [dict.fromkeys(("matrix", "vector"), 0.0) for _ in range(2)]
 
-    def add(vectors: list, times: int) -> None:
+    def add(vectors: list, times: int, sweep: int) -> None:
         for elements, func, dtype, out_dtype, run in vectors:
-            t["vector"] += times * vector_instruction_cycles(func, dtype, out_dtype, elements, hw, run)
+            sweeps[sweep]["vector"] += times * vector_instruction_cycles(func, dtype, out_dtype, elements, hw, run)
             t["ops"] += times * elements
         t["instructions"] += times * len(vectors)
 
     for q, q_times in _sizes(m, tq):
         for kb, times in _sizes(n, tk):
             reps = b * q_times * times
-            t["matrix"] += reps * float(matmul_cycles(q, d, kb, hw.array_rows, hw.array_cols, hw.dataflow)
-                                        + matmul_cycles(q, kb, d, hw.array_rows, hw.array_cols, hw.dataflow))
+            sweeps[0]["matrix"] += reps * float(matmul_cycles(q, d, kb, hw.array_rows, hw.array_cols, hw.dataflow))
+            sweeps[1]["matrix"] += reps * float(matmul_cycles(q, kb, d, hw.array_rows, hw.array_cols, hw.dataflow))
             t["macs"] += reps * 2 * q * kb * d
             t["instructions"] += reps * 2               # two MATMULs (the LOADs: `loads`)
-            add(_block_vectors(sh, q, kb), reps)
-        add(_end_vectors(sh, q, d), b * q_times)
+            for sweep, vectors in enumerate(_sweep_vectors(sh, q, kb)):
+                add(vectors, reps, sweep)
+        add(_end_vectors(sh, q, d), b * q_times, 1)
     nq, nk = -(-m // tq), -(-n // tk)
     mask = sh.mask or Mask(0)
     reads_of_mask = b // mask.heads if mask.resident else b     # heads that LOAD a mask (a resident: per row)
-    read = b * m * d + b * nq * 2 * n * d + sh.const_read + reads_of_mask * m * n * mask.itemsize
+    mask_loads = (sh.mask is not None) * reads_of_mask * nq * (1 if mask.resident else nk)
+    firsts = (b * nq * (1 + nk) + sh.n_consts + mask_loads,     # (LOADs, bytes) of Q, K, the constants, the mask
+              b * m * d + b * nq * n * d + sh.const_read + reads_of_mask * m * n * mask.itemsize)
+    seconds = (b * nq * nk, b * nq * n * d)
     written = b * m * d * sh.out_itemsize
-    loads = b * nq * (1 + 2 * nk) + sh.n_consts + (sh.mask is not None) * reads_of_mask * nq * (
-        1 if mask.resident else nk)
-    units = {"load": dma_cycles(loads, read, hw), "store": dma_cycles(b * nq, written, hw),
-             "channel": (read + written) / hw.dma_bandwidth_bytes_per_cycle, "matrix": t["matrix"],
-             "vector": t["vector"]}
+    for sweep, (loads, read), out in ((sweeps[0], firsts, 0), (sweeps[1], seconds, written)):
+        sweep.update(load=dma_cycles(loads, read, hw), channel=(read + out) / hw.dma_bandwidth_bytes_per_cycle)
+    sweeps[1]["store"] = dma_cycles(b * nq, written, hw)
+    units = {u: sum(sweep.get(u, 0.0) for sweep in sweeps) for u in ("load", "store", "channel", "matrix", "vector")}
+    busiest = max(units.values()) if sh.pipelined else sum(max(sweep.values()) for sweep in sweeps)
     q0, k0 = min(tq, m), min(tk, n)
-    cycles = max(units.values()) + dma_cycles(3 + (sh.mask is not None), (q0 + 2 * k0) * d + q0 * (
+    cycles = busiest + dma_cycles(3 + (sh.mask is not None), (q0 + 2 * k0) * d + q0 * (
         n if mask.resident else k0) * mask.itemsize, hw)
+    read = firsts[1] + seconds[1]
     acts = ActionCounts(macs_int8=t["macs"], macs_bf16=0.0, macs_fp32=0.0, vector_ops=t["ops"],
                         scratchpad_read_bytes=2 * t["ops"] * F32 + t["macs"] / hw.array_cols,
                         scratchpad_write_bytes=t["ops"] * F32 + read, accumulator_read_bytes=t["ops"] * F32 / 2,
                         accumulator_write_bytes=t["macs"] * F32 / hw.array_rows, dram_read_bytes=read,
                         dram_write_bytes=written)
-    return FlashCost(cycles, int(t["instructions"] + loads + b * nq), acts, units,
+    return FlashCost(cycles, int(t["instructions"] + firsts[0] + seconds[0] + b * nq), acts, units,
                      *map(int, footprint or local_bytes(int8_flash_buffers(sh, tq, tk))))
 
 
 def map_int8_flash(sh: Shape, hw, objective: str):
     """(the (tq, tk) of least objective that fits, with its (charged cycles, energy), or None; the shape
-    with the way it reads its mask, lower.schedule.flash.mask_ways)."""
-    def search(way):
-        shape = sh._replace(mask=way)
-        return search_blocks(sh.dims[1], sh.dims[2], lambda tq, tk: int8_flash_buffers(shape, tq, tk),
-                             lambda tq, tk, footprint: int8_flash_cost(shape, tq, tk, hw, footprint).charged, hw,
-                             objective)
-    mapped, way = mask_ways(sh.mask or UNSHARED, sh.mask is not None, search, objective)
-    return mapped, sh._replace(mask=sh.mask and way)
+    with the way it reads its mask, lower.schedule.flash.mask_ways, and whether its blocks pipeline: two
+    score rows overlap the array and the vector unit, one leaves room for larger blocks)."""
+    def search(pipelined: bool):
+        def blocks(way):
+            shape = sh._replace(mask=sh.mask and way, pipelined=pipelined)    # unmasked: no mask's buffers
+            return search_blocks(sh.dims[1], sh.dims[2], lambda tq, tk: int8_flash_buffers(shape, tq, tk),
+                                 lambda tq, tk, footprint: int8_flash_cost(shape, tq, tk, hw, footprint).charged,
+                                 hw, objective)
+        mapped, way = mask_ways(sh.mask or UNSHARED, sh.mask is not None, blocks, objective)
+        return mapped, sh._replace(mask=sh.mask and way, pipelined=pipelined)
+    options = [search(pipelined) for pipelined in (True, False)]
+    return min(options, key=lambda o: objective_of(*o[0][1:], objective) if o[0] else math.inf)
 
 
 def choose_int8_flash(graph, layout, tilings: dict, hw, objective: str, excluded) -> list[Int8Attention]:
@@ -363,5 +390,5 @@ def choose_int8_flash(graph, layout, tilings: dict, hw, objective: str, excluded
         taken = pays(p, mapped, tilings, hw, objective)
         if taken is not None:
             chosen.append(Int8Attention(tuple(n.name for n in p.nodes), taken[0], dims_of(p), taken[1], roles=p.roles,
-                                        mask=sh.mask or UNSHARED))
+                                        mask=sh.mask or UNSHARED, pipelined=sh.pipelined))
     return chosen
