@@ -74,7 +74,9 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
         else:
             nest = _ConvNest(em, mb.problem, mb.mapping, mb.x if i == 0 else None, mb.w, mb.epilogue, fill, own)
         nests.append(nest)
-        epis.append(nest.start(mb.extras))
+        # a member ahead of a depthwise one computes the depthwise's padded input: its output lies inside
+        epis.append(nest.start(mb.extras, origin=(0, 0) if wins[i] is None else
+                               (wins[i].padding[0][0], wins[i].padding[1][0])))
     last = members[-1]
     rows, cols = tiles(dw.oh, ms[d].tile_oh), tiles(dw.ow, ms[d].tile_ow)
     # a line buffer's tiles walk each column strip top to bottom, the window above the one before

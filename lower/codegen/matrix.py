@@ -48,9 +48,11 @@ class Epilogue:
 
     def __init__(self, em, layout: EpilogueLayout | None, extras: list[DramTensor], bases: dict[str, list[int]],
                  tile_o: int, channels: int, bufs: int, tile_elements: int, channels_per_tile: bool = False,
-                 channel0: int = 0):
-        """`channel0`: the layer's channel the nest's first output channel is (a group's of a grouped conv)."""
-        self.layout, self.extras = layout, extras
+                 channel0: int = 0, origin: tuple[int, int] = (0, 0)):
+        """`channel0`: the layer's channel the nest's first output channel is (a group's of a grouped conv);
+        `origin`: the (row, col) the output's first lies at in the nest's (a cascade's member ahead of a
+        depthwise one computes the depthwise's padded input: lower.codegen.halo.padded)."""
+        self.layout, self.extras, self.origin = layout, extras, origin
         channels, copies = (tile_o, bufs) if channels_per_tile else (channels, 1)
         vectors = bases[EPILOGUE_VECTORS][0]
         self.vectors = {k: [vectors + at for at in offsets]   # input -> base of each copy
@@ -86,7 +88,8 @@ class Epilogue:
             elif i.kind == "tile":
                 extent = i.extent(counts)
                 tile = tile_expr.LocalTile(Space.SPAD, self.tile_buf[buf][k], extent, local_type(e.dtype))
-                em.load(e, (n, o0, h0, w0), OUT_AXES, extent, tile.operand(extent))
+                _load_tile(em, e, i.spans, (n, o0, h0 - self.origin[0], w0 - self.origin[1]), extent,
+                           tile.operand(extent))
             elif i.kind == "scalar":
                 tile = tile_expr.LocalTile(Space.SPAD, self.vectors[k][0], (1, 1, 1), local_type(e.dtype))
             elif self.per_tile:
@@ -113,6 +116,25 @@ def _copy(em, tile: tile_expr.LocalTile, final: tile_expr.LocalTile, counts, typ
     em.vector(VectorFunc.COPY, out.operand(counts), tile.operand(counts), None, counts, dtype=tile.dtype,
               out_dtype=out.dtype)
     return out
+
+
+def _load_tile(em, e: DramTensor, spans, start, extent, dst: Operand) -> None:
+    """LOAD a tile input's `extent` (rows, cols, channels; one along the axes it does not span) at `start`
+    into `dst`.  Rows and columns outside the output (a cascade's padded member's: Epilogue's origin) are
+    zeros, not read: the mask of the member just ahead of the depthwise zeroes what they give
+    (lower.codegen.halo); a tile all outside them LOADs a zero over the whole."""
+    n, o0, h0, w0 = start
+    cuts = [(0, 0) if not s else (max(-x0, 0), max(x0 + c - size, 0))
+            for x0, c, size, s in zip((h0, w0), extent, e.shape[2:], spans, strict=False)]
+    inner = [c - a - b for c, (a, b) in zip(extent, cuts, strict=False)] + [extent[2]]
+    if min(inner) <= 0:
+        zero = em.consts.scalar(0.0, e.dtype)
+        em.load(DramTensor(zero.region, zero.offset, (1,), (0,), e.dtype), (0,), (0, 0, 0), extent, dst,
+                local=local_type(e.dtype))
+        return
+    (top, bottom), (left, right) = cuts
+    em.load(e, (n, o0, h0 + top if spans[0] else 0, w0 + left if spans[1] else 0), OUT_AXES, tuple(inner), dst,
+            pad=(top, bottom, left, right, 0, 0))
 
 
 def _load_channels(em, e: DramTensor, record: bool, o0: int, count: int, base: int) -> None:
@@ -204,13 +226,13 @@ class _ConvNest:
         self.n_halo = self.n_w = self.n_out = 0
         self.shared = None   # the spatial tile's halo, where one LOAD serves every output-channel tile
 
-    def start(self, extras, channel0: int = 0) -> Epilogue:
+    def start(self, extras, channel0: int = 0, origin: tuple[int, int] = (0, 0)) -> Epilogue:
         """LOAD what the nest holds throughout (resident weights, the epilogue's whole vectors); its Epilogue
-        (`channel0`: emit_conv's)."""
+        (`channel0`: emit_conv's, `origin`: a cascade's, Epilogue's)."""
         self.load_resident_weights()
         m = self.m
         return Epilogue(self.em, self.epilogue, list(extras), self.bases, m.tile_o, self.p.o, self.bufs,
-                        m.tile_oh * m.tile_ow * m.tile_o, self.one, channel0)
+                        m.tile_oh * m.tile_ow * m.tile_o, self.one, channel0, origin)
 
     def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None, outs=None,
                      ins=None, block=None) -> None:

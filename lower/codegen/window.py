@@ -74,16 +74,16 @@ class WindowNest:
         self.bases = em.allocate(window_buffers(shape, m, np)) if bases is None else bases
         self.k = 0
 
-    def epilogue(self, extras) -> Epilogue:
+    def epilogue(self, extras, origin: tuple[int, int] = (0, 0)) -> Epilogue:
         m = self.m
         return Epilogue(self.em, self.layout, list(extras), self.bases, m.tile_o, self.p.o, self.bufs,
-                        m.tile_oh * m.tile_ow * m.tile_o)
+                        m.tile_oh * m.tile_ow * m.tile_o, origin=origin)
 
-    def start(self, extras) -> Epilogue:
-        """A cascade's depthwise leader (lower.codegen.cascade): every channel tile's weights LOADed once,
-        into the one buffer that holds them all; its Epilogue."""
+    def start(self, extras, origin: tuple[int, int] = (0, 0)) -> Epilogue:
+        """A cascade's depthwise member (lower.codegen.cascade): every channel tile's weights LOADed once,
+        into the one buffer that holds them all; its Epilogue (`origin`: Epilogue's)."""
         self.w_bases = {c0: self.load_weights(c0, tc) for c0, tc in tiles(self.p.o, self.m.tile_o)}
-        return self.epilogue(extras)
+        return self.epilogue(extras, origin)
 
     def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None, outs=None,
                      block=None) -> None:

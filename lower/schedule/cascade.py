@@ -50,7 +50,15 @@ from .buffers import Buffer, local_bytes, words
 from .nest import DEPTHWISE, MATRIX, LayerShape, TileMapping
 from .nest_cost import dma_cycles
 from .nest_energy import actions
-from .nest_work import matrix_buffers, matrix_work, waits, window_buffers, window_turn, window_work
+from .nest_work import (
+    matrix_buffers,
+    matrix_work,
+    tile_load_bytes,
+    waits,
+    window_buffers,
+    window_turn,
+    window_work,
+)
 
 MAX_MEMBERS = 3     # layers per cascade the mapper considers (its grid grows with each one's tile choices)
 MAX_SPAN = 6        # ... across a block boundary (two depthwise members; expand, depthwise, project twice)
@@ -181,6 +189,11 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
     rows = [None if dw is None else halo.ahead_rows(dw, ms[d].tile_oh, ops, line) for dw in wins]
     works = [(matrix_work if L.kind == MATRIX else window_work)(L, m, hw, ops, r)
              for L, m, r in zip(Ls, ms, rows, strict=True)]
+    # a member ahead's tile inputs (a residual add) LOAD its windows' inside alone (lower.codegen.matrix.Epilogue)
+    works = [w if dw is None else w._replace(extra=(w.extra[0], w.extra[1] - tile_load_bytes(L, w.dims, L.oh, L.ow)
+                                                    + tile_load_bytes(L, w.dims, *halo.inside_extent(dw, ms[d], xp,
+                                                                                                      line))))
+             for L, w, dw in zip(Ls, works, wins, strict=True)]
     # the member just ahead of each depthwise one masks its window's padding and copies its line
     # buffer's rows forward
     ahead = [h - 1 for h in halo.halo_members(Ls)]

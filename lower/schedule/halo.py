@@ -201,11 +201,17 @@ def windows(dw: LayerShape, th, tw, line=0) -> tuple:
             extent(dw.ow, tw, dw.stride_w, (dw.kw - 1) * dw.dilation_w + 1, dw.pad_left))
 
 
+def inside_extent(dw: LayerShape, m, xp, line=0) -> tuple:
+    """The windows' rows and columns (totals over the windows) inside `dw`'s input (`m` its mapping)."""
+    (rows, top, end_h), (cols, left, end_w) = windows(dw, m.tile_oh, m.tile_ow, line)
+    return rows - top - xp.maximum(end_h - dw.h, 0), cols - left - xp.maximum(end_w - dw.w, 0)
+
+
 def inside(dw: LayerShape, m, xp, line=0):
     """The windows' elements per image and channel inside `dw`'s input (`m` its mapping): what the masks
-    LOAD."""
-    (rows, top, end_h), (cols, left, end_w) = windows(dw, m.tile_oh, m.tile_ow, line)
-    return (rows - top - xp.maximum(end_h - dw.h, 0)) * (cols - left - xp.maximum(end_w - dw.w, 0))
+    LOAD, and an epilogue's tile input (a residual add) of a member ahead (the padding's zeros not read)."""
+    rows, cols = inside_extent(dw, m, xp, line)
+    return rows * cols
 
 
 def ahead_shape(L: LayerShape, dw: LayerShape, th, tw, xp, line=0) -> LayerShape:

@@ -143,11 +143,17 @@ def epilogue_loads(L: LayerShape, d: Dims, tiles_out, per_tile_channels):
     """(DMAs, bytes) of the epilogue's per-tile LOADs: each tile input's extent (the tile's along the
     axes it spans), and the channel vectors a tile at a time where `per_tile_channels`."""
     e = L.epilogue
-    extent = ((L.oh, d.n_h), (L.ow, d.n_w), (L.o, d.n_o))   # summed over the tiles: spanned, or one each
-    nbytes = sum(b * L.n * extent[0][not p >> 2 & 1] * extent[1][not p >> 1 & 1] * extent[2][not p & 1]
-                 for p, b in enumerate(e.tile_load_bytes))
     return (tiles_out * (e.tile_loads + per_tile_channels * e.channel_loads),
-            nbytes + per_tile_channels * L.o * e.channel_load_bytes)
+            tile_load_bytes(L, d, L.oh, L.ow) + per_tile_channels * L.o * e.channel_load_bytes)
+
+
+def tile_load_bytes(L: LayerShape, d: Dims, rows, cols):
+    """The bytes the epilogue's tile inputs LOAD from DRAM, `rows` and `cols` of the output read along the
+    axes they span (all of it; a cascade's member ahead of a depthwise one: what lies inside the output,
+    lower.schedule.halo.inside)."""
+    extent = ((rows, d.n_h), (cols, d.n_w), (L.o, d.n_o))   # summed over the tiles: spanned, or one each
+    return sum(b * L.n * extent[0][not p >> 2 & 1] * extent[1][not p >> 1 & 1] * extent[2][not p & 1]
+               for p, b in enumerate(L.epilogue.tile_load_bytes))
 
 
 def held_loads(L: LayerShape, per_tile_channels):
