@@ -26,7 +26,7 @@ from ..schedule.cascade import cascade_buffers, member_buffers
 from ..schedule.halo import MASK, depthwise_at, targets
 from ..schedule.nest import ConvProblem, LayerShape, TileMapping, tiles
 from ..schedule.tensors import DramTensor
-from .halo import apply_mask, computed, copy_forward, load_mask, padded, problem_of
+from .halo import apply_mask, computed, copy_forward, load_mask, origin, padded, problem_of
 from .matrix import OUT_AXES, _ConvNest
 from .window import WindowNest
 
@@ -74,9 +74,7 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
         else:
             nest = _ConvNest(em, mb.problem, mb.mapping, mb.x if i == 0 else None, mb.w, mb.epilogue, fill, own)
         nests.append(nest)
-        # a member ahead of a depthwise one computes the depthwise's padded input: its output lies inside
-        epis.append(nest.start(mb.extras, origin=(0, 0) if wins[i] is None else
-                               (wins[i].padding[0][0], wins[i].padding[1][0])))
+        epis.append(nest.start(mb.extras, origin=origin(wins[i])))
     last = members[-1]
     rows, cols = tiles(dw.oh, ms[d].tile_oh), tiles(dw.ow, ms[d].tile_ow)
     # a line buffer's tiles walk each column strip top to bottom, the window above the one before

@@ -41,6 +41,12 @@ def padded(p: ConvProblem, dw: ConvProblem) -> ConvProblem:
                                                                    (int(a.pad_left), int(a.pad_right))))
 
 
+def origin(dw: ConvProblem | None) -> tuple[int, int]:
+    """The (row, col) in a member's output, as emitted, of its layer's first (Epilogue's origin): a member
+    ahead of depthwise `dw` computes dw's padded input (`padded`), its layer's output inside the padding."""
+    return (0, 0) if dw is None else (dw.padding[0][0], dw.padding[1][0])
+
+
 def window(dw: ConvProblem, oh0: int, th: int, ow0: int, tw: int) -> tuple:
     """(row, col, rows, cols) in dw's padded input of the window of its output tile at (oh0, ow0)."""
     ih, iw = dw.halo(th, tw)

@@ -286,14 +286,15 @@ def _expr(sh: Shape, role: str, elements: int) -> list:
     """(elements, function, dtype, out_dtype, reduced run) of the vector instructions of a member's expression
     over `elements`, and of its bf16 rounding where the layers keep its value bf16: the widening COPY back
     after a last step that rounds as it writes (lower.codegen.tile_expr.emit_rounded), or, with no step (a
-    reduction's), tile_expr.ROUNDING's two COPYs.  A select COPYs its on_false first
-    (lower.codegen.tile_expr.emit; a mask's fill, a constant, is never computed in place)."""
+    reduction's), tile_expr.ROUNDING's two COPYs.  A select COPYs its on_false (of its operands' type) first,
+    as its output's type (lower.codegen.tile_expr.emit; a mask's fill, a constant, is never computed in
+    place)."""
     steps, rounded = list(sh.steps.get(role, ())), role in sh.rounded
     if rounded and steps and steps[-1][2] == DType.F32:
         steps[-1] = (*steps[-1][:2], DType.BF16)
     rounding = (tile_expr.ROUNDING[1:] if steps else tile_expr.ROUNDING) if rounded else ()
     return ([(elements, *ins, 1) for ins in steps]
-            + [(elements, VectorFunc.COPY, out, out, 1) for f, _, out in steps if f == VectorFunc.SELECT]
+            + [(elements, VectorFunc.COPY, dtype, out, 1) for f, dtype, out in steps if f == VectorFunc.SELECT]
             + [(elements, *ins, 1) for ins in rounding])
 
 
