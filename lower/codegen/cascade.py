@@ -11,12 +11,13 @@ depthwise members: those ahead of the first compute the windows of its windows, 
 chunked cascade's steps are its spatial tiles' chunks: per chunk, the chunked member computes one
 output-channel tile, the members after it take it on, the last adding it to its sums
 (lower.schedule.cascade).  The steps are emitted software-pipelined
-(emit_cascade).
+(emit_cascade), the members' channel tiles within a step interleaved (_interleave).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,12 +70,8 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
         own = {b.name: bases[f"{i}:{b.name}"] for b in bufs}
         inter.append(own.pop("intermediate", None))
         masks.update({i: own.pop(MASK)} if MASK in own else {})
-        if mb.kind == "depthwise":
-            nest = WindowNest(em, "depthwise", mb.problem, mb.mapping, mb.x, mb.w, mb.epilogue, fill, own)
-        else:
-            nest = _ConvNest(em, mb.problem, mb.mapping, mb.x if i == 0 else None, mb.w, mb.epilogue, fill, own)
-        nests.append(nest)
-        epis.append(nest.start(mb.extras, origin=origin(wins[i])))
+        nests.append(_nest(em, mb, i == 0, fill, own))
+        epis.append(nests[-1].start(mb.extras, origin=origin(wins[i])))
     last = members[-1]
     rows, cols = tiles(dw.oh, ms[d].tile_oh), tiles(dw.ow, ms[d].tile_ow)
     # a line buffer's tiles walk each column strip top to bottom, the window above the one before
@@ -87,8 +84,9 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
         """Member i's intermediate at a step: one per chunk from the chunked member on, else per spatial tile."""
         return inter[i][(step if chunked and i >= chunk else steps[step][0]) % len(inter[i])]
 
-    def run(i: int, step: int) -> None:
-        """Member i's part of a step: its spatial tile, or of the tile's chunk only its share."""
+    def run(i: int, step: int) -> Iterator[None]:
+        """Member i's part of a step: its spatial tile, or of the tile's chunk only its share, yielding
+        after each of its channel tiles."""
         (k, j), mb = steps[step], members[i]
         if chunked and i < chunk and j:   # members ahead of the chunked one run once per spatial tile
             return
@@ -100,6 +98,8 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
         at = computed(wins[i], oh0, th, ow0, tw, line) if wins[i] is not None else (oh0, ow0, th, tw, 0)
         share = {} if not chunked or i < chunk else \
             {"ins": [parts[j]]} if mb is last and mb.kind == "matrix" else {"outs": [parts[j]]}
+        if mb is last and mb.kind == "matrix" and not chunked:
+            share["ahead"] = _ahead(mb)
         held = wins[i].halo(th, tw)[0] if wins[i] is not None else th    # the window's rows
         if i in masks and at[4]:   # the rows it shares with the window above (a line buffer's) copied forward
             copy_forward(em, buffer(i, step - 1), wins[i].halo(ms[d].tile_oh, tw)[0], into[0], held, at[3], at[4],
@@ -109,7 +109,8 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
             # reads its window's from there, at its stride)
             share["block"] = (held, at[4]) if i in masks else (wins[i - 1].halo(th, tw)[0],
                                                                 at[4] * mb.problem.stride[0])
-        nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3], _store(em, last.out), inside, into, **share)
+        yield from nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3], _store(em, last.out), inside, into,
+                                         **share)
         if i in masks:
             mask = masks[i][k % len(masks[i])]
             if not j:
@@ -125,9 +126,15 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
     # array computes the next chunk and takes in the one before, and no MATMUL waits on it.
     skew = int(all(len(b) > 1 for b in inter[:-1])) * (1 + chunked)
     for s in range(len(steps) + skew * (len(members) - 1)):
-        for i in _order(members, chunked):
-            if 0 <= s - skew * i < len(steps):
-                run(i, s - skew * i)
+        _interleave([run(i, s - skew * i) for i in _order(members, chunked) if 0 <= s - skew * i < len(steps)])
+
+
+def _nest(em, mb: Member, first: bool, fill, own: dict):
+    """A member's nest in its buffers `own`: a depthwise one's on the vector unit, else the array's, which
+    LOADs its input from DRAM where it is the `first`."""
+    if mb.kind == "depthwise":
+        return WindowNest(em, "depthwise", mb.problem, mb.mapping, mb.x, mb.w, mb.epilogue, fill, own)
+    return _ConvNest(em, mb.problem, mb.mapping, mb.x if first else None, mb.w, mb.epilogue, fill, own)
 
 
 def _order(members: list[Member], chunked: bool) -> list[int]:
@@ -138,6 +145,36 @@ def _order(members: list[Member], chunked: bool) -> list[int]:
     block, where neither dominates, ran 1.3x its busiest unit).  Chunked, the later members first
     alone: the buffer member i writes was read by member i + 1 earlier in the same step."""
     return sorted(range(len(members)), key=lambda i: (members[i].kind == "matrix" or chunked, -i))
+
+
+def _ahead(last: Member) -> int:
+    """The output-channel tiles whose sums an unchunked cascade's last member runs ahead of its
+    epilogues, which _interleave puts at the step's end: all of them where its accumulator holds their
+    sums and the next step's beside them (its next MATMULs then wait for none of these epilogues),
+    else 0 (each tile's epilogue right after its sums)."""
+    o_tiles = len(tiles(last.problem.o, last.mapping.tile_o))
+    return o_tiles * (2 * o_tiles <= last.mapping.acc_buffers)
+
+
+def _interleave(runs: list[Iterator[str | None]]) -> None:
+    """Emit a pipelined step's members' parts, `runs` (in `_order`), a channel tile of each in turn, so
+    that each unit's queue alternates between the members: the expand's epilogues, which free its
+    accumulator tiles for its next MATMULs, no longer queue behind every depthwise tile (where the
+    expand has more output-channel tiles than accumulator buffers, the array waited out the
+    depthwise's taps).  A run that yields "sums" (the last member's MATMULs, lower.codegen.matrix's
+    `ahead`) resumes after the others: its epilogues, at the step's end, find its sums done rather
+    than wait, with every unit's other work behind them, for its MATMULs over every input-channel
+    tile."""
+    live, parked = list(runs), []
+    while live:
+        for run in list(live):
+            part = next(run, StopIteration)
+            if part is not None:
+                live.remove(run)
+                parked += [run] if part == "sums" else []
+    for run in parked:
+        for _ in run:
+            pass
 
 
 def _store(em, out: DramTensor):

@@ -16,7 +16,7 @@ one LOADs each output row's kernel rows side by side and runs one MATMUL over th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -182,7 +182,8 @@ def emit_conv(em, p: ConvProblem, m: TileMapping, x: DramTensor, w: DramTensor, 
     for n in range(p.n):
         for oh0, th in row_tiles(p, m):
             for ow0, tw in tiles(p.ow, m.tile_ow):
-                nest.spatial_tile(epi, n, oh0, th, ow0, tw, store)
+                for _ in nest.spatial_tile(epi, n, oh0, th, ow0, tw, store):
+                    pass
 
 
 def _check_operands(em, p: ConvProblem, x: DramTensor, w: DramTensor) -> None:
@@ -235,36 +236,48 @@ class _ConvNest:
                         m.tile_oh * m.tile_ow * m.tile_o, self.one, channel0, origin)
 
     def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None, outs=None,
-                     ins=None, block=None) -> None:
+                     ins=None, block=None, ahead: int = 0) -> Iterator[str | None]:
         """A spatial tile's output-channel tiles: their sums, epilogue, and write(n, o0, oh0, ow0, counts,
-        result).  In a cascade (lower.codegen.cascade), `inside`: the scratchpad base of the tile's input,
-        channel tiles one after another, each [rows][cols][its channels]; `into`: (base, type) of
-        where the output goes in that form instead, the epilogue writing each tile there.  A chunked
+        result), yielding after each tile's epilogue (a cascade interleaves its members' tiles).  In a
+        cascade (lower.codegen.cascade), `inside`: the scratchpad base of the tile's input, channel tiles
+        one after another, each [rows][cols][its channels]; `into`: (base, type) of where the output goes
+        in that form instead, the epilogue writing each tile there.  A chunked
         cascade's: `outs`, the output-channel tiles to run now (the halo LOADed with the first), or
         `ins`, the input-channel tiles to add to the sums now (the epilogue and write after the last);
         `inside` and `into` then hold those tiles alone.  `block`: (rows each channel tile holds in `into`,
         the row the tile starts at there) where the tile is some rows of a window (a line-buffered halo,
-        lower.codegen.halo.computed), else (th, 0)."""
+        lower.codegen.halo.computed), else (th, 0).  `ahead`: where not 0, the sums of that many tiles (at
+        most the accumulator's buffers) run ahead of the first epilogue, and it yields "sums" after them."""
         p, m = self.p, self.m
         o_tiles = tiles(p.o, m.tile_o) if outs is None else outs
         if inside is None and len(self.c_tiles) == 1 and o_tiles[0][0] == 0:
             self.shared = self.load_halo(n, oh0, th, ow0, tw, 0, p.c)
         line, pitch = tile_line(self.shape, th, tw)   # transposed: C[o][line position], else C[row][col][o]
-        for o0, to in o_tiles:
-            acc_tile = self.accumulate(n, oh0, th, ow0, tw, o0, to, self.shared, line, pitch, inside, ins)
+        summed = []
+        for k, (o0, to) in enumerate(o_tiles):
+            acc_tile = self.accumulate(n, oh0, th, ow0, tw, o0, to, self.shared, line, pitch, inside, ins, len(summed))
             if ins is not None and ins[-1] != self.c_tiles[-1]:   # later chunks add to the sums
                 continue
-            final = self.final
-            if into is not None:
-                base, dtype = into
-                held, row0 = block or (th, 0)
-                at = ((o0 - o_tiles[0][0]) * held + row0 * to) * tw * dtype.itemsize
-                final = tile_expr.LocalTile(Space.SPAD, base + at, (th, tw, to), dtype)
-            result = epi.emit(self.em, acc_tile, n, o0, oh0, ow0, (th, tw, to), self.n_out % self.bufs, final,
-                              typed=into is not None)
-            if into is None:
-                write(n, o0, oh0, ow0, (th, tw, to), result)
-            self.n_out += 1
+            summed.append((o0, to, acc_tile))
+            depth = max(ahead, 1)
+            if len(summed) < depth and k < len(o_tiles) - 1:
+                continue
+            if ahead and k < depth:
+                yield "sums"
+            while summed and (len(summed) >= depth or k == len(o_tiles) - 1):
+                o0, to, acc_tile = summed.pop(0)
+                final = self.final
+                if into is not None:
+                    base, dtype = into
+                    held, row0 = block or (th, 0)
+                    at = ((o0 - o_tiles[0][0]) * held + row0 * to) * tw * dtype.itemsize
+                    final = tile_expr.LocalTile(Space.SPAD, base + at, (th, tw, to), dtype)
+                result = epi.emit(self.em, acc_tile, n, o0, oh0, ow0, (th, tw, to), self.n_out % self.bufs, final,
+                                  typed=into is not None)
+                if into is None:
+                    write(n, o0, oh0, ow0, (th, tw, to), result)
+                self.n_out += 1
+                yield
 
     def load_resident_weights(self) -> None:
         """LOAD all the weights once, a channel tile after another, when the mapping keeps them resident."""
@@ -314,13 +327,14 @@ class _ConvNest:
                          local=x.dtype)
 
     def accumulate(self, n, oh0, th, ow0, tw, o0, to, shared, line, pitch, inside=None,
-                   ins=None) -> tile_expr.LocalTile:
+                   ins=None, later: int = 0) -> tile_expr.LocalTile:
         """An output tile's sums over every input-channel tile (those of `ins`, added to the sums of the
         ones before, where given), zero where its whole receptive field is padding, as a (rows, cols,
         channels) tile: the accumulator tile, or a transposed nest's COPY of it out of C[o][line
-        position].  `inside`: a cascade's input in the scratchpad (spatial_tile)."""
+        position].  `inside`: a cascade's input in the scratchpad (spatial_tile); `later`: the tiles whose
+        sums are held ahead of this one's (their epilogues not yet emitted), each in its own buffer."""
         m, acc_type = self.m, self.acc_type
-        c_base = self.bases["accumulator"][self.n_out % m.acc_buffers]
+        c_base = self.bases["accumulator"][(self.n_out + later) % m.acc_buffers]
         c_op = Operand(Space.ACC, c_base, (0, line, 1) if m.transposed else (tw * to, to, 1))
         c_tiles = self.c_tiles if ins is None else ins
         first = c_tiles[0] == self.c_tiles[0]
@@ -337,8 +351,8 @@ class _ConvNest:
             self.fill(c_op, (1, to, line) if m.transposed else (th, tw, to), 0.0, acc_type)
         if not m.transposed:
             return tile_expr.LocalTile(Space.ACC, c_base, (th, tw, to), acc_type)
-        turned = tile_expr.LocalTile(Space.SPAD, self.bases["turned"][self.n_out % m.acc_buffers], (th, tw, to),
-                                     acc_type)
+        turned = tile_expr.LocalTile(Space.SPAD, self.bases["turned"][(self.n_out + later) % m.acc_buffers],
+                                     (th, tw, to), acc_type)
         self.em.vector(VectorFunc.COPY, turned.operand((th, tw, to)), Operand(Space.ACC, c_base, (pitch, 1, line)),
                        None, (th, tw, to), dtype=acc_type)
         return turned

@@ -18,6 +18,8 @@ output row and kernel row sums them (the same int32 sums, int8 packed in the lan
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from stagec.errors import LoweringError
@@ -86,14 +88,14 @@ class WindowNest:
         return self.epilogue(extras, origin)
 
     def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None, outs=None,
-                     block=None) -> None:
+                     block=None) -> Iterator[None]:
         """A spatial tile's channel tiles (those of `outs` where given: a chunked cascade's chunk), as
-        lower.codegen.matrix's nest runs them in a cascade: each written by write(n, c0, oh0, ow0, counts,
-        result), or, `into` = (base, type), by its epilogue into the scratchpad there, channel tiles one
-        after another.  `inside`: the scratchpad base of the input windows, padding included, channel
-        tiles one after another (lower.codegen.halo), or None: DRAM; `block`: (rows each channel tile
-        holds there, the row the tile's halo starts at) where that is more than its halo (a line-buffered
-        window below its shared rows), else (its halo's rows, 0)."""
+        lower.codegen.matrix's nest runs them in a cascade, yielding after each: each written by write(n,
+        c0, oh0, ow0, counts, result), or, `into` = (base, type), by its epilogue into the scratchpad
+        there, channel tiles one after another.  `inside`: the scratchpad base of the input windows,
+        padding included, channel tiles one after another (lower.codegen.halo), or None: DRAM; `block`:
+        (rows each channel tile holds there, the row the tile's halo starts at) where that is more than
+        its halo (a line-buffered window below its shared rows), else (its halo's rows, 0)."""
         c_tiles = tiles(self.p.o, self.m.tile_o) if outs is None else outs
         ih, iw = self.p.halo(th, tw)
         held, row0 = block or (ih, 0)
@@ -106,6 +108,7 @@ class WindowNest:
             result = self.tile(epi, n, oh0, th, ow0, tw, c0, tc, self.w_bases[c0], final, window)
             if into is None:
                 write(n, c0, oh0, ow0, (th, tw, tc), result)
+            yield
 
     def load_weights(self, c0: int, tc: int) -> int | None:
         """LOAD a channel tile's weights, [taps, tc] (a dot mapping's [tc, taps]); their base."""
