@@ -12,6 +12,10 @@ os.environ["XLA_FLAGS"] = " ".join(filter(None, (os.environ.get("XLA_FLAGS"), "-
 # worker running tests/test_codesign.py, `stagec codesign` in tests/test_cli_commands.py) would
 # compile it again.  JAX keys an entry by the program and the jax/jaxlib versions and flags.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"stagec-jax-{os.getuid()}"))
+# every compilation, not only those over a second: the executor's and cost model's small kernels,
+# compiled by both workers and every CLI subprocess for the same shapes, are most of the suite's
+# compile time (a cached one loads in about a millisecond)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 from hypothesis import settings  # noqa: E402
 
