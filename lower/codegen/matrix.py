@@ -48,11 +48,12 @@ class Epilogue:
 
     def __init__(self, em, layout: EpilogueLayout | None, extras: list[DramTensor], bases: dict[str, list[int]],
                  tile_o: int, channels: int, bufs: int, tile_elements: int, channels_per_tile: bool = False,
-                 channel0: int = 0, origin: tuple[int, int] = (0, 0)):
+                 channel0: int = 0, origin: tuple[int, int] = (0, 0), fill: Callable | None = None):
         """`channel0`: the layer's channel the nest's first output channel is (a group's of a grouped conv);
         `origin`: the (row, col) the output's first lies at in the nest's (a cascade's member ahead of a
-        depthwise one computes the depthwise's padded input: lower.codegen.halo.padded)."""
-        self.layout, self.extras, self.origin = layout, extras, origin
+        depthwise one computes the depthwise's padded input: lower.codegen.halo.padded), `fill` its nest's
+        (a tile input's tile all outside the output is zeros)."""
+        self.layout, self.extras, self.origin, self.fill = layout, extras, origin, fill
         channels, copies = (tile_o, bufs) if channels_per_tile else (channels, 1)
         vectors = bases[EPILOGUE_VECTORS][0]
         self.vectors = {k: [vectors + at for at in offsets]   # input -> base of each copy
@@ -88,7 +89,7 @@ class Epilogue:
             elif i.kind == "tile":
                 extent = i.extent(counts)
                 tile = tile_expr.LocalTile(Space.SPAD, self.tile_buf[buf][k], extent, local_type(e.dtype))
-                _load_tile(em, e, i.spans, (n, o0, h0 - self.origin[0], w0 - self.origin[1]), extent,
+                _load_tile(em, self.fill, e, i.spans, (n, o0, h0 - self.origin[0], w0 - self.origin[1]), extent,
                            tile.operand(extent))
             elif i.kind == "scalar":
                 tile = tile_expr.LocalTile(Space.SPAD, self.vectors[k][0], (1, 1, 1), local_type(e.dtype))
@@ -118,19 +119,17 @@ def _copy(em, tile: tile_expr.LocalTile, final: tile_expr.LocalTile, counts, typ
     return out
 
 
-def _load_tile(em, e: DramTensor, spans, start, extent, dst: Operand) -> None:
+def _load_tile(em, fill: Callable, e: DramTensor, spans, start, extent, dst: Operand) -> None:
     """LOAD a tile input's `extent` (rows, cols, channels; one along the axes it does not span) at `start`
     into `dst`.  Rows and columns outside the output (a cascade's padded member's: Epilogue's origin) are
     zeros, not read: the mask of the member just ahead of the depthwise zeroes what they give
-    (lower.codegen.halo); a tile all outside them LOADs a zero over the whole."""
+    (lower.codegen.halo); a tile all outside it is `fill`ed with zeros."""
     n, o0, h0, w0 = start
     cuts = [(0, 0) if not s else (max(-x0, 0), max(x0 + c - size, 0))
             for x0, c, size, s in zip((h0, w0), extent, e.shape[2:], spans, strict=False)]
     inner = [c - a - b for c, (a, b) in zip(extent, cuts, strict=False)] + [extent[2]]
     if min(inner) <= 0:
-        zero = em.consts.scalar(0.0, e.dtype)
-        em.load(DramTensor(zero.region, zero.offset, (1,), (0,), e.dtype), (0,), (0, 0, 0), extent, dst,
-                local=local_type(e.dtype))
+        fill(dst, extent, 0.0, local_type(e.dtype))
         return
     (top, bottom), (left, right) = cuts
     em.load(e, (n, o0, h0 + top if spans[0] else 0, w0 + left if spans[1] else 0), OUT_AXES, tuple(inner), dst,
@@ -233,7 +232,7 @@ class _ConvNest:
         self.load_resident_weights()
         m = self.m
         return Epilogue(self.em, self.epilogue, list(extras), self.bases, m.tile_o, self.p.o, self.bufs,
-                        m.tile_oh * m.tile_ow * m.tile_o, self.one, channel0, origin)
+                        m.tile_oh * m.tile_ow * m.tile_o, self.one, channel0, origin, self.fill)
 
     def spatial_tile(self, epi: Epilogue, n, oh0, th, ow0, tw, write, inside=None, into=None, outs=None,
                      ins=None, block=None, ahead: int = 0) -> Iterator[str | None]:

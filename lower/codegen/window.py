@@ -79,7 +79,7 @@ class WindowNest:
     def epilogue(self, extras, origin: tuple[int, int] = (0, 0)) -> Epilogue:
         m = self.m
         return Epilogue(self.em, self.layout, list(extras), self.bases, m.tile_o, self.p.o, self.bufs,
-                        m.tile_oh * m.tile_ow * m.tile_o, origin=origin)
+                        m.tile_oh * m.tile_ow * m.tile_o, origin=origin, fill=self.fill)
 
     def start(self, extras, origin: tuple[int, int] = (0, 0)) -> Epilogue:
         """A cascade's depthwise member (lower.codegen.cascade): every channel tile's weights LOADed once,

@@ -50,15 +50,7 @@ from .buffers import Buffer, local_bytes, words
 from .nest import DEPTHWISE, MATRIX, LayerShape, TileMapping
 from .nest_cost import dma_cycles
 from .nest_energy import actions
-from .nest_work import (
-    matrix_buffers,
-    matrix_work,
-    tile_load_bytes,
-    waits,
-    window_buffers,
-    window_turn,
-    window_work,
-)
+from .nest_work import matrix_buffers, matrix_work, waits, window_buffers, window_turn, window_work
 
 MAX_MEMBERS = 3     # layers per cascade the mapper considers (its grid grows with each one's tile choices)
 MAX_SPAN = 6        # ... across a block boundary (two depthwise members; expand, depthwise, project twice)
@@ -187,17 +179,14 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
     # each member ahead of a depthwise one tiles its window (its target's; a stacked halo's composed)
     wins = halo.targets(given, xp)
     rows = [None if dw is None else halo.ahead_rows(dw, ms[d].tile_oh, ops, line) for dw in wins]
-    works = [(matrix_work if L.kind == MATRIX else window_work)(L, m, hw, ops, r)
-             for L, m, r in zip(Ls, ms, rows, strict=True)]
-    # a member ahead's tile inputs (a residual add) LOAD its windows' inside alone (lower.codegen.matrix.Epilogue)
-    works = [w if dw is None else w._replace(extra=(w.extra[0], w.extra[1] - tile_load_bytes(L, w.dims, L.oh, L.ow)
-                                                    + tile_load_bytes(L, w.dims, *halo.inside_extent(dw, ms[d], xp,
-                                                                                                      line))))
-             for L, w, dw in zip(Ls, works, wins, strict=True)]
+    # their tile inputs (a residual add) read their windows' inside alone (lower.codegen.matrix.Epilogue)
+    extents = [None if dw is None else halo.inside_extent(dw, ms[d], xp, line) for dw in wins]
+    works = [(matrix_work if L.kind == MATRIX else window_work)(L, m, hw, ops, r, e)
+             for L, m, r, e in zip(Ls, ms, rows, extents, strict=True)]
     # the member just ahead of each depthwise one masks its window's padding and copies its line
     # buffer's rows forward
     ahead = [h - 1 for h in halo.halo_members(Ls)]
-    insides = {i: halo.inside(wins[i], ms[d], xp, line) for i in ahead}
+    insides = {i: extents[i][0] * extents[i][1] for i in ahead}     # the elements the masks LOAD
     masks = [halo.mask_work(Ls[i], insides[i], works[i], hw, ops) for i in ahead]
     copies_ = [halo.copy_work(Ls[i], wins[i], ms[d].tile_oh, works[i], hw, ops, line) for i in ahead]
     vec_extra = {i: m[1][1] + c[1] for i, m, c in zip(ahead, masks, copies_, strict=True)}

@@ -202,16 +202,11 @@ def windows(dw: LayerShape, th, tw, line=0) -> tuple:
 
 
 def inside_extent(dw: LayerShape, m, xp, line=0) -> tuple:
-    """The windows' rows and columns (totals over the windows) inside `dw`'s input (`m` its mapping)."""
+    """The windows' rows and columns (totals over the windows) inside `dw`'s input (`m` its mapping): their
+    product what the masks LOAD per image and channel, and what an epilogue's tile input (a residual add)
+    of a member ahead reads (the padding's zeros not read)."""
     (rows, top, end_h), (cols, left, end_w) = windows(dw, m.tile_oh, m.tile_ow, line)
     return rows - top - xp.maximum(end_h - dw.h, 0), cols - left - xp.maximum(end_w - dw.w, 0)
-
-
-def inside(dw: LayerShape, m, xp, line=0):
-    """The windows' elements per image and channel inside `dw`'s input (`m` its mapping): what the masks
-    LOAD, and an epilogue's tile input (a residual add) of a member ahead (the padding's zeros not read)."""
-    rows, cols = inside_extent(dw, m, xp, line)
-    return rows * cols
 
 
 def ahead_shape(L: LayerShape, dw: LayerShape, th, tw, xp, line=0) -> LayerShape:
@@ -244,9 +239,9 @@ def mask_buffer(L: LayerShape, m) -> Buffer:
 
 def mask_work(L: LayerShape, inner, w, hw, ops) -> tuple:
     """(LOADs, bytes) of the masks and the MULs' (instructions, vector cycles, elements) of the member
-    just ahead (`L` its ahead_shape, `w` its Work, `inner` the windows' elements inside the input: `inside`): a
-    LOAD per spatial tile of the mask's inside, a MUL per output tile, in the result's type (int8: four
-    a lane with sub-word packing)."""
+    just ahead (`L` its ahead_shape, `w` its Work, `inner` the windows' elements inside the input:
+    inside_extent's product): a LOAD per spatial tile of the mask's inside, a MUL per output tile, in the
+    result's type (int8: four a lane with sub-word packing)."""
     spatial = L.n * w.dims.n_h * w.dims.n_w
     return ((spatial, L.n * inner * L.out_itemsize),
             (w.tiles, lane_groups(L, w.dims, hw, ops, 8 * L.out_itemsize), L.n * L.oh * L.ow * L.o))

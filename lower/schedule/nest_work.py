@@ -139,21 +139,18 @@ def kernel_rows(L: LayerShape, ops):
     return L.oh * L.kh - top - bottom
 
 
-def epilogue_loads(L: LayerShape, d: Dims, tiles_out, per_tile_channels):
+def epilogue_loads(L: LayerShape, d: Dims, tiles_out, per_tile_channels, inside=None):
     """(DMAs, bytes) of the epilogue's per-tile LOADs: each tile input's extent (the tile's along the
-    axes it spans), and the channel vectors a tile at a time where `per_tile_channels`."""
+    axes it spans), and the channel vectors a tile at a time where `per_tile_channels`.  `inside`: the
+    (rows, cols) of the output the tile inputs read, summed over the tiles, where not all of it (a
+    cascade's member ahead of a depthwise one: its windows' inside, lower.schedule.halo.inside_extent)."""
     e = L.epilogue
-    return (tiles_out * (e.tile_loads + per_tile_channels * e.channel_loads),
-            tile_load_bytes(L, d, L.oh, L.ow) + per_tile_channels * L.o * e.channel_load_bytes)
-
-
-def tile_load_bytes(L: LayerShape, d: Dims, rows, cols):
-    """The bytes the epilogue's tile inputs LOAD from DRAM, `rows` and `cols` of the output read along the
-    axes they span (all of it; a cascade's member ahead of a depthwise one: what lies inside the output,
-    lower.schedule.halo.inside)."""
+    rows, cols = (L.oh, L.ow) if inside is None else inside
     extent = ((rows, d.n_h), (cols, d.n_w), (L.o, d.n_o))   # summed over the tiles: spanned, or one each
-    return sum(b * L.n * extent[0][not p >> 2 & 1] * extent[1][not p >> 1 & 1] * extent[2][not p & 1]
-               for p, b in enumerate(L.epilogue.tile_load_bytes))
+    nbytes = sum(b * L.n * extent[0][not p >> 2 & 1] * extent[1][not p >> 1 & 1] * extent[2][not p & 1]
+                 for p, b in enumerate(e.tile_load_bytes))
+    return (tiles_out * (e.tile_loads + per_tile_channels * e.channel_loads),
+            nbytes + per_tile_channels * L.o * e.channel_load_bytes)
 
 
 def held_loads(L: LayerShape, per_tile_channels):
@@ -195,8 +192,9 @@ def matrix_halos(L: LayerShape, m: TileMapping, d: Dims, ops):
             per_column * ((1 - st) * padded_rows + st * L.oh * L.kh) * padded_cols)
 
 
-def matrix_work(L: LayerShape, m: TileMapping, hw, ops, rows=None) -> Work:
-    """The matrix-unit nest (lower.codegen.matrix.emit_conv), its row tiles `rows` where given (dims)."""
+def matrix_work(L: LayerShape, m: TileMapping, hw, ops, rows=None, inside=None) -> Work:
+    """The matrix-unit nest (lower.codegen.matrix.emit_conv), its row tiles `rows` where given (dims), its
+    epilogue's tile inputs read `inside` where given (epilogue_loads)."""
     xp = ops.xp
     res = m.weights_resident
     d = dims(L, m, ops, m.stacked, rows=rows)
@@ -208,7 +206,7 @@ def matrix_work(L: LayerShape, m: TileMapping, hw, ops, rows=None) -> Work:
     one = one_spatial_tile(L, m, xp) * 1
     halo_dmas, halo_bytes, padded = matrix_halos(L, m, d, ops)
     w_bytes = L.kh * L.kw * L.c * L.o * L.itemsize
-    epi_dmas, epi_bytes = epilogue_loads(L, d, tiles_out, one)
+    epi_dmas, epi_bytes = epilogue_loads(L, d, tiles_out, one, inside)
     held_dmas, held_bytes = held_loads(L, one)
     per_step = matmuls_per_step(L, m, xp)
     e = L.epilogue
@@ -307,16 +305,17 @@ def window_halos(L: LayerShape, d: Dims, m: TileMapping, ops):
     return L.n * d.n_h * d.n_w * d.n_o, per_column * rows * cols, per_column * padded_rows * padded_cols
 
 
-def window_work(L: LayerShape, m: TileMapping, hw, ops, rows=None) -> Work:
+def window_work(L: LayerShape, m: TileMapping, hw, ops, rows=None, inside=None) -> Work:
     """The vector-unit nest of a depthwise conv or a pooling (lower.codegen.window.emit_window): per channel
     tile its weights, per output tile its halo, a VECTOR per kernel tap (which widens int8 or bf16
-    elements itself), the epilogue and a STORE; its row tiles `rows` where given (dims)."""
+    elements itself), the epilogue and a STORE; its row tiles `rows` where given (dims), its epilogue's
+    tile inputs read `inside` where given (epilogue_loads)."""
     xp = ops.xp
     d = dims(L, m, ops, channel_tiles=False, rows=rows)
     tiles_out, halo_bytes, padded = window_halos(L, d, m, ops)
     weighted = (L.kind == DEPTHWISE) * 1
     taps = L.kh * L.kw
-    epi_dmas, epi_bytes = epilogue_loads(L, d, tiles_out, 0)
+    epi_dmas, epi_bytes = epilogue_loads(L, d, tiles_out, 0, inside)
     held_dmas, held_bytes = held_loads(L, 0)
     e = L.epilogue
     groups = lane_groups(L, d, hw, ops)
