@@ -14,9 +14,9 @@ from test_int8_halo import BF16_FUSED, BF16_TORCH, int8_programs
 
 from stagec.isa import HardwareConfig
 from stagec.lower.schedule import cascade_map
-from stagec.lower.schedule.halo import RECOMPUTE, ahead_shape, halos
+from stagec.lower.schedule.halo import LINE, RECOMPUTE, ahead_shape, halos, line_buffers
 from stagec.lower.schedule.nest import ConvProblem, Exact, LayerShape, TileMapping
-from stagec.lower.schedule.nest_work import matrix_work
+from stagec.lower.schedule.nest_work import empty_rows, matrix_work
 from stagec.pipeline import PIPELINE, Compilation, Request, position, run
 from stagec.sim import reference
 
@@ -78,12 +78,14 @@ def test_a_bf16_stem_is_one_cascade_equal_to_the_unfused_program():
 
 def test_a_k_x_k_conv_leads_only_ahead_of_a_depthwise():
     """A k x k conv may be a cascade's first member only, and only with a depthwise member after it (its
-    input windows then are the depthwise's); it takes the recompute halo alone (halo.halos)."""
+    input windows then are the depthwise's); it keeps a line buffer only with its kernel rows stacked
+    (halo.line_buffers)."""
     conv = LayerShape.of("matrix", ConvProblem(1, 3, 32, 32, 16, 3, 3, (2, 2), ((1, 1), (1, 1))))
     dw = LayerShape.of("depthwise", ConvProblem(1, 16, 16, 16, 16, 3, 3, padding=((1, 1), (1, 1))))
     pw = LayerShape.of("matrix", ConvProblem(1, 16, 16, 16, 8))
-    assert halos([conv, dw, pw]) == (RECOMPUTE,)
-    assert len(halos([pw, dw, pw])) == 2
+    assert halos([conv, dw, pw]) == halos([pw, dw, pw]) == (RECOMPUTE, LINE)
+    assert not line_buffers([conv, dw, pw]) and line_buffers([conv, dw, pw], stacked=1)
+    assert line_buffers([pw, dw, pw])
     model, x = stem()
     c = run(PIPELINE[:position("schedule") + 1], Compilation(Request(model, (x,))))
     (chain,) = cascade_map.chains(c.graph, c.layout, dict(c.schedule.tilings), ())
@@ -115,15 +117,49 @@ def test_the_conv_reads_its_own_halo_of_each_window():
         assert shape.macs == sum(r for r, _ in windows) ** 2 * 16 * 27
 
 
+@pytest.mark.parametrize("halo", [RECOMPUTE, LINE])
 @pytest.mark.parametrize("hw", [HardwareConfig(), SMALL], ids=["default", "small"])
-def test_the_stem_cascade_cost_predicts_the_simulator(hw):
-    """As tests/test_halo_cascade.py's: DRAM bytes, vector ops, MACs, instructions and the footprint are
-    the program's, cycles within 15% of the timed simulation, energy within 2%."""
+def test_the_stem_cascade_cost_predicts_the_simulator(hw, halo, monkeypatch):
+    """As tests/test_halo_cascade.py's: DRAM bytes (a stacked halo's rows all in the padding LOADed as
+    zeros too), vector ops, MACs, instructions and the footprint are the program's, cycles within 15% of
+    the timed simulation, energy within 2%; each halo strategy forced (the line buffer's conv stacked)."""
+    monkeypatch.setattr(cascade_map, "HALOS", (halo,))
     model, x = stem()
     c = run(PIPELINE, Compilation(Request(model, (x,), hw=hw)))
     (cascade,) = c.schedule.cascades
-    assert len(cascade.layers) == 3 and c.schedule[cascade.layers[0]].nests[0].problem.kh == 3
+    first = c.schedule[cascade.layers[0]].nests[0].problem
+    assert len(cascade.layers) == 3 and first.kh == 3 and cascade.halo == halo
+    assert cascade.mappings[0].stacked or halo == RECOMPUTE
     check_cascade_cost(c, cascade, hw)
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_a_line_buffered_stem_equals_pytorch_and_the_unfused_program(quantize, monkeypatch):
+    """The conv computes each window's new rows alone, its kernel rows stacked (one LOAD per output row,
+    zeros for the rows above the image that the depthwise's padding row reads): fp32 within 1e-5 of the
+    unfused program and PyTorch, int8 bit for bit the unfused program and stagec.int8_reference."""
+    monkeypatch.setattr(cascade_map, "HALOS", (LINE,))
+    model, x = stem(size=24)
+    if quantize:
+        fused, y, y_alone, y_ref = int8_programs(model, x)
+        np.testing.assert_array_equal(y, y_alone)
+        np.testing.assert_array_equal(y, y_ref)
+    else:
+        fused, y, _ = simulated(model, x)
+        _, y_alone, _ = simulated(model, x, fuse_layers=False)
+        assert rel_err(y, y_alone) <= 1e-5 and rel_err(y, model(x).detach().numpy()) < 1e-5
+    (cascade,) = fused.metadata["cascades"]
+    assert len(cascade["layers"]) == 3 and cascade["halo"] == LINE
+
+
+def test_empty_rows_counts_the_rows_all_in_the_padding():
+    """nest_work.empty_rows against the rows counted one by one: output row r reads input rows
+    r * stride - pad_top .. + kh - 1, empty where none of them is inside."""
+    for h, kh, stride, top, bottom in [(32, 3, 2, 3, 2), (9, 3, 1, 4, 5), (10, 5, 3, 0, 8), (7, 3, 2, 1, 1)]:
+        L = LayerShape.of("matrix", ConvProblem(1, 3, h, h, 8, kh, kh, (stride, stride), ((top, bottom), (0, 0))))
+        rows = range(L.oh)
+        want = sum(r * stride - top + kh - 1 < 0 or r * stride - top >= h for r in rows)
+        assert empty_rows(L, Exact) == want
 
 
 def test_a_stem_that_does_not_fit_is_split():

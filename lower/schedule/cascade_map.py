@@ -25,8 +25,18 @@ from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..graph.graph_ir import OpKind
 from .cascade import MAX_MEMBERS, MAX_SPAN, Cascade, cascade_cost, chunk_at
-from .halo import LINE, depthwise_at, halo_members, halos, line_reads_input, pointwise, targets, window_tile
-from .nest import MATRIX, Exact, LayerShape, TileMapping, dots
+from .halo import (
+    LINE,
+    depthwise_at,
+    halo_members,
+    halos,
+    line_buffers,
+    line_reads_input,
+    pointwise,
+    targets,
+    window_tile,
+)
+from .nest import MATRIX, Exact, LayerShape, TileMapping, dots, stacks
 from .nest_cost import nest_cost
 from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
 from .tensors import DTYPE_OF
@@ -110,13 +120,13 @@ def _charged(cycles, instructions, actions: ActionCounts, hw, objective: str):
     return charged, energy, objective_of(charged, energy, objective)
 
 
-def _mappings(Ls, axes, double) -> list[TileMapping]:
+def _mappings(Ls, axes, double, stacked=0) -> list[TileMapping]:
     """Each member's mapping from `axes` (spatial tile, then per member its output-channel tile and
     weight residency (a depthwise member's: its dot mapping, lower.schedule.nest.TileMapping), then the
-    last member's single accumulator tile and whether chunked; arrays of
-    the grid, or the picked numbers).  A member's channel tiles are the one before's output-channel
-    tiles (lower.schedule.cascade), a depthwise member's one (its nest's) and its output-channel
-    tiles the one before's; a member ahead of a depthwise one tiles its input windows
+    last member's single accumulator tile and whether chunked; arrays of the grid, or the picked
+    numbers), a k x k first member's kernel rows `stacked` or not.  A member's channel tiles are the
+    one before's output-channel tiles (lower.schedule.cascade), a depthwise member's one (its nest's)
+    and its output-channel tiles the one before's; a member ahead of a depthwise one tiles its input windows
     (lower.schedule.halo); chunked, the last matrix member's output tile is all its channels."""
     th, tw = axes[0], axes[1]
     outs = [axes[2 + 2 * i] for i in range(len(Ls))]
@@ -128,7 +138,7 @@ def _mappings(Ls, axes, double) -> list[TileMapping]:
     return [TileMapping(*(window_tile(wins[i], th, tw) if wins[i] is not None else (th, tw)), outs[i],
                         outs[i - 1] if i else L.c if L.kind == MATRIX else 1, double,
                         axes[3 + 2 * i] if L.kind == MATRIX else False, axes[-2] if i == len(Ls) - 1 else 0,
-                        dot=False if L.kind == MATRIX else axes[3 + 2 * i])
+                        stacked=stacked if i == 0 else False, dot=False if L.kind == MATRIX else axes[3 + 2 * i])
             for i, L in enumerate(Ls)]
 
 
@@ -172,27 +182,31 @@ def map_cascade(nests, hw, objective: str) -> Mapped | None:
     # the last member's single accumulator tile (a chunked one's holds every channel); chunked (its
     # last MATMULs' n is the o)
     axes += [np.array([0, 1] if Ls[-1].kind == MATRIX else [0]), np.array([0, 1] if Ls[-1].o <= MAX_COUNT else [0])]
-    # the line axis first, so that a tie goes to recomputing, as it went when each strategy had a grid
+    # the line axis first, so that a tie goes to recomputing, as it went when each strategy had a grid;
+    # then a k x k first member's kernel rows stacked or not (what its line buffer needs: line_buffers)
     lines = np.array([int(h == LINE) for h in strategies])
-    grid = [np.asarray(a).reshape([1] * i + [-1] + [1] * (len(axes) - i)) for i, a in enumerate([lines, *axes])]
-    line, chunked = grid[0], grid[-1]
-    ms = _mappings(Ls, grid[1:], 1)
+    stack = np.array([0, 1] if stacks(Ls[0]) and not pointwise(Ls[0]) else [0])
+    grid = [np.asarray(a).reshape([1] * i + [-1] + [1] * (len(axes) + 1 - i))
+            for i, a in enumerate([lines, stack, *axes])]
+    line, stacked, chunked = grid[0], grid[1], grid[-1]
+    ms = _mappings(Ls, grid[2:], 1, stacked)
     cost = cascade_cost(Ls, ms, hw, Exact, chunked, line)
     charged, energy, value = _charged(cost.cycles, cost.instructions, cost.actions, hw, objective)
     shape = np.broadcast_shapes(*(np.shape(g) for g in grid))
     # a line buffer holds its rows' every channel (not chunked) and its windows' new rows read the input
-    reads = [line_reads_input(w, grid[1]) for w in targets(Ls, np) if w is not None]    # each window buffered
-    legal = (line == 0) | ((chunked == 0) & np.logical_and.reduce(reads)) if lines.any() else True
+    reads = [line_reads_input(w, grid[2]) for w in targets(Ls, np) if w is not None]    # each window buffered
+    legal = (line == 0) | ((chunked == 0) & line_buffers(Ls, stacked) & np.logical_and.reduce(reads)) \
+        if lines.any() else True
     fit = np.broadcast_to((cost.spad_bytes <= hw.scratchpad_bytes) & (cost.acc_bytes <= hw.accumulator_bytes)
                           & legal, shape)
     if not fit.any():
         return None
     value = np.where(fit, np.broadcast_to(value, shape), np.inf)
     at = np.unravel_index(int(np.argmin(value)), shape)
-    pick = [int(a[i]) for a, i in zip(axes, at[1:], strict=True)]
+    pick = [int(a[i]) for a, i in zip(axes, at[2:], strict=True)]
     pick = [bool(v) if i > 2 and i % 2 or i == len(pick) - 2 else v for i, v in enumerate(pick)]   # the switches
     mappings = tuple(dataclasses.replace(m, tile_o=int(m.tile_o), single_acc=bool(m.single_acc))
-                     for m in _mappings(Ls, pick, True))
+                     for m in _mappings(Ls, pick, True, bool(stack[at[1]])))
     return Mapped((pick[0], pick[1]), mappings, chunk_at(Ls) if pick[-1] else None, strategies[at[0]],
                   float(np.broadcast_to(charged, shape)[at]), float(np.broadcast_to(energy, shape)[at]),
                   float(value[at]))

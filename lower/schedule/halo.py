@@ -34,7 +34,9 @@ member may be any convolution of the matrix unit (k x k, strided, padded: Mobile
 of its depthwise), its input per window its own halo of the window (`ahead_shape`: the windows' halos
 side by side, padded before the first and past the last by what they read of the padding, its own and
 the windows'; exact where no other window reads padding, as the last but one does ahead of a last
-window too short to reach past the input); it takes the recompute strategy alone (`halos`).  Written
+window too short to reach past the input); it keeps a line buffer only with its kernel rows stacked
+(`line_buffers`: its halo a LOAD per output row, so its row tiles of unequal rows read what the nest
+counts).  Written
 over an ops namespace like the nest (lower.schedule.nest.Exact; costmodel.smooth.Relaxed).
 
 Across an inverted residual block's boundary a cascade holds two depthwise members (`halo_members`):
@@ -59,7 +61,7 @@ import numpy as np
 from stagec.isa.instructions import Space
 
 from .buffers import Buffer, words
-from .nest import DEPTHWISE, Exact, LayerShape, count, halo
+from .nest import DEPTHWISE, Exact, LayerShape, count, halo, stacks
 from .nest_work import lane_groups
 
 MASK = "mask"      # the member just ahead of the depthwise: a mask per spatial tile (double-buffered)
@@ -117,15 +119,16 @@ def pointwise(L: LayerShape):
             & (L.pad_bottom == 0) & (L.pad_left == 0) & (L.pad_right == 0))
 
 
-def line_buffers(Ls):
+def line_buffers(Ls, stacked=0):
     """Whether a cascade of members `Ls` may keep a line buffer: a depthwise member after its first whose
-    consecutive windows share rows, and a pointwise first member (a k x k one's row tiles of unequal
-    rows re-read unequal overlaps of its input, which the nest's halo count, over equal tiles, does not
-    price); stacked, every window the members ahead compute shares rows too (`targets`).  Of arrays too
-    (costmodel.fusion's relaxed choice)."""
+    consecutive windows share rows, and a pointwise first member, or a k x k one `stacked`
+    (TileMapping.stacked: its halo LOADed a row at a time, so row tiles of unequal rows read what the
+    nest counts; unstacked, they re-read unequal overlaps of its input, which the nest's halo count,
+    over equal tiles, does not price); across a block boundary, every window the members ahead compute
+    shares rows too (`targets`).  Of arrays too (map_cascade's grid, costmodel.fusion's relaxed choice)."""
     if not depthwise_at(Ls):
         return False
-    shares = pointwise(Ls[0])
+    shares = pointwise(Ls[0]) | (stacked & stacks(Ls[0]))
     for w in targets(Ls, np):
         shares = shares & (overlap(w) > 0) if w is not None else shares
     return shares
@@ -133,8 +136,9 @@ def line_buffers(Ls):
 
 def halos(Ls) -> tuple:
     """The halo strategies a cascade of members `Ls` may take (map_cascade's grid weighs each): none (None)
-    without a depthwise member after its first; recompute, and the line buffer where `line_buffers`."""
-    return (RECOMPUTE, LINE) if line_buffers(Ls) else (RECOMPUTE,) if depthwise_at(Ls) else (None,)
+    without a depthwise member after its first; recompute, and the line buffer where `line_buffers`
+    (a k x k first member's stacked)."""
+    return (RECOMPUTE, LINE) if line_buffers(Ls, 1) else (RECOMPUTE,) if depthwise_at(Ls) else (None,)
 
 
 def new_rows(dw: LayerShape, th, ops) -> list:

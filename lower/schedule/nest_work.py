@@ -101,10 +101,12 @@ def dims(L: LayerShape, m: TileMapping, ops, stacked=0, channel_tiles=True, rows
     """The tiles of a nest: stacked rows whose kernel reaches into the padding are tiles of one row
     (lower.schedule.nest.row_tiles); without `channel_tiles` the input channels are one tile (a window op's
     channel tile is its output tile); `rows`, (size, count) pairs, where the rows are not tiles of
-    `tile_oh` (a line-buffered member of a cascade, lower.schedule.halo.ahead_rows)."""
-    top, bottom = stacked_edges(L, ops)
-    edges = stacked * (top + L.oh - bottom)
-    rows = (ops.tiles(L.oh - edges, m.tile_oh) if rows is None else rows) + [(1, edges)]
+    `tile_oh` (a cascade's member ahead of a depthwise one, lower.schedule.halo.ahead_rows: its rows
+    are those tiles, edges and all, the simulator joining a tile's differently padded row LOADs)."""
+    if rows is None:
+        top, bottom = stacked_edges(L, ops)
+        edges = stacked * (top + L.oh - bottom)
+        rows = ops.tiles(L.oh - edges, m.tile_oh) + [(1, edges)]
     cols, outs = ops.tiles(L.ow, m.tile_ow), ops.tiles(L.o, m.tile_o)
     ins = ops.tiles(L.c, m.tile_c) if channel_tiles else [(L.c, 1)]
     return Dims(rows, cols, outs, ins, count(rows), count(cols), count(outs), count(ins))
@@ -137,6 +139,16 @@ def kernel_rows(L: LayerShape, ops):
     below = ops.max(L.oh - first, 0)
     bottom = below * (L.kh - pt - L.h) + sh * below * (first + L.oh - 1) / 2
     return L.oh * L.kh - top - bottom
+
+
+def empty_rows(L: LayerShape, ops):
+    """Output rows whose kernel rows all lie in the padding (a cascade's member ahead of a depthwise one
+    computes the depthwise's padding rows too, lower.schedule.halo): a stacked nest fills their halo
+    rows with zeros, a broadcast LOAD of the halo's row (lower.codegen.matrix._load_stacked_rows)."""
+    sh, pt = L.stride_h, L.pad_top
+    above = ops.min(ops.cdiv(ops.max(pt - L.kh + 1, 0), sh), L.oh)
+    below = ops.max(L.oh - ops.cdiv(L.h + pt, sh), 0)
+    return above + below
 
 
 def epilogue_loads(L: LayerShape, d: Dims, tiles_out, per_tile_channels, inside=None):
@@ -179,7 +191,7 @@ def matrix_halos(L: LayerShape, m: TileMapping, d: Dims, ops):
     """(LOADs, bytes, bytes with the padding the DMA fills) of a matrix-unit nest's input halos: per
     spatial tile, one shared by every output-channel tile when the input channels are one tile,
     else one per (output, input) channel tile; a stacked halo is a LOAD per output row of the
-    kernel rows inside the input."""
+    kernel rows inside the input (of zeros, the row's whole halo, where none is: empty_rows)."""
     st = m.stacked
     ih_ext, iw_ext = halo(L, 1, 1)
     rows, padded_rows = valid_extent(L.h, L.oh, ops.tiles(L.oh, m.tile_oh), m.tile_oh, L.stride_h, ih_ext,
@@ -188,7 +200,8 @@ def matrix_halos(L: LayerShape, m: TileMapping, d: Dims, ops):
     reload, passes = _reloads(d, ops.xp)
     per_column = L.n * L.c * reload * L.itemsize
     return (L.n * (st * L.oh + (1 - st) * d.n_h) * d.n_w * passes,
-            per_column * ((1 - st) * rows + st * kernel_rows(L, ops)) * cols,
+            per_column * ((1 - st) * rows * cols + st * (kernel_rows(L, ops) * cols
+                                                          + empty_rows(L, ops) * L.kh * padded_cols)),
             per_column * ((1 - st) * padded_rows + st * L.oh * L.kh) * padded_cols)
 
 
@@ -229,7 +242,10 @@ def folds(L: LayerShape, m: TileMapping, d: Dims, hw, ops) -> Folds:
     outs = tile_sum(lambda o: xp.stack([ops.cdiv(o, c), ops.cdiv(o, r)]), d.outs)
     spatial = L.n * tile_sum(lambda a, b: xp.stack([ops.cdiv(a * b, r), tile_line(L, a, b)[0] + 0 * a * b,
                                                      ops.cdiv(tile_line(L, a, b)[0], c) + 0 * a * b]), d.rows, d.cols)
-    return Folds(tile_sum(lambda t: ops.cdiv(k * t, r), d.ins), outs[0], outs[1], *spatial)
+    # k may vary along candidates the channel tiles do not (map_cascade's stacked axis), and tile_sum
+    # broadcasts what its function closes over with its tiles' candidates
+    ins = [(t + 0 * k, n) for t, n in d.ins]
+    return Folds(tile_sum(lambda t: ops.cdiv(k * t, r), ins), outs[0], outs[1], *spatial)
 
 
 def array_cycles(L: LayerShape, m: TileMapping, d: Dims, f: Folds, hw, xp):
