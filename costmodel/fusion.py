@@ -28,7 +28,7 @@ from stagec.isa.instructions import MAX_COUNT
 from stagec.lower.schedule.cascade import MAX_MEMBERS, cascade_cost
 from stagec.lower.schedule.cascade_map import _mappings, map_cascade
 from stagec.lower.schedule.halo import LINE, depthwise_at, line_buffers
-from stagec.lower.schedule.nest import MATRIX, LayerShape, dots
+from stagec.lower.schedule.nest import MATRIX, LayerShape, dots, stacks
 from stagec.sim.energy import energy_pj
 
 from .smooth import Relaxed
@@ -100,9 +100,11 @@ def segment_cost(Ls, theta, hw, smooth):
     single, chunked, line = jax.nn.sigmoid(theta[-3:])
     chunked = chunked * (Ls[-1].o <= MAX_COUNT)
     axes += [single * (Ls[-1].kind == MATRIX), chunked]
-    # a line buffer where the compiler may take one (halo.line_buffers), not chunked (as map_cascade)
-    line = line * line_buffers(Ls) * (1 - chunked)
-    cost = cascade_cost(Ls, _mappings(Ls, axes, 1.0), hw, Relaxed(smooth), chunked, line)
+    # a line buffer where the compiler may take one (halo.line_buffers), not chunked (as map_cascade), a
+    # k x k first member's with its kernel rows stacked (its recompute unstacked: the grid's other pick
+    # of the two, the relaxed choice being one weight)
+    line = line * line_buffers(Ls, 1) * (1 - chunked)
+    cost = cascade_cost(Ls, _mappings(Ls, axes, 1.0, line * stacks(Ls[0])), hw, Relaxed(smooth), chunked, line)
     energy = sum(energy_pj(cost.actions, cost.cycles, hw, jnp).values())
     violation = (jnp.maximum(cost.spad_bytes / hw.scratchpad_bytes - 1.0, 0.0)
                  + jnp.maximum(cost.acc_bytes / hw.accumulator_bytes - 1.0, 0.0))

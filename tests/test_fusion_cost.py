@@ -45,6 +45,19 @@ class Block(torch.nn.Module):
         return self.c(torch.nn.functional.relu6(self.b(torch.nn.functional.relu6(self.a(x)))))
 
 
+class Stem(torch.nn.Module):
+    """A stem: a 3x3 stride-2 conv, then a depthwise 3x3 and a 1x1 projection."""
+
+    def __init__(self, c=3, hidden=32, out=16):
+        super().__init__()
+        self.a = torch.nn.Conv2d(c, hidden, 3, stride=2, padding=1)
+        self.b = torch.nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden)
+        self.c = torch.nn.Conv2d(hidden, out, 1)
+
+    def forward(self, x):
+        return self.c(torch.nn.functional.relu6(self.b(torch.nn.functional.relu6(self.a(x)))))
+
+
 @pytest.fixture(scope="module")
 def block():
     return seeded_graph(Block(), (1, 16, 28, 28))
@@ -68,16 +81,23 @@ def _discrete(params):
                               for t in params["segments"])}
 
 
-def test_the_relaxed_chain_cost_at_temperature_0_is_the_compilers_and_predicts_the_simulator(block):
+@pytest.mark.parametrize("model", ["block", "stem"])
+def test_the_relaxed_chain_cost_at_temperature_0_is_the_compilers_and_predicts_the_simulator(model, block,
+                                                                                              monkeypatch):
     """One source of truth: the descent's chain cost with the compiler's fusion choice and tiles, at
     temperature 0, is the exact model's price of the compiler's schedule (its cascades' cost,
     lower.schedule.cascade.cascade_cost); that predicts the simulated program's DRAM bytes exactly and
     its cycles within 15% (as tests/test_halo_cascade.py's cascade alone).  The compiler keeps a line
-    buffer on this block (lower.schedule.halo.LINE), which the relaxed segment's halo logit takes."""
+    buffer on this block (lower.schedule.halo.LINE), which the relaxed segment's halo logit takes; on
+    the stem, forced, its conv's kernel rows stacked, which the relaxed segment takes with it."""
+    if model == "stem":
+        monkeypatch.setattr("stagec.lower.schedule.cascade_map.HALOS", (LINE,))
+        block = seeded_graph(Stem(), (1, 3, 32, 32))
     work = Workloads([block], "latency", DEFAULT_CONSTANTS)
     c = schedule(block, HW, "latency")
     (cascade,) = cascades_of(c)
     assert len(cascade.layers) >= 2 and cascade.halo == LINE
+    assert cascade.mappings[0].stacked == (model == "stem")
     (chain,) = work.chains(HW)
     assert sum(chain.fused) == len(cascade.layers) - 1          # the start is the compiler's choice
     cycles, energy, violation = _relaxed(work, HW, _discrete(start_params([chain], HW, "latency")), 0.0)
