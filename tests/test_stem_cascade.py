@@ -16,7 +16,7 @@ from stagec.isa import HardwareConfig
 from stagec.lower.schedule import cascade_map
 from stagec.lower.schedule.halo import LINE, RECOMPUTE, ahead_shape, halos, line_buffers
 from stagec.lower.schedule.nest import ConvProblem, Exact, LayerShape, TileMapping
-from stagec.lower.schedule.nest_work import empty_rows, matrix_work
+from stagec.lower.schedule.nest_work import empty_rows, kernel_rows, matrix_work
 from stagec.pipeline import PIPELINE, Compilation, Request, position, run
 from stagec.sim import reference
 
@@ -152,14 +152,19 @@ def test_a_line_buffered_stem_equals_pytorch_and_the_unfused_program(quantize, m
     assert len(cascade["layers"]) == 3 and cascade["halo"] == LINE
 
 
-def test_empty_rows_counts_the_rows_all_in_the_padding():
-    """nest_work.empty_rows against the rows counted one by one: output row r reads input rows
-    r * stride - pad_top .. + kh - 1, empty where none of them is inside."""
-    for h, kh, stride, top, bottom in [(32, 3, 2, 3, 2), (9, 3, 1, 4, 5), (10, 5, 3, 0, 8), (7, 3, 2, 1, 1)]:
+def test_kernel_rows_and_empty_rows_count_the_rows_one_by_one():
+    """nest_work.kernel_rows and empty_rows against the rows counted one by one: output row r reads input rows
+    r * stride - pad_top .. + kh - 1, empty where none of them is inside; padding wider than the kernel
+    too (a member ahead of a depthwise computes its padding rows), where the closed forms once counted
+    a row's padding past its kernel."""
+    cases = [(32, 3, 2, 3, 2), (9, 3, 1, 4, 5), (10, 5, 3, 0, 8), (7, 3, 2, 1, 1), (19, 2, 3, 3, 1), (12, 7, 2, 9, 9),
+             (5, 3, 1, 0, 0), (4, 5, 1, 2, 2)]
+    for h, kh, stride, top, bottom in cases:
         L = LayerShape.of("matrix", ConvProblem(1, 3, h, h, 8, kh, kh, (stride, stride), ((top, bottom), (0, 0))))
-        rows = range(L.oh)
-        want = sum(r * stride - top + kh - 1 < 0 or r * stride - top >= h for r in rows)
-        assert empty_rows(L, Exact) == want
+        reads = [range(r * stride - top, r * stride - top + kh) for r in range(L.oh)]
+        inside = [sum(0 <= i < h for i in rows) for rows in reads]
+        assert kernel_rows(L, Exact) == sum(inside)
+        assert empty_rows(L, Exact) == inside.count(0)
 
 
 def test_a_stem_that_does_not_fit_is_split():

@@ -129,26 +129,38 @@ def valid_extent(dim, out, pairs, tile, stride, ext, pad_lo, ops):
     return halos - low - high, halos
 
 
-def kernel_rows(L: LayerShape, ops):
-    """Kernel rows inside the input, summed over the output rows (what a stacked nest LOADs per column
-    and channel): output row r reads input rows r * sh - pad_top + (0 .. kh - 1)."""
+def padding_rows(L: LayerShape, ops):
+    """(Output rows whose kernel reaches above the input, of them those all above it; the first row whose
+    kernel reaches below it, the rows all below it): output row r reads input rows r * sh - pad_top +
+    (0 .. kh - 1)."""
     sh, pt = L.stride_h, L.pad_top
     above = ops.min(ops.cdiv(pt, sh), L.oh)
-    top = above * pt - sh * above * (above - 1) / 2
+    empty_above = ops.min(ops.cdiv(ops.max(pt - L.kh + 1, 0), sh), L.oh)
     first = ops.max(ops.fdiv(pt + L.h - L.kh, sh) + 1, 0)
-    below = ops.max(L.oh - first, 0)
-    bottom = below * (L.kh - pt - L.h) + sh * below * (first + L.oh - 1) / 2
-    return L.oh * L.kh - top - bottom
+    empty_below = ops.max(L.oh - ops.cdiv(L.h + pt, sh), 0)
+    return above, empty_above, first, empty_below
+
+
+def kernel_rows(L: LayerShape, ops):
+    """Kernel rows inside the input, summed over the output rows (what a stacked nest LOADs per column
+    and channel): a row above the input (padding_rows) misses pad_top - r * sh of them, all kh where
+    its kernel is all padding (a cascade's member ahead of a depthwise one computes the depthwise's
+    padding rows too, lower.schedule.halo); one below, alike."""
+    sh, pt, kh = L.stride_h, L.pad_top, L.kh
+    above, empty_above, first, empty_below = padding_rows(L, ops)
+    top = empty_above * kh + (above - empty_above) * pt - sh * (above * (above - 1)
+                                                                  - empty_above * (empty_above - 1)) / 2
+    last = L.oh - empty_below                   # rows first .. last - 1 read some of the input
+    partial = ops.max(last - first, 0)
+    bottom = empty_below * kh + partial * (kh - pt - L.h) + sh * partial * (first + last - 1) / 2
+    return L.oh * kh - top - bottom
 
 
 def empty_rows(L: LayerShape, ops):
-    """Output rows whose kernel rows all lie in the padding (a cascade's member ahead of a depthwise one
-    computes the depthwise's padding rows too, lower.schedule.halo): a stacked nest fills their halo
+    """Output rows whose kernel rows all lie in the padding (padding_rows): a stacked nest fills their halo
     rows with zeros, a broadcast LOAD of the halo's row (lower.codegen.matrix._load_stacked_rows)."""
-    sh, pt = L.stride_h, L.pad_top
-    above = ops.min(ops.cdiv(ops.max(pt - L.kh + 1, 0), sh), L.oh)
-    below = ops.max(L.oh - ops.cdiv(L.h + pt, sh), 0)
-    return above + below
+    _, empty_above, _, empty_below = padding_rows(L, ops)
+    return empty_above + empty_below
 
 
 def epilogue_loads(L: LayerShape, d: Dims, tiles_out, per_tile_channels, inside=None):
