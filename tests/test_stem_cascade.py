@@ -152,6 +152,19 @@ def test_a_line_buffered_stem_equals_pytorch_and_the_unfused_program(quantize, m
     assert len(cascade["layers"]) == 3 and cascade["halo"] == LINE
 
 
+def test_a_stacked_member_streaming_its_weights_loads_a_tile_at_once(monkeypatch):
+    """A stacked conv in a cascade has its weights laid out in its k order ([KW, KH, C, O], as a stacked
+    layer alone has them): a tile of output channels is one LOAD, as the cost counts (laid out
+    [KH, KW, C, O], it was kw LOADs a tile: 54 instructions for the cost's 50)."""
+    monkeypatch.setattr(cascade_map, "HALOS", (LINE,))
+    model, x = stem(3, 1, 0, size=10)
+    hw = HardwareConfig(array_rows=4, array_cols=4, scratchpad_bytes=64 * 1024, accumulator_bytes=16 * 1024)
+    c = run(PIPELINE, Compilation(Request(model, (x,), hw=hw)))
+    (cascade,) = c.schedule.cascades
+    assert cascade.mappings[0].stacked and not cascade.mappings[0].weights_resident
+    check_cascade_cost(c, cascade, hw)
+
+
 def test_kernel_rows_and_empty_rows_count_the_rows_one_by_one():
     """nest_work.kernel_rows and empty_rows against the rows counted one by one: output row r reads input rows
     r * stride - pad_top .. + kh - 1, empty where none of them is inside; padding wider than the kernel

@@ -103,8 +103,7 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
         w = ctx.weights(node.inputs[1], (1, 2, 3, 0))     # [KH, KW, C]: a tap's channels contiguous
         emit_window(ctx.em, "depthwise", p, m, x, out, w, epilogue, extras, ctx.fill)
         return
-    # [KH, KW, C, O]: taps, then k x n tiles; stacked, [KW, KH, C, O] (its k order)
-    w = ctx.weights(node.inputs[1], (3, 2, 1, 0) if m.stacked else (2, 3, 1, 0))
+    w = _conv_weights(ctx, node, m)
     g = node.attr("groups")
     for gi in range(g):
         def part(t, dim, size, gi=gi):
@@ -156,6 +155,12 @@ def lower_vector(ctx: LowerContext, node: Node) -> None:
         job.emit(ctx.em, m)
 
 
+def _conv_weights(ctx: LowerContext, node: Node, m) -> DramTensor:
+    """A matrix-unit conv's weights as its mapping `m` reads them: [KH, KW, C, O], taps then k x n tiles;
+    stacked, [KW, KH, C, O] (its k order), so a tile of output channels is one box a LOAD takes whole."""
+    return ctx.weights(node.inputs[1], (3, 2, 1, 0) if m.stacked else (2, 3, 1, 0))
+
+
 def _member(ctx: LowerContext, node: Node, layer: int) -> Member:
     """A cascade member (lower.codegen.cascade): a pointwise or depthwise CONV or a MATMUL of no batch, as
     conv views."""
@@ -173,7 +178,7 @@ def _member(ctx: LowerContext, node: Node, layer: int) -> Member:
         x, out = as_conv(pick(x), "x"), as_conv(pick(out), "x")
         extras = [as_conv(pick(e), "x") for e in extras]
     else:
-        w = ctx.weights(node.inputs[1], (2, 3, 1, 0))
+        w = _conv_weights(ctx, node, ctx.schedule[node.name].mapping)
     return Member(layer, node.name, kind, p, ctx.schedule[node.name].mapping, x, w, out, epilogue_layout(node),
                   extras)
 
