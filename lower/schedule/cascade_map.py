@@ -185,7 +185,7 @@ def map_cascade(nests, hw, objective: str) -> Mapped | None:
     # the line axis first, so that a tie goes to recomputing, as it went when each strategy had a grid;
     # then a k x k first member's kernel rows stacked or not (what its line buffer needs: line_buffers)
     lines = np.array([int(h == LINE) for h in strategies])
-    stack = np.array([0, 1] if stacks(Ls[0]) and not pointwise(Ls[0]) else [0])
+    stack = np.array([0, 1] if stacks(Ls[0]) else [0])
     grid = [np.asarray(a).reshape([1] * i + [-1] + [1] * (len(axes) + 1 - i))
             for i, a in enumerate([lines, stack, *axes])]
     line, stacked, chunked = grid[0], grid[1], grid[-1]
