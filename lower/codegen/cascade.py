@@ -109,8 +109,8 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
             # reads its window's from there, at its stride)
             share["block"] = (held, at[4]) if i in masks else (wins[i - 1].halo(th, tw)[0],
                                                                 at[4] * mb.problem.stride[0])
-        yield from nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3], _store(em, last.out), inside, into,
-                                         **share)
+        yield from _as_layer(em, mb, nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3],
+                                                          _store(em, last.out), inside, into, **share))
         if i in masks:
             mask = masks[i][k % len(masks[i])]
             if not j:
@@ -175,6 +175,15 @@ def _interleave(runs: list[Iterator[str | None]]) -> None:
     for run in parked:
         for _ in run:
             pass
+
+
+def _as_layer(em, mb: Member, parts: Iterator) -> Iterator:
+    """`parts` (a member's channel tiles) with its layer restored after each yield: _interleave runs the
+    other members' tiles in between, which set theirs, and each instruction belongs to the layer current
+    when it is emitted (the report's per-layer cycles and MACs)."""
+    for part in parts:
+        yield part
+        em.layer, em.layer_name = mb.layer, mb.name
 
 
 def _store(em, out: DramTensor):
