@@ -22,12 +22,12 @@ from bench_fusion import CONFIGS, MODELS
 
 import stagec
 from stagec.isa import opcodes
-from stagec.isa.instructions import ITEMSIZE
 from stagec.isa.program import RegionKind
 from stagec.report import UNITS, make_report
 from stagec.sim.energy import Fields
 
 KINDS = ("weights", "activations", "written")
+PRECISION_BYTES = {"int8": 1, "bf16": 2, "fp32": 4}
 
 
 def dma_bytes(program) -> np.ndarray:
@@ -74,7 +74,7 @@ def layer_map(program) -> list[dict]:
     np.add.at(per, np.where(program.layer_ids >= 0, program.layer_ids, len(program.layers)), dma_bytes(program))
     rows = []
     for g in groups(program):
-        item = int(ITEMSIZE[program.code["dtype"][program.layer_ids == g[0]]].max(initial=4))
+        item = PRECISION_BYTES.get(r.layers[g[0]].precision, 4)   # its operands' (int8 epilogues run in int32)
         weights = sum(math.prod(program.layers[i].in_shapes[1]) * item for i in g
                       if len(program.layers[i].in_shapes) > 1 and per[i, 0])
         first_in = math.prod(program.layers[g[0]].in_shapes[0]) * item if program.layers[g[0]].in_shapes else 0
