@@ -454,8 +454,10 @@ OPCODES: dict[int, OpcodeDef] = {d.opcode: d for d in (
                     lambda f: np.where(func_table("reduction")[f.func].astype(bool), f.n[:, 2], 1),
                     lambda f: func_table("transcendental")[f.func].astype(bool)), _vector,
               mode=AccMode, modes=frozenset(AccMode), mode_key="acc", takes_func=True,
+              # (a stride over a single element moves nowhere: a key block of one key reduces over n2 = 1)
               checks=(Check("x_strides", "a reduction's destination stride over the reduced dim (s2) must be 0",
-                            lambda f: func_table("reduction")[f.func].astype(bool) & (f.strides("x")[:, 2] != 0)),
+                            lambda f: func_table("reduction")[f.func].astype(bool) & (f.strides("x")[:, 2] != 0)
+                            & (f.n[:, 2] > 1)),
                       Check("y_strides", "RDOT reads its sources as runs over i2: their strides s2 must be 1",
                             lambda f: func_table("runs")[f.func].astype(bool)
                             & ((f.strides("y")[:, 2] != 1) | (f.strides("z")[:, 2] != 1))),

@@ -56,3 +56,21 @@ def mutate(p: Program, index: int, **fields) -> Program:
     for name, value in fields.items():
         code[name][index] = value
     return with_code(p, code)
+
+
+def row_max(width: int, dst_stride: int) -> Program:
+    """c = the max over each row's first `width` elements of an [8, 4] input a, by one RMAX whose
+    destination steps `dst_stride` over the reduced dim."""
+    ins = [
+        load(Operand(Space.DRAM, A_OFF, (0, 4, 1)), Operand(Space.SPAD, 0, (0, 4, 1)), (1, 8, 4)),
+        vector(VectorFunc.RMAX, Operand(Space.SPAD, 1024, (0, 1, dst_stride)), Operand(Space.SPAD, 0, (0, 4, 1)),
+               None, (1, 8, width)),
+        store(Operand(Space.DRAM, C_OFF, (0, 1, 1)), Operand(Space.SPAD, 1024, (0, 1, 1)), (1, 8, 1)),
+    ]
+    p = Program(code=encode(ins), layer_ids=np.zeros(len(ins), np.int32),
+                layers=(Layer("max", "reduce", ((8, 4),), (8,)),),
+                inputs=(TensorRef("a", A_OFF, DType.F32, (8, 4)),), outputs=(TensorRef("c", C_OFF, DType.F32, (8,)),),
+                regions=(Region("a", "input", A_OFF, 128), Region("c", "output", C_OFF, 32)), constants=b"",
+                dram_bytes=512,
+                hw=HardwareConfig())
+    return insert_tokens(p)

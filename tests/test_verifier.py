@@ -5,7 +5,7 @@ import re
 
 import numpy as np
 import pytest
-from programs import mutate, relu_matmul, with_code
+from programs import mutate, relu_matmul, row_max, with_code
 
 import stagec
 from stagec.isa import HardwareConfig, Queue, VerificationError, verify
@@ -29,6 +29,19 @@ def test_valid_program_passes_and_runs():
     (c,), _ = stagec.simulate(p, a)
     np.testing.assert_allclose(c, np.maximum(a @ b, 0), rtol=1e-6)
     np.testing.assert_allclose(execute(p, [a])[0], c, rtol=1e-6)
+
+
+def test_a_reductions_destination_may_step_only_over_a_single_element():
+    """Its stride over the reduced dim moves the destination nowhere where that dim is one element (an
+    int8 attention's last key block of one key: fuzz case 77038, rejected before); over more it is refused."""
+    a = np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32)
+    for width, stride in ((1, 1), (4, 0)):
+        (c,), _ = stagec.simulate(row_max(width, stride), a)
+        np.testing.assert_array_equal(c, a[:, :width].max(axis=1))
+        np.testing.assert_array_equal(execute(row_max(width, stride), [a])[0], c)
+    with pytest.raises(VerificationError, match="reduction's destination stride over the reduced dim") as e:
+        row_max(4, 1)
+    assert (e.value.index, e.value.field) == (1, "x_strides")
 
 
 def test_dram_address_out_of_bounds():
