@@ -71,6 +71,5 @@ def row_max(width: int, dst_stride: int) -> Program:
                 layers=(Layer("max", "reduce", ((8, 4),), (8,)),),
                 inputs=(TensorRef("a", A_OFF, DType.F32, (8, 4)),), outputs=(TensorRef("c", C_OFF, DType.F32, (8,)),),
                 regions=(Region("a", "input", A_OFF, 128), Region("c", "output", C_OFF, 32)), constants=b"",
-                dram_bytes=512,
-                hw=HardwareConfig())
+                dram_bytes=512, hw=HardwareConfig())
     return insert_tokens(p)
