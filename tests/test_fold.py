@@ -171,3 +171,21 @@ def test_every_fold_rule_matches_jax(name, data):
             checked += 1
         env[eqn.outvars[0]] = want
     assert checked, f"the case for {name} made no {name} equation"
+
+
+def test_an_equation_over_a_broadcast_constant_folds():
+    """DeBERTa-v2's relative position buckets: iota, a scalar that jnp.where broadcasts (a BROADCAST node,
+    kept as a view of the scalar), then ceil, which has no lowering rule.  The broadcast's consumers
+    fold all the same: the program computes none of it."""
+    import stagec
+    from stagec.sim.reference import execute
+
+    def buckets(x):
+        pos = jnp.arange(12)[:, None] - jnp.arange(12)[None, :]
+        far = jnp.where(jnp.abs(pos) < 4, 3, jnp.abs(pos))
+        return x + jnp.ceil(jnp.log(far.astype(jnp.float32) / 4.0) * 3.0)
+
+    x = RNG.standard_normal((12, 12)).astype(np.float32)
+    assert "broadcast_in_dim" in str(jax.make_jaxpr(buckets)(x))
+    program = stagec.compile(buckets, (x,))
+    np.testing.assert_allclose(execute(program, [x])[0], buckets(x), rtol=1e-6)

@@ -48,11 +48,18 @@ def canonicalize(closed: ClosedJaxpr) -> Graph:
 _CALL_JAXPR_PARAMS = ("call_jaxpr", "jaxpr", "fun_jaxpr")
 
 
-def _interpret(b: GraphBuilder, jaxpr, consts, args):
+def _interpret(b: GraphBuilder, jaxpr, consts, args, views=None):
     env = {}
+    # Value id -> (the host array, the size of its constant source) of each broadcast of a constant,
+    # which stays a BROADCAST node: an equation over constants and these folds all the same (a mask
+    # built from iota and a broadcast scalar), where its result is not much larger than the sources
+    views = {} if views is None else views
 
     def read(v):
         return np.asarray(v.val) if isinstance(v, Literal) else env[v]
+
+    def host(x):
+        return views[x.id][0] if isinstance(x, Value) else x
 
     for var, c in zip(jaxpr.constvars, consts, strict=True):
         env[var] = np.asarray(c)
@@ -65,9 +72,9 @@ def _interpret(b: GraphBuilder, jaxpr, consts, args):
         scope = str(getattr(eqn.source_info, "name_stack", "")) or b.scope
         if call is not None:
             sub = call if isinstance(call, ClosedJaxpr) else ClosedJaxpr(call, ())
-            outs = _interpret(b, sub.jaxpr, sub.consts, ins[len(ins) - len(sub.jaxpr.invars):])
-        elif all(not isinstance(x, Value) for x in ins) and _foldable(eqn, ins):
-            outs = fold(eqn, ins)
+            outs = _interpret(b, sub.jaxpr, sub.consts, ins[len(ins) - len(sub.jaxpr.invars):], views)
+        elif all(not isinstance(x, Value) or x.id in views for x in ins) and _foldable(eqn, ins, views):
+            outs = fold(eqn, [host(x) for x in ins])
         else:
             if name not in RULES:
                 raise LoweringError(f"Unimplemented primitive in stagec lowering: {name} "
@@ -80,14 +87,22 @@ def _interpret(b: GraphBuilder, jaxpr, consts, args):
             b.scope = scope
             outs = RULES[name](b, eqn, *ins)
             outs = outs if eqn.primitive.multiple_results else [outs]
+            if name == "broadcast_in_dim" and isinstance(outs[0], Value) and \
+                    all(not isinstance(x, Value) or x.id in views for x in ins):
+                views[outs[0].id] = (fold(eqn, [host(x) for x in ins])[0], _size(ins[0], views))
         for v, o in zip(eqn.outvars, outs, strict=True):
             env[v] = o
     return [read(v) for v in jaxpr.outvars]
 
 
-def _foldable(eqn, ins) -> bool:
+def _size(x, views) -> int:
+    """The elements behind a constant operand: a broadcast's, its source's."""
+    return views[x.id][1] if isinstance(x, Value) else np.size(x)
+
+
+def _foldable(eqn, ins, views) -> bool:
     out_size = sum(math.prod(v.aval.shape) for v in eqn.outvars)
-    in_size = sum(np.size(x) for x in ins)
+    in_size = sum(_size(x, views) for x in ins)
     if eqn.primitive.name == "broadcast_in_dim":   # a real broadcast stays a (free) stride-0 view
         return out_size == in_size
     return out_size <= 2 * in_size + 4096
