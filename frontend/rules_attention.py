@@ -21,7 +21,8 @@ two; B = [0, 1] for (batch, heads, L, E)) and r = rank - 1, the equation and its
 
 There is no mask operand without a mask (nor with is_causal). 16-bit q, k, v are converted to
 float32 before the call and the result back after it (PyTorch computes attention in float32);
-grouped-query attention (enable_gqa) repeats k and v across heads before the call.
+grouped-query attention (enable_gqa) repeats k and v across heads before the call, and batch
+axes that broadcast (one key head for all query heads) are broadcast before it.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
         raise UnsupportedOpError(f"attention dropout (dropout_p={dropout_p}) at inference")
     if enable_gqa:
         k, v = (jnp.repeat(t, q.shape[-3] // t.shape[-3], axis=-3) for t in (k, v))
+    # the batch axes broadcast (multi-query attention: Falcon's k and v have one head, q several)
+    batch = jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    q, k, v = (jnp.broadcast_to(t, batch + t.shape[-2:]) for t in (q, k, v))
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     with jax.disable_jit(False):
         return scaled_dot_product_attention(widen(q), widen(k), widen(v), attn_mask, scale=scale, is_causal=is_causal)

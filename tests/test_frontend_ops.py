@@ -295,6 +295,7 @@ def attention(q, k, v, mask, bias, q8, kv2):
             "causal": F.scaled_dot_product_attention(q, q, v[:, :, :5], is_causal=True),
             "scale": F.scaled_dot_product_attention(q, k, v, scale=0.3),
             "gqa": F.scaled_dot_product_attention(q8, kv2, kv2, enable_gqa=True),
+            "multi_query": F.scaled_dot_product_attention(q8, kv2[:, :1], kv2[:, 1:]),   # heads broadcast
             "three_d": F.scaled_dot_product_attention(q[0], k[0], v[0])}
 
 

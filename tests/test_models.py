@@ -56,7 +56,17 @@ def funnel():
                                                                           generator=torch.Generator().manual_seed(1)),)
 
 
-@pytest.mark.parametrize("build", [swin, levit, roberta, funnel], ids=lambda build: build.__name__)
+def falcon():
+    """Multi-query attention: scaled_dot_product_attention of two query heads over one key and value head,
+    its batch axes broadcast."""
+    hf = zoo._transformers()
+    config = hf.FalconConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                             use_cache=False)
+    return zoo._instantiate(hf.FalconModel, config), (torch.randint(0, 50, (1, 8),
+                                                                    generator=torch.Generator().manual_seed(1)),)
+
+
+@pytest.mark.parametrize("build", [swin, levit, roberta, funnel, falcon], ids=lambda build: build.__name__)
 def test_model_compiles_and_runs_as_pytorch(build):
     model, args = build()
     program = stagec.compile(model, args)
