@@ -181,6 +181,31 @@ def test_zero_activation_scale_is_an_error_naming_the_value():
         stagec.compile(model, (x,), quantize="int8", calibration=[(x,)])
 
 
+class PositionMlp(nn.Module):
+    """Swin-v2's continuous position bias: an MLP over a constant table of coordinates (too large a result
+    to fold on the host), its output added to the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.linspace(-2, 2, 98).reshape(49, 2))
+        self.mlp = nn.Sequential(nn.Linear(2, 512), nn.ReLU(), nn.Linear(512, 4))
+
+    def forward(self, x):
+        return x + self.mlp(self.table)
+
+
+def test_a_matmul_of_a_constant_takes_its_range_from_its_values():
+    torch.manual_seed(0)
+    model, x = PositionMlp().eval(), torch.randn(49, 4, generator=torch.Generator().manual_seed(1))
+    program, graph = compile_both(model, (x,), [(x,)])
+    first = next(n for n in graph.nodes if n.op == OpKind.MATMUL)
+    assert first.inputs[0].dtype == "int8" and first.inputs[0].id in graph.constants   # quantized on the host
+    y, _ = stagec.simulate(program, x)
+    (ref,) = int8_reference.run(graph, [x.numpy()])
+    np.testing.assert_array_equal(y, ref)
+    assert cosine(y, model(x).detach().numpy()) > 0.999
+
+
 def test_quantize_arguments_are_checked():
     lin, x = nn.Linear(4, 2).eval(), torch.randn(1, 4)
     with pytest.raises(ValueError, match="quantize must be one of"):

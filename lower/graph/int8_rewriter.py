@@ -84,6 +84,10 @@ class Rewriter:
             # the view may already run in fp32 for other readers: the int8 one is a second node
             self.int8_result(view, (q, *view.inputs[1:]), self.scales[q.id],
                              name=f"{view.name}/int8" if v.id in self.fp32 else view.name)
+        if v.id not in self.int8 and v.id in self.graph.constants:   # quantized on the host
+            scale = self.scale_of(v)
+            q = self.const(np.clip(np.round(self.graph.constants[v.id] / scale), -QMAX, QMAX).astype(np.int8))
+            self.int8[v.id], self.scales[q.id] = q, scale
         if v.id not in self.int8:
             scale = self.scale_of(v)
             gain = self.const(np.array(2**QUANTIZE_FRACTION_BITS / scale, np.float32))
