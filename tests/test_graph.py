@@ -259,3 +259,21 @@ def test_check_graph_names_the_pass_that_broke_the_graph():
     lost = Graph((a,), (Value(9, (2,)),), good.nodes)
     with pytest.raises(AssertionError, match="returns %9, which nothing defines"):
         check_graph(lost, "dce")
+
+
+def test_an_empty_slice_adds_nothing_to_a_concat():
+    """Phi-3's rotary embedding over the whole head: cat((rotated, q[..., d:])) with the second part empty,
+    which became a COPY nest of no channels (ValueError: range() arg 3 must not be zero, at lowering)."""
+    import stagec
+    from stagec.sim.reference import execute
+
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+
+    def rotated(x):
+        return jnp.concatenate([x * 2, x[..., 4:]], -1)
+
+    graph = canonicalize(jax.make_jaxpr(rotated)(x))
+    assert [n.op for n in graph.nodes] == [OpKind.ELEMENTWISE]
+    np.testing.assert_array_equal(execute(stagec.compile(rotated, (x,)), [x])[0], rotated(x))
+    with pytest.raises(LoweringError, match=r"output 1 has shape \[2, 0\], an empty tensor"):
+        canonicalize(jax.make_jaxpr(lambda x: (x * 2, x[..., 4:]))(x))

@@ -37,7 +37,10 @@ def canonicalize(closed: ClosedJaxpr) -> Graph:
     inputs = [b.value(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
     outs = _interpret(b, closed.jaxpr, closed.consts, inputs)
     outputs = []
-    for o in outs:
+    for i, o in enumerate(outs):
+        if math.prod(np.shape(o)) == 0:
+            raise LoweringError(f"output {i} has shape {list(np.shape(o))}, an empty tensor: stagec does not "
+                                "lower empty outputs")
         if not isinstance(o, Value) or o in inputs or o.id in b.constants or o in outputs:
             # An output must be produced by a node of its own: copy it.
             o = b.elementwise([o], (Step("copy", (0,)),), np.shape(o) if not isinstance(o, Value) else o.shape)
@@ -75,6 +78,8 @@ def _interpret(b: GraphBuilder, jaxpr, consts, args, views=None):
             outs = _interpret(b, sub.jaxpr, sub.consts, ins[len(ins) - len(sub.jaxpr.invars):], views)
         elif all(not isinstance(x, Value) or x.id in views for x in ins) and _foldable(eqn, ins, views):
             outs = fold(eqn, [host(x) for x in ins])
+        elif all(math.prod(v.aval.shape) == 0 for v in eqn.outvars):   # an empty slice: nothing to compute
+            outs = [np.zeros(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
         else:
             if name not in RULES:
                 raise LoweringError(f"Unimplemented primitive in stagec lowering: {name} "

@@ -3,6 +3,8 @@ mostly), pads and concatenations."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from stagec.errors import LoweringError
@@ -62,4 +64,8 @@ def pad(b, eqn, x, value):
 
 @rule("concatenate")
 def concatenate(b, eqn, *xs):
-    return b.emit(OpKind.CONCAT, list(xs), out_shape(eqn), axis=int(eqn.params["dimension"]))
+    # an empty operand adds nothing (Phi-3's rotary embedding over the whole head: its pass-through part)
+    xs = [x for x in xs if math.prod(np.shape(x)) > 0]
+    if len(xs) == 1:
+        return xs[0]
+    return b.emit(OpKind.CONCAT, xs, out_shape(eqn), axis=int(eqn.params["dimension"]))
