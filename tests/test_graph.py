@@ -277,3 +277,18 @@ def test_an_empty_slice_adds_nothing_to_a_concat():
     np.testing.assert_array_equal(execute(stagec.compile(rotated, (x,)), [x])[0], rotated(x))
     with pytest.raises(LoweringError, match=r"output 1 has shape \[2, 0\], an empty tensor"):
         canonicalize(jax.make_jaxpr(lambda x: (x * 2, x[..., 4:]))(x))
+
+
+@pytest.mark.parametrize("shape, reps", [((1, 1, 8), (1, 64, 1)), ((1, 3, 4), (2, 1, 3))])
+def test_tile_lowers_as_a_broadcast(shape, reps):
+    """jnp.tile (torch's repeat; SwiftFormer's attention repeats its query weights per token) had no rule."""
+    import stagec
+    from stagec.sim.reference import execute
+
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+
+    def tiled(x):
+        return jnp.tile(x * 2, reps) + 1
+
+    assert "tile" in str(jax.make_jaxpr(tiled)(x))
+    np.testing.assert_array_equal(execute(stagec.compile(tiled, (x,)), [x])[0], tiled(x))

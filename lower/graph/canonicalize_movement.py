@@ -21,6 +21,15 @@ def broadcast_in_dim(b, eqn, x):
     return b.emit(OpKind.BROADCAST, [x], shape, dims=dims)
 
 
+@rule("tile")
+def tile(b, eqn, x):
+    """jnp.tile (torch's repeat): each axis of size s as (1, s), broadcast to (reps, s), merged back."""
+    shape, reps = np.shape(x), tuple(eqn.params["reps"])
+    pairs = reshape_value(b, x, tuple(d for s in shape for d in (1, s)))
+    wide = tuple(d for r, s in zip(reps, shape, strict=True) for d in (r, s))
+    return reshape_value(b, b.emit(OpKind.BROADCAST, [pairs], wide, dims=tuple(range(len(wide)))), out_shape(eqn))
+
+
 @rule("reshape")
 def reshape(b, eqn, x, *dyn):
     return reshape_value(b, x, eqn.params["new_sizes"])
