@@ -26,16 +26,19 @@ from stagec.lower.schedule.flash_int8 import (
     match,
     shape_of,
 )
+from stagec.lower.schedule.halo import RECOMPUTE
 from stagec.pipeline import PIPELINE, position, run
 from stagec.report import make_report
 
 SMALL = HardwareConfig(array_rows=8, array_cols=8, scratchpad_bytes=128 * 1024, accumulator_bytes=32 * 1024)
 
 
-def test_a_bf16_clamped_conv_folds_its_epilogue_and_rounds_it_as_it_writes():
+def test_a_bf16_clamped_conv_folds_its_epilogue_and_rounds_it_as_it_writes(monkeypatch):
     """A bf16 ReLU6 block: each expand/depthwise epilogue is one CLAMP (was add, relu, min and a COPY to
     bf16 in a cascade), writing bf16 where the cascade keeps its intermediate; the result is the unfolded
-    program's bit for bit and PyTorch's within bf16's rounding; no bf16 layer takes more cycles than fp32's."""
+    program's bit for bit and PyTorch's within bf16's rounding; no bf16 layer takes more cycles than fp32's.
+    (Its halo recomputed: a line buffer COPYs its shared rows forward, in bf16.)"""
+    monkeypatch.setattr("stagec.lower.schedule.cascade_map.HALOS", (RECOMPUTE,))
     model, x = block(torch.nn.ReLU6)
     folded, y, report = simulated(model, x, hw=SMALL, quantize="bf16")
     before, y_before, _ = simulated(model, x, hw=SMALL, stages=WITHOUT_FOLD, quantize="bf16")

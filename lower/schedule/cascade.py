@@ -30,7 +30,8 @@ member's output tile differ.
 The cost is the members' nest work (lower.schedule.nest_work's matrix_work, window_work) with the
 intermediate's STORE and LOAD taken out and the COPYs put in, composed into a latency as a pipeline
 over spatial tiles: the busiest unit (LOAD and STORE queues, the DRAM channel, the vector unit, or
-the array, which also waits per spatial tile for each non-last member's last tile), plus one step's
+the array, which also waits for each non-last member's last tile: per spatial tile, or once where the
+emitter software-pipelines the steps, every intermediate double-buffered), plus one step's
 LOADs to fill, one tile's epilogue and STORE to drain, and the ramp: the first step's pass through
 the members (each on its unit) less the busiest unit's period, which a cascade of few steps pays.
 Written over an ops namespace like the nest (lower.schedule.nest.Exact; costmodel.smooth.Relaxed).
@@ -192,6 +193,7 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
     vec_extra = {i: m[1][1] + c[1] for i, m, c in zip(ahead, masks, copies_, strict=True)}
     loads = tuple(sum(m[0][k] for m in masks) for k in range(2))
     store, startup, matrix, vector, step = works[-1].store, (0, 0), 0, 0, 0
+    pipelined = _pipelined(ms)
     # the steps each member runs in: spatial tiles, a chunked cascade's chunks from its chunked member on
     spatial = Ls[-1].n * works[-1].dims.n_h * works[-1].dims.n_w
     chunks = 1 + chunked * (works[chunk_at(Ls)].dims.n_o - 1)
@@ -209,10 +211,11 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
         turn_cycles, turn_elements = window_turn(L, w.dims, hw, ops)
         vec = (w.epilogue + copy * w.groups + (1 - on_array) * w.compute + vec_extra.get(i, 0)
                + turned * turn_cycles)
-        tiles = xp.maximum(w.tiles, 1)
-        # the next member's first MATMUL waits for this member's last output tile's vector work
+        # the next member's first MATMUL waits for this member's last output tile's vector work: on every
+        # step unpipelined, else on the first alone
+        tail = (i < last) * vec / xp.maximum(w.tiles, 1)
         matrix = (matrix + on_array * (w.compute + waits(L, m, w, hw))
-                  + (i < last) * L.n * w.dims.n_h * w.dims.n_w * vec / tiles)
+                  + ((1 - pipelined) * L.n * w.dims.n_h * w.dims.n_w + pipelined) * tail)
         vector = vector + vec
         # one step's pass through the members (the last one's epilogue is the drain's)
         runs = spatial * (chunks if i >= chunk_at(Ls) else 1)
@@ -235,6 +238,16 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
     total = ActionCounts(**{k: sum(a.get(k, 0) for a in acts) for k in acts[-1]})
     return CascadeCost(dma_cycles(*startup, hw) + fill + busiest + ramp + drain, instructions, total, units, spad,
                        acc)
+
+
+def _pipelined(ms):
+    """1 where every non-last member's intermediate is double-buffered: the emitter then runs member i on
+    step s - i (lower.codegen.cascade), so each member reads a step's intermediate written a step
+    before and no MATMUL waits on the member ahead's epilogues."""
+    p = 1
+    for m in ms[:-1]:
+        p = p * m.double_buffer
+    return p
 
 
 def _member_actions(L: LayerShape, m: TileMapping, w, hw, ops, reads_intermediate, writes_intermediate,

@@ -38,7 +38,7 @@ from .halo import (
 )
 from .nest import MATRIX, Exact, LayerShape, TileMapping, dots, stacks
 from .nest_cost import nest_cost
-from .search import INSTRUCTION_CHARGE, objective_of, tile_sizes
+from .search import CASCADE_INSTRUCTION_CHARGE, objective_of, tile_sizes
 from .tensors import DTYPE_OF
 
 FUSED_DTYPES = ("float32", "int8", "bfloat16")   # intermediates the scratchpad holds as the next layer reads them
@@ -115,7 +115,7 @@ def _options(dim: int, cols: int) -> np.ndarray:
 
 
 def _charged(cycles, instructions, actions: ActionCounts, hw, objective: str):
-    charged = cycles + INSTRUCTION_CHARGE * instructions
+    charged = cycles + CASCADE_INSTRUCTION_CHARGE * instructions
     energy = sum(energy_pj(actions, charged, hw).values())
     return charged, energy, objective_of(charged, energy, objective)
 
