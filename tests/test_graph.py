@@ -292,3 +292,31 @@ def test_tile_lowers_as_a_broadcast(shape, reps):
 
     assert "tile" in str(jax.make_jaxpr(tiled)(x))
     np.testing.assert_array_equal(execute(stagec.compile(tiled, (x,)), [x])[0], tiled(x))
+
+
+def _away_from_zero(x):
+    return np.copysign(np.floor(np.abs(x.astype(np.float64)) + 0.5), x).astype(np.float32)
+
+
+ROUNDINGS = {"floor": (jnp.floor, np.floor), "ceil": (jnp.ceil, np.ceil), "round": (jnp.round, np.round),
+             "round_away": (lambda v: lax.round(v, lax.RoundingMethod.AWAY_FROM_ZERO), _away_from_zero),
+             "sign": (jnp.sign, np.sign)}
+
+
+@pytest.mark.parametrize("name", ROUNDINGS)
+def test_floor_ceil_round_and_sign_of_activations(name):
+    """floor, ceil, round and sign had no rule (only constants folded): the first three are expressions
+    over float32 -> int32 truncation, exact below 2**23 and x itself above; ties, -0.5 < x < 0, the last
+    fractional float32s, huge values, infinities and NaN against numpy, in both simulators."""
+    import stagec
+    from stagec.sim.reference import execute
+
+    special = [0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.49999997, -0.49999997, -0.4999999851, 1e-8, -1e-8, 2**22 + 0.5,
+               -(2**22 + 0.5), 2**23 - 0.5, -(2**23 - 0.5), 2**23, 2**24 + 2, 1e30, -1e30, np.inf, -np.inf, np.nan]
+    x = np.concatenate([np.array(special, np.float32), np.arange(-40, 41, dtype=np.float32) / 4,
+                        np.random.default_rng(0).standard_normal(64).astype(np.float32) * 10])
+    fn, want = ROUNDINGS[name]
+    program = stagec.compile(lambda v: fn(v * 3.0) - 1.0, (x,))
+    expected = want(x * np.float32(3.0)) - np.float32(1.0)
+    np.testing.assert_array_equal(execute(program, [x])[0], expected)
+    np.testing.assert_array_equal(stagec.simulate(program, x)[0], expected)

@@ -71,6 +71,76 @@ def log1p(b, eqn, x):
     return b.elementwise([x, np.float32(1.0)], (Step("add", (0, 1)), Step("log", (2,))), out_shape(eqn))
 
 
+class _Steps:
+    """An ELEMENTWISE expression built step by step: each call appends a step, returning its operand index."""
+
+    def __init__(self, inputs: int):
+        self.inputs, self.steps = inputs, []
+
+    def __call__(self, op: str, *operands: int) -> int:
+        self.steps.append(Step(op, operands))
+        return self.inputs + len(self.steps) - 1
+
+
+# The vector unit converts float32 to int32 by truncation (isa.semantics.convert): below 2**23 in
+# magnitude that is exact, and every float32 from there on is already an integer (inf and NaN stay x).
+_X, _BIG, _HALF, _ZERO = range(4)      # the operands: x, 2**23, 0.5, 0.0
+
+
+def _rounding(b, eqn, x, integer_part):
+    """x's integer part by `integer_part(step, truncated x)` below 2**23 in magnitude, x itself above."""
+    if dtype_of(x) != "float32":
+        return x    # an integer is its own floor, ceiling and rounding
+    step = _Steps(4)
+    small = step("cmp_gt", _BIG, step("abs", _X))
+    step("select", small, _X, integer_part(step, step("to_f32", step("to_i32", _X))))
+    return b.elementwise([x, np.float32(2**23), np.float32(0.5), np.float32(0.0)], step.steps, out_shape(eqn))
+
+
+@rule("floor")
+def floor(b, eqn, x):
+    return _rounding(b, eqn, x, lambda step, t: step("sub", t, step("cmp_gt", t, _X)))
+
+
+@rule("ceil")
+def ceil(b, eqn, x):
+    return _rounding(b, eqn, x, lambda step, t: step("add", t, step("cmp_gt", _X, t)))
+
+
+@rule("round")
+def round_(b, eqn, x):
+    """lax.round: halves to even (jnp.round, torch.round) or away from zero (lax.round's default), on |x|
+    (whose fraction |x| - trunc(|x|) is exact, where x - floor(x) of a small negative x is not), the
+    sign put back."""
+    to_even = int(eqn.params["rounding_method"]) == 1
+
+    def nearest(step, t):
+        a = step("abs", _X)
+        whole = step("to_f32", step("to_i32", a))
+        frac = step("sub", a, whole)
+        if to_even:    # a half goes up where the whole part is odd: 2 (w/2 - trunc(w/2)) is 1
+            half_whole = step("mul", whole, _HALF)
+            odd = step("sub", half_whole, step("to_f32", step("to_i32", half_whole)))
+            tie = step("mul", step("cmp_eq", frac, _HALF), step("add", odd, odd))
+            up = step("add", step("cmp_gt", frac, _HALF), tie)
+        else:
+            up = step("cmp_ge", frac, _HALF)
+        r = step("add", whole, up)
+        return step("select", step("cmp_gt", _ZERO, _X), r, step("neg", r))
+
+    return _rounding(b, eqn, x, nearest)
+
+
+@rule("sign")
+def sign(b, eqn, x):
+    """(x > 0) - (x < 0); NaN stays NaN (x == x is false only there)."""
+    step = _Steps(2)
+    signum = step("sub", step("cmp_gt", 0, 1), step("cmp_gt", 1, 0))
+    if dtype_of(x) == "float32":
+        step("select", step("cmp_eq", 0, 0), 0, signum)
+    return b.elementwise([x, np.zeros((), storage_dtype(eqn.invars[0].aval.dtype))], step.steps, out_shape(eqn))
+
+
 @rule("square")
 def square(b, eqn, x):
     return b.elementwise([x], (Step("mul", (0, 0)),), out_shape(eqn))
