@@ -160,10 +160,11 @@ def dot(ns, a, b):
 
 
 def floor_div(ns, a, b):
-    """floor(a / b), 0 where b == 0 (DIV)."""
+    """floor(a / b), 0 where b == 0 (DIV); int32's -2**31 / -1 wraps to -2**31 (numpy would warn)."""
     nonzero = b != 0
-    return ns.xp.where(nonzero, ns.xp.floor_divide(a, ns.xp.where(nonzero, b, ns.xp.ones((), b.dtype))),
-                       ns.xp.zeros((), a.dtype))
+    with np.errstate(over="ignore"):
+        return ns.xp.where(nonzero, ns.xp.floor_divide(a, ns.xp.where(nonzero, b, ns.xp.ones((), b.dtype))),
+                           ns.xp.zeros((), a.dtype))
 
 
 def clamp(xp, x, lo, hi, bias):

@@ -320,3 +320,25 @@ def test_floor_ceil_round_and_sign_of_activations(name):
     expected = want(x * np.float32(3.0)) - np.float32(1.0)
     np.testing.assert_array_equal(execute(program, [x])[0], expected)
     np.testing.assert_array_equal(stagec.simulate(program, x)[0], expected)
+
+
+@pytest.mark.parametrize("name, fn", [("div", lax.div), ("rem", lax.rem), ("floor_divide", jnp.floor_divide),
+                                      ("remainder", jnp.remainder), ("div_by_constant", lambda x, y: lax.div(x, 3)),
+                                      ("remainder_of_constant", lambda x, y: x % 5)])
+def test_integer_division_of_activations(name, fn):
+    """int32 division truncates toward zero (lax.div; XLA's x / 0 = -1) and rem keeps x's sign (x % 0 = x):
+    built from the vector unit's floor division.  A constant divisor was multiplied by its float32
+    reciprocal (garbage: 1230329171 for -7 / 3), and rem had no rule (CANINE's character hashing)."""
+    import stagec
+    from stagec.sim.reference import execute
+
+    x = np.array([-7, -3, 0, 5, 7, 100, -2**31, -2**31, 9, -9, 6, -6, 2**31 - 1, 12345678], np.int32)
+    y = np.array([3, 5, 4, -3, -7, 0, -1, 2, 3, -3, -4, 4, 1, -1000], np.int32)
+
+    def model(x, y):
+        return fn(x * 1, y)
+
+    program = stagec.compile(model, (x, y))
+    want = np.asarray(jax.jit(model)(x, y))
+    np.testing.assert_array_equal(execute(program, [x, y])[0], want)
+    np.testing.assert_array_equal(stagec.simulate(program, x, y)[0], want)

@@ -37,8 +37,35 @@ def binary(b, eqn, x, y):
     return b.elementwise([x, y], (Step(_BINARY[name], (0, 1)),), out_shape(eqn))
 
 
+def _truncated_division(b, eqn, x, y, remainder: bool):
+    """lax.div and lax.rem of int32s (C's: the quotient truncated toward zero, the remainder of x's sign;
+    XLA's x / 0 = -1 and x % 0 = x) from the vector unit's floor division (0 where y is 0): the floor
+    quotient one more, and its remainder one y less, where that remainder is not 0 and x and y have
+    opposite signs."""
+    step = _Steps(4)       # x, y, 0, -1
+    floor_q = step("div", 0, 1)
+    floor_r = step("sub", 0, step("mul", floor_q, 1))
+    opposite = step("cmp_ne", step("cmp_gt", 2, 0), step("cmp_gt", 2, 1))
+    adjust = step("mul", step("cmp_ne", floor_r, 2), opposite)
+    if remainder:
+        step("sub", floor_r, step("mul", adjust, 1))
+    else:
+        step("select", step("cmp_eq", 1, 2), step("add", floor_q, adjust), 3)
+    return b.elementwise([x, y, np.int32(0), np.int32(-1)], step.steps, out_shape(eqn))
+
+
+@rule("rem")
+def rem(b, eqn, x, y):
+    if dtype_of(x) != "int32":
+        raise LoweringError(f"rem (fmod) of {dtype_of(x)} values is not lowered, only of int32 "
+                            f"(equation `{eqn}`)")
+    return _truncated_division(b, eqn, x, y, remainder=True)
+
+
 @rule("div")
 def div(b, eqn, x, y):
+    if dtype_of(x) == "int32":
+        return _truncated_division(b, eqn, x, y, remainder=False)
     if not isinstance(y, Value):    # division by a constant: multiply by its reciprocal
         return b.elementwise([x, (1.0 / np.asarray(y, np.float64)).astype(np.float32)], (Step("mul", (0, 1)),),
                              out_shape(eqn))
