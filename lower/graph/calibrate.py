@@ -48,18 +48,12 @@ def calibrate(graph: Graph, batches: list[list[np.ndarray]], percentile: float |
         raise InputError("calibration needs at least one batch of inputs")
     if percentile is not None and not 0 < percentile <= 100:
         raise InputError(f"percentile must be in (0, 100], got {percentile}")
-    def tracker(total: int) -> _Largest:
-        return _Largest(1 if percentile is None else min(total, math.floor((total - 1) * (1 - percentile / 100)) + 2))
-
     floats = [v for v in (*graph.inputs, *(n.output for n in graph.nodes)) if v.dtype == "float32"]
-    ranges = {v.id: tracker(v.size * len(batches)) for v in floats}
-    # a constant that an op takes where it takes activations (Swin-v2's position table, the input of a
-    # matmul by weights) has its range in its values
-    for vid, c in graph.constants.items():
-        c = np.asarray(c)
-        if c.dtype == np.float32 and c.size:
-            ranges[vid] = tracker(c.size)
-            ranges[vid].add(c)
+    ranges = {}
+    for v in floats:
+        total = v.size * len(batches)
+        keep = 1 if percentile is None else min(total, math.floor((total - 1) * (1 - percentile / 100)) + 2)
+        ranges[v.id] = _Largest(keep)
 
     def observe(v: Value, x) -> None:
         if v.id in ranges:

@@ -50,8 +50,11 @@ class Rewriter:
         return v
 
     def scale_of(self, v: Value) -> float:
-        """The activation scale of original value v, from its calibrated range."""
+        """The activation scale of original value v, from its calibrated range (a constant's, that an op
+        takes where it takes activations: from its values)."""
         amax = self.amax.get(v.id)
+        if amax is None and v.id in self.graph.constants and np.size(self.graph.constants[v.id]):
+            amax = float(np.max(np.abs(self.graph.constants[v.id])))
         if amax is None:
             raise QuantizationError(f"value %{v.id} ({self.names.get(v.id, 'value')}) has no calibrated range")
         if not amax > 0 or not np.isfinite(amax):
