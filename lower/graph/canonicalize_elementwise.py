@@ -115,23 +115,33 @@ _X, _BIG, _HALF, _ZERO = range(4)      # the operands: x, 2**23, 0.5, 0.0
 
 
 def _rounding(b, eqn, x, integer_part):
-    """x's integer part by `integer_part(step, truncated x)` below 2**23 in magnitude, x itself above."""
+    """x's integer part by `integer_part(step)` below 2**23 in magnitude, x itself above."""
     if dtype_of(x) != "float32":
         return x    # an integer is its own floor, ceiling and rounding
     step = _Steps(4)
     small = step("cmp_gt", _BIG, step("abs", _X))
-    step("select", small, _X, integer_part(step, step("to_f32", step("to_i32", _X))))
+    step("select", small, _X, integer_part(step))
     return b.elementwise([x, np.float32(2**23), np.float32(0.5), np.float32(0.0)], step.steps, out_shape(eqn))
+
+
+def _truncated(step, operand: int) -> int:
+    return step("to_f32", step("to_i32", operand))
 
 
 @rule("floor")
 def floor(b, eqn, x):
-    return _rounding(b, eqn, x, lambda step, t: step("sub", t, step("cmp_gt", t, _X)))
+    def below(step):
+        t = _truncated(step, _X)
+        return step("sub", t, step("cmp_gt", t, _X))
+    return _rounding(b, eqn, x, below)
 
 
 @rule("ceil")
 def ceil(b, eqn, x):
-    return _rounding(b, eqn, x, lambda step, t: step("add", t, step("cmp_gt", _X, t)))
+    def above(step):
+        t = _truncated(step, _X)
+        return step("add", t, step("cmp_gt", _X, t))
+    return _rounding(b, eqn, x, above)
 
 
 @rule("round")
@@ -141,13 +151,13 @@ def round_(b, eqn, x):
     sign put back."""
     to_even = int(eqn.params["rounding_method"]) == 1
 
-    def nearest(step, t):
+    def nearest(step):
         a = step("abs", _X)
-        whole = step("to_f32", step("to_i32", a))
+        whole = _truncated(step, a)
         frac = step("sub", a, whole)
         if to_even:    # a half goes up where the whole part is odd: 2 (w/2 - trunc(w/2)) is 1
             half_whole = step("mul", whole, _HALF)
-            odd = step("sub", half_whole, step("to_f32", step("to_i32", half_whole)))
+            odd = step("sub", half_whole, _truncated(step, half_whole))
             tie = step("mul", step("cmp_eq", frac, _HALF), step("add", odd, odd))
             up = step("add", step("cmp_gt", frac, _HALF), tie)
         else:
