@@ -19,6 +19,27 @@ def reduce(b, eqn, x):
                   axes=tuple(sorted(int(a) for a in eqn.params["axes"])))
 
 
+@rule("argmax", "argmin")
+def argmax(b, eqn, x):
+    """The first index of the largest (smallest) element along an axis, as jnp's (the first NaN where
+    there is one): the REDUCE max (min), then the least index of the elements equal to it (or NaN), the
+    others given the axis' length, by a REDUCE min."""
+    (ax,) = eqn.params["axes"]
+    shape, n = x.shape, x.shape[eqn.params["axes"][0]]
+    kept = tuple(1 if d == ax else s for d, s in enumerate(shape))
+    func = eqn.primitive.name[3:]
+    best = reshape_value(b, b.emit(OpKind.REDUCE, [x], out_shape(eqn), func=func, axes=(ax,)), kept)
+    dtype = np.int32 if dtype_of(x) == "int32" else np.float32
+    index = np.arange(n, dtype=dtype).reshape(tuple(n if d == ax else 1 for d in range(len(shape))))
+    steps = [Step("cmp_eq", (0, 1))]
+    if dtype == np.float32:
+        steps += [Step("cmp_ne", (0, 0)), Step("max", (4, 5))]
+    steps.append(Step("select", (3 + len(steps), 3, 2)))
+    candidates = b.elementwise([x, best, index, dtype(n)], tuple(steps), shape)
+    first = b.emit(OpKind.REDUCE, [candidates], out_shape(eqn), func="min", axes=(ax,))
+    return first if dtype == np.int32 else b.elementwise([first], (Step("to_i32", (0,)),), out_shape(eqn))
+
+
 @rule("cumsum")
 def cumsum(b, eqn, x):
     """A running sum along an axis of length n: a MATMUL by the constant n x n 0/1 triangle (n MACs an
