@@ -178,6 +178,40 @@ def sign(b, eqn, x):
     return b.elementwise([x, np.zeros((), storage_dtype(eqn.invars[0].aval.dtype))], step.steps, out_shape(eqn))
 
 
+@rule("is_finite")
+def is_finite(b, eqn, x):
+    """|x| < inf: false for inf and NaN (a boolean, held as float32 0/1)."""
+    return b.elementwise([x, np.float32(np.inf)], (Step("abs", (0,)), Step("cmp_gt", (1, 2))), out_shape(eqn))
+
+
+@rule("exp2")
+def exp2(b, eqn, x):
+    return b.elementwise([x, np.float32(math.log(2))], (Step("mul", (0, 1)), Step("exp", (2,))), out_shape(eqn))
+
+
+@rule("pow")
+def pow_(b, eqn, x, y):
+    """x ** c for a scalar constant c: a product for a small integer c, else sqrt or rsqrt for c = 1/2 or
+    -1/2 and exp(c log x) for any other (NaN for x < 0, as a real power of a non-integer; 0 and inf at
+    x = 0), with pow's -inf ** c (inf for c > 0, 0 for c < 0) put in."""
+    if isinstance(y, Value) or np.size(y) != 1:
+        raise LoweringError(f"pow with a computed or non-scalar exponent (equation `{eqn}`): only x ** c for "
+                            "a constant c is lowered")
+    c = float(np.asarray(y).reshape(()))
+    if c == 0:    # 1 everywhere, NaN included
+        return np.ones(out_shape(eqn), np.float32)
+    if c == int(c) and abs(c) <= 8:
+        return _integer_power(b, x, int(c), out_shape(eqn))
+    step = _Steps(4)     # x, c, -inf, -inf ** c
+    if c in (0.5, -0.5):
+        power = step("sqrt" if c > 0 else "rsqrt", 0)
+    else:
+        power = step("exp", step("mul", step("log", 0), 1))
+    step("select", step("cmp_eq", 0, 2), power, 3)
+    return b.elementwise([x, np.float32(c), np.float32(-np.inf), np.float32(np.inf if c > 0 else 0.0)], step.steps,
+                         out_shape(eqn))
+
+
 @rule("square")
 def square(b, eqn, x):
     return b.elementwise([x], (Step("mul", (0, 0)),), out_shape(eqn))
@@ -188,12 +222,16 @@ def integer_pow(b, eqn, x):
     y = eqn.params["y"]
     if y == 0 or abs(y) > 8:
         raise LoweringError(f"integer_pow with exponent {y}")
+    return _integer_power(b, x, y, out_shape(eqn))
+
+
+def _integer_power(b, x, y: int, shape):
     steps = [Step("copy", (0,))] if abs(y) == 1 else [Step("mul", (0, 0))]
     for _ in range(abs(y) - 2):
         steps.append(Step("mul", (len(steps), 0)))   # the previous step times the input
     if y < 0:
         steps.append(Step("recip", (len(steps),)))
-    return b.elementwise([x], steps, out_shape(eqn))
+    return b.elementwise([x], steps, shape)
 
 
 @rule("copy", "copy_p", "stop_gradient", "reduce_precision", "optimization_barrier")
