@@ -212,6 +212,54 @@ def pow_(b, eqn, x, y):
                          out_shape(eqn))
 
 
+# sin and cos as Cephes' sinf and cosf: x less the nearest multiple k of pi/2, in Cody and Waite's three
+# parts (each product exact below |x| = 8192, so r keeps float32's digits there), then k's quadrant
+# picks +-sin(r) or +-cos(r), each a polynomial on [-pi/4, pi/4].  Past 8192 the reduction loses digits
+# as |x| grows (Payne and Hanek's would not), about 1e-6 at 1e5 and 3e-2 at 1e6: from |x| = 2**17 on the
+# result is NaN rather than a wrong number, as for inf and NaN.
+_PI_2_PARTS = (1.5703125, 4.837512969970703125e-4, 7.54978995489188216e-8)
+_SIN_POLY = (-1.9515295891e-4, 8.3321608736e-3, -1.6666654611e-1)
+_COS_POLY = (2.443315711809948e-5, -1.388731625493765e-3, 4.166664568298827e-2)
+_SINE_CONSTS = (2 / math.pi, *_PI_2_PARTS, *_SIN_POLY, *_COS_POLY, 0.5, -0.5, 1.0, 0.25, 4.0, 2.0, 0.0, 2.0**17,
+                math.nan)
+
+
+def _sine(b, eqn, x, quarters: int):
+    """sin(x + quarters pi/2)."""
+    if dtype_of(x) != "float32":
+        raise LoweringError(f"{eqn.primitive.name} of {dtype_of(x)} values (equation `{eqn}`)")
+    step = _Steps(2 + len(_SINE_CONSTS))
+    (two_over_pi, c1, c2, c3, s0, s1, s2, k0, k1, k2, half, minus_half, one, fourth, four, two, zero, bound,
+     nan) = range(2, 2 + len(_SINE_CONSTS))
+    y = step("mul", 0, two_over_pi)
+    k = _truncated(step, step("add", y, step("select", step("cmp_gt", zero, y), half, minus_half)))
+    r = step("sub", step("sub", step("sub", 0, step("mul", k, c1)), step("mul", k, c2)), step("mul", k, c3))
+    z = step("mul", r, r)
+    sin_r = step("add", r, step("mul", step("mul", r, z),
+                                step("add", step("mul", step("add", step("mul", z, s0), s1), z), s2)))
+    cos_poly = step("add", step("mul", step("add", step("mul", z, k0), k1), z), k2)
+    cos_r = step("add", step("sub", one, step("mul", z, half)), step("mul", step("mul", z, z), cos_poly))
+    turns = step("add", k, 1)                      # k + quarters: the quadrant counted from 0
+    floor_4 = _truncated(step, step("mul", turns, fourth))
+    floor_4 = step("sub", floor_4, step("cmp_gt", floor_4, step("mul", turns, fourth)))
+    q = step("sub", turns, step("mul", floor_4, four))             # 0, 1, 2 or 3
+    odd = step("max", step("cmp_eq", q, one), step("cmp_eq", q, step("add", one, two)))
+    value = step("select", odd, sin_r, cos_r)
+    signed = step("select", step("cmp_ge", q, two), value, step("neg", value))
+    step("select", step("cmp_gt", bound, step("abs", 0)), nan, signed)
+    return b.elementwise([x, np.float32(quarters), *np.float32(_SINE_CONSTS)], step.steps, out_shape(eqn))
+
+
+@rule("sin")
+def sin(b, eqn, x):
+    return _sine(b, eqn, x, 0)
+
+
+@rule("cos")
+def cos(b, eqn, x):
+    return _sine(b, eqn, x, 1)
+
+
 @rule("square")
 def square(b, eqn, x):
     return b.elementwise([x], (Step("mul", (0, 0)),), out_shape(eqn))
