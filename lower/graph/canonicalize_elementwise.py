@@ -220,8 +220,8 @@ def pow_(b, eqn, x, y):
 _PI_2_PARTS = (1.5703125, 4.837512969970703125e-4, 7.54978995489188216e-8)
 _SIN_POLY = (-1.9515295891e-4, 8.3321608736e-3, -1.6666654611e-1)
 _COS_POLY = (2.443315711809948e-5, -1.388731625493765e-3, 4.166664568298827e-2)
-_SINE_CONSTS = (2 / math.pi, *_PI_2_PARTS, *_SIN_POLY, *_COS_POLY, 0.5, -0.5, 1.0, 0.25, 4.0, 2.0, 0.0, 2.0**17,
-                math.nan)
+_SINE_CONSTS = (2 / math.pi, *_PI_2_PARTS, *_SIN_POLY, *_COS_POLY, 0.5, -0.5, 1.0, 0.25, 4.0, 2.0, 3.0, 0.0,
+                2.0**17, math.nan)
 
 
 def _sine(b, eqn, x, quarters: int):
@@ -229,8 +229,8 @@ def _sine(b, eqn, x, quarters: int):
     if dtype_of(x) != "float32":
         raise LoweringError(f"{eqn.primitive.name} of {dtype_of(x)} values (equation `{eqn}`)")
     step = _Steps(2 + len(_SINE_CONSTS))
-    (two_over_pi, c1, c2, c3, s0, s1, s2, k0, k1, k2, half, minus_half, one, fourth, four, two, zero, bound,
-     nan) = range(2, 2 + len(_SINE_CONSTS))
+    (two_over_pi, c1, c2, c3, s0, s1, s2, k0, k1, k2, half, minus_half, one, fourth, four, two, three, zero,
+     bound, nan) = range(2, 2 + len(_SINE_CONSTS))
     y = step("mul", 0, two_over_pi)
     k = _truncated(step, step("add", y, step("select", step("cmp_gt", zero, y), half, minus_half)))
     r = step("sub", step("sub", step("sub", 0, step("mul", k, c1)), step("mul", k, c2)), step("mul", k, c3))
@@ -239,11 +239,12 @@ def _sine(b, eqn, x, quarters: int):
                                 step("add", step("mul", step("add", step("mul", z, s0), s1), z), s2)))
     cos_poly = step("add", step("mul", step("add", step("mul", z, k0), k1), z), k2)
     cos_r = step("add", step("sub", one, step("mul", z, half)), step("mul", step("mul", z, z), cos_poly))
-    turns = step("add", k, 1)                      # k + quarters: the quadrant counted from 0
-    floor_4 = _truncated(step, step("mul", turns, fourth))
-    floor_4 = step("sub", floor_4, step("cmp_gt", floor_4, step("mul", turns, fourth)))
+    turns = step("add", k, 1)                      # k + quarters, whose value mod 4 is the quadrant
+    fourths = step("mul", turns, fourth)
+    floor_4 = _truncated(step, fourths)
+    floor_4 = step("sub", floor_4, step("cmp_gt", floor_4, fourths))
     q = step("sub", turns, step("mul", floor_4, four))             # 0, 1, 2 or 3
-    odd = step("max", step("cmp_eq", q, one), step("cmp_eq", q, step("add", one, two)))
+    odd = step("max", step("cmp_eq", q, one), step("cmp_eq", q, three))
     value = step("select", odd, sin_r, cos_r)
     signed = step("select", step("cmp_ge", q, two), value, step("neg", value))
     step("select", step("cmp_gt", bound, step("abs", 0)), nan, signed)
