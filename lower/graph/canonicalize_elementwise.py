@@ -128,20 +128,15 @@ def _truncated(step, operand: int) -> int:
     return step("to_f32", step("to_i32", operand))
 
 
-@rule("floor")
-def floor(b, eqn, x):
-    def below(step):
-        t = _truncated(step, _X)
-        return step("sub", t, step("cmp_gt", t, _X))
-    return _rounding(b, eqn, x, below)
+@rule("floor", "ceil")
+def floor_or_ceil(b, eqn, x):
+    """trunc(x), one less where that is above x (floor), one more where it is below (ceil)."""
+    ceil_ = eqn.primitive.name == "ceil"
 
-
-@rule("ceil")
-def ceil(b, eqn, x):
-    def above(step):
+    def integer_part(step):
         t = _truncated(step, _X)
-        return step("add", t, step("cmp_gt", _X, t))
-    return _rounding(b, eqn, x, above)
+        return step("add" if ceil_ else "sub", t, step("cmp_gt", *((_X, t) if ceil_ else (t, _X))))
+    return _rounding(b, eqn, x, integer_part)
 
 
 @rule("round")
