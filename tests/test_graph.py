@@ -14,6 +14,7 @@ from jax import lax
 from jax.extend.core import jaxpr_as_fun
 from test_frontend import Everything
 
+import stagec
 from stagec.errors import LoweringError
 from stagec.frontend import from_torch
 from stagec.lower.graph.canonicalize import canonicalize
@@ -21,6 +22,7 @@ from stagec.lower.graph.evaluate import evaluate
 from stagec.lower.graph.graph_ir import MOVEMENT_OPS, Graph, Node, OpKind, Step, Value, check_graph
 from stagec.models import hand_keypoint_net
 from stagec.pipeline import PIPELINE, GraphPass, position
+from stagec.sim.reference import execute
 
 # the fp32 graph passes, as compile runs them
 GRAPH_PASSES = [(s.name, s.run.fn) for s in PIPELINE[:position("calibrate")] if isinstance(s.run, GraphPass)]
@@ -84,7 +86,6 @@ class ReadsTwice(torch.nn.Module):
 
 @pytest.mark.parametrize("quantize", [None, "int8"])
 def test_a_value_read_twice_by_one_node_fuses_whole(quantize):
-    import stagec
     model = ReadsTwice().eval()
     x, r = torch.randn(2, 3, 6, 5), torch.randn(2, 3, 6, 5)
     program = stagec.compile(model, (x, r), quantize=quantize)
@@ -264,9 +265,6 @@ def test_check_graph_names_the_pass_that_broke_the_graph():
 def test_an_empty_slice_adds_nothing_to_a_concat():
     """Phi-3's rotary embedding over the whole head: cat((rotated, q[..., d:])) with the second part empty,
     which became a COPY nest of no channels (ValueError: range() arg 3 must not be zero, at lowering)."""
-    import stagec
-    from stagec.sim.reference import execute
-
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
 
     def rotated(x):
@@ -282,9 +280,6 @@ def test_an_empty_slice_adds_nothing_to_a_concat():
 @pytest.mark.parametrize("shape, reps", [((1, 1, 8), (1, 64, 1)), ((1, 3, 4), (2, 1, 3))])
 def test_tile_lowers_as_a_broadcast(shape, reps):
     """jnp.tile (torch's repeat; SwiftFormer's attention repeats its query weights per token) had no rule."""
-    import stagec
-    from stagec.sim.reference import execute
-
     x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
 
     def tiled(x):
@@ -308,9 +303,6 @@ def test_floor_ceil_round_and_sign_of_activations(name):
     """floor, ceil, round and sign had no rule (only constants folded): the first three are expressions
     over float32 -> int32 truncation, exact below 2**23 and x itself above; ties, -0.5 < x < 0, the last
     fractional float32s, huge values, infinities and NaN against numpy, in both simulators."""
-    import stagec
-    from stagec.sim.reference import execute
-
     special = [0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.49999997, -0.49999997, -0.4999999851, 1e-8, -1e-8, 2**22 + 0.5,
                -(2**22 + 0.5), 2**23 - 0.5, -(2**23 - 0.5), 2**23, 2**24 + 2, 1e30, -1e30, np.inf, -np.inf, np.nan]
     x = np.concatenate([np.array(special, np.float32), np.arange(-40, 41, dtype=np.float32) / 4,
@@ -329,9 +321,6 @@ def test_integer_division_of_activations(name, fn):
     """int32 division truncates toward zero (lax.div; XLA's x / 0 = -1) and rem keeps x's sign (x % 0 = x):
     built from the vector unit's floor division.  A constant divisor was multiplied by its float32
     reciprocal (garbage: 1230329171 for -7 / 3), and rem had no rule (CANINE's character hashing)."""
-    import stagec
-    from stagec.sim.reference import execute
-
     x = np.array([-7, -3, 0, 5, 7, 100, -2**31, -2**31, 9, -9, 6, -6, 2**31 - 1, 12345678], np.int32)
     y = np.array([3, 5, 4, -3, -7, 0, -1, 2, 3, -3, -4, 4, 1, -1000], np.int32)
 
@@ -350,9 +339,6 @@ def test_argmax_and_argmin_of_activations(fn, axis, dtype):
     """argmax had no rule (CLIP's text pooling takes the hidden state at the input ids' argmax): the first
     index of the extreme, ties to the first, the first NaN where there is one, as jit-compiled JAX, in
     both simulators."""
-    import stagec
-    from stagec.sim.reference import execute
-
     rng = np.random.default_rng(0)
     if dtype == np.int32:
         x = rng.integers(0, 4, (4, 6)).astype(np.int32)   # many ties
@@ -381,9 +367,6 @@ def test_powers_and_finiteness_of_activations(name):
     """is_finite, exp2 and pow by a constant had no rule.  pow(x, c) for a non-integer c is exp(c log x):
     within 2e-6 of XLA's pow on values up to 100 (the exponent's rounding, c log x times an ulp), and
     pow's special values (0, -1.5, +-inf, NaN) exactly as XLA's."""
-    import stagec
-    from stagec.sim.reference import execute
-
     x = np.array([0.0, 0.5, 1.0, 2.0, 3.7, 1e-3, 100.0, -1.5, np.inf, -np.inf, np.nan], np.float32)
 
     def model(v):
@@ -400,9 +383,6 @@ def test_sin_and_cos_of_activations(fn, exact):
     """sin and cos had no rule (a timestep embedding, rotary positions passed in): Cephes' reduction and
     polynomials, within 2e-7 of float64 for |x| up to 8192 (XLA's own: 3e-8) in both simulators; NaN
     for inf and NaN, and from 2**17 on, where the reduction would lose the result's digits."""
-    import stagec
-    from stagec.sim.reference import execute
-
     rng = np.random.default_rng(0)
     x = np.concatenate([np.linspace(-10, 10, 401), rng.uniform(-8192, 8192, 400),
                         [0.0, np.pi / 4, np.pi / 2, np.pi, 3 * np.pi / 2, 1e-20]]).astype(np.float32)

@@ -12,7 +12,7 @@ import numpy as np
 from stagec.rule_tables import registrar
 
 from .evaluate import EVAL_RULES
-from .graph_ir import Graph, Node, OpKind, Value, expr_dtype, storage_dtype
+from .graph_ir import Graph, Node, OpKind, Step, Value, expr_dtype, storage_dtype
 
 RULES = {}
 rule = registrar(RULES)
@@ -88,6 +88,18 @@ class GraphBuilder:
         used = {v.id for n in self.nodes for v in n.inputs} | {v.id for v in outputs}
         consts = {k: a for k, a in self.constants.items() if k in used}
         return Graph(tuple(inputs), tuple(outputs), tuple(self.nodes), MappingProxyType(consts))
+
+
+class Steps:
+    """An ELEMENTWISE expression built step by step after its `inputs` operands: each call appends a step
+    and returns the operand index of its result."""
+
+    def __init__(self, inputs: int):
+        self.inputs, self.steps = inputs, []
+
+    def __call__(self, op: str, *operands: int) -> int:
+        self.steps.append(Step(op, operands))
+        return self.inputs + len(self.steps) - 1
 
 
 def out_shape(eqn):

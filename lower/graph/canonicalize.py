@@ -61,6 +61,9 @@ def _interpret(b: GraphBuilder, jaxpr, consts, args, views=None):
     def read(v):
         return np.asarray(v.val) if isinstance(v, Literal) else env[v]
 
+    def known(x) -> bool:
+        return not isinstance(x, Value) or x.id in views
+
     def host(x):
         return views[x.id][0] if isinstance(x, Value) else x
 
@@ -76,7 +79,7 @@ def _interpret(b: GraphBuilder, jaxpr, consts, args, views=None):
         if call is not None:
             sub = call if isinstance(call, ClosedJaxpr) else ClosedJaxpr(call, ())
             outs = _interpret(b, sub.jaxpr, sub.consts, ins[len(ins) - len(sub.jaxpr.invars):], views)
-        elif all(not isinstance(x, Value) or x.id in views for x in ins) and _foldable(eqn, ins, views):
+        elif all(map(known, ins)) and _foldable(eqn, ins, views):
             outs = fold(eqn, [host(x) for x in ins])
         elif all(math.prod(v.aval.shape) == 0 for v in eqn.outvars):   # an empty slice: nothing to compute
             outs = [np.zeros(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
@@ -92,8 +95,7 @@ def _interpret(b: GraphBuilder, jaxpr, consts, args, views=None):
             b.scope = scope
             outs = RULES[name](b, eqn, *ins)
             outs = outs if eqn.primitive.multiple_results else [outs]
-            if name == "broadcast_in_dim" and isinstance(outs[0], Value) and \
-                    all(not isinstance(x, Value) or x.id in views for x in ins):
+            if name == "broadcast_in_dim" and isinstance(outs[0], Value) and all(map(known, ins)):
                 views[outs[0].id] = (fold(eqn, [host(x) for x in ins])[0], _size(ins[0], views))
         for v, o in zip(eqn.outvars, outs, strict=True):
             env[v] = o

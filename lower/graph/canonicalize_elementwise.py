@@ -9,7 +9,7 @@ import numpy as np
 
 from stagec.errors import LoweringError
 
-from .builder import dtype_of, out_shape, rule
+from .builder import Steps, dtype_of, out_shape, rule
 from .graph_ir import Step, Value, storage_dtype
 
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "max": "max", "min": "min"}
@@ -42,7 +42,7 @@ def _truncated_division(b, eqn, x, y, remainder: bool):
     XLA's x / 0 = -1 and x % 0 = x) from the vector unit's floor division (0 where y is 0): the floor
     quotient one more, and its remainder one y less, where that remainder is not 0 and x and y have
     opposite signs."""
-    step = _Steps(4)       # x, y, 0, -1
+    step = Steps(4)       # x, y, 0, -1
     floor_q = step("div", 0, 1)
     floor_r = step("sub", 0, step("mul", floor_q, 1))
     opposite = step("cmp_ne", step("cmp_gt", 2, 0), step("cmp_gt", 2, 1))
@@ -98,17 +98,6 @@ def log1p(b, eqn, x):
     return b.elementwise([x, np.float32(1.0)], (Step("add", (0, 1)), Step("log", (2,))), out_shape(eqn))
 
 
-class _Steps:
-    """An ELEMENTWISE expression built step by step: each call appends a step, returning its operand index."""
-
-    def __init__(self, inputs: int):
-        self.inputs, self.steps = inputs, []
-
-    def __call__(self, op: str, *operands: int) -> int:
-        self.steps.append(Step(op, operands))
-        return self.inputs + len(self.steps) - 1
-
-
 # The vector unit converts float32 to int32 by truncation (isa.semantics.convert): below 2**23 in
 # magnitude that is exact, and every float32 from there on is already an integer (inf and NaN stay x).
 _X, _BIG, _HALF, _ZERO = range(4)      # the operands: x, 2**23, 0.5, 0.0
@@ -118,7 +107,7 @@ def _rounding(b, eqn, x, integer_part):
     """x's integer part by `integer_part(step)` below 2**23 in magnitude, x itself above."""
     if dtype_of(x) != "float32":
         return x    # an integer is its own floor, ceiling and rounding
-    step = _Steps(4)
+    step = Steps(4)
     small = step("cmp_gt", _BIG, step("abs", _X))
     step("select", small, _X, integer_part(step))
     return b.elementwise([x, np.float32(2**23), np.float32(0.5), np.float32(0.0)], step.steps, out_shape(eqn))
@@ -166,11 +155,11 @@ def round_(b, eqn, x):
 @rule("sign")
 def sign(b, eqn, x):
     """(x > 0) - (x < 0); NaN stays NaN (x == x is false only there)."""
-    step = _Steps(2)
+    step = Steps(2)
     signum = step("sub", step("cmp_gt", 0, 1), step("cmp_gt", 1, 0))
     if dtype_of(x) == "float32":
         step("select", step("cmp_eq", 0, 0), 0, signum)
-    return b.elementwise([x, np.zeros((), storage_dtype(eqn.invars[0].aval.dtype))], step.steps, out_shape(eqn))
+    return b.elementwise([x, np.zeros((), dtype_of(x))], step.steps, out_shape(eqn))
 
 
 @rule("is_finite")
@@ -197,7 +186,7 @@ def pow_(b, eqn, x, y):
         return np.ones(out_shape(eqn), np.float32)
     if c == int(c) and abs(c) <= 8:
         return _integer_power(b, x, int(c), out_shape(eqn))
-    step = _Steps(4)     # x, c, -inf, -inf ** c
+    step = Steps(4)     # x, c, -inf, -inf ** c
     if c in (0.5, -0.5):
         power = step("sqrt" if c > 0 else "rsqrt", 0)
     else:
@@ -223,7 +212,7 @@ def _sine(b, eqn, x, quarters: int):
     """sin(x + quarters pi/2)."""
     if dtype_of(x) != "float32":
         raise LoweringError(f"{eqn.primitive.name} of {dtype_of(x)} values (equation `{eqn}`)")
-    step = _Steps(2 + len(_SINE_CONSTS))
+    step = Steps(2 + len(_SINE_CONSTS))
     (two_over_pi, c1, c2, c3, s0, s1, s2, k0, k1, k2, half, minus_half, one, fourth, four, two, three, zero,
      bound, nan) = range(2, 2 + len(_SINE_CONSTS))
     y = step("mul", 0, two_over_pi)

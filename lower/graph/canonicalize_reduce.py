@@ -9,7 +9,7 @@ import numpy as np
 
 from stagec.errors import LoweringError
 
-from .builder import dtype_of, out_shape, reshape_value, rule, transpose_value
+from .builder import Steps, dtype_of, out_shape, reshape_value, rule, transpose_value
 from .graph_ir import OpKind, Step
 
 
@@ -25,17 +25,19 @@ def argmax(b, eqn, x):
     there is one): the REDUCE max (min), then the least index of the elements equal to it (or NaN), the
     others given the axis' length, by a REDUCE min."""
     (ax,) = eqn.params["axes"]
-    shape, n = x.shape, x.shape[eqn.params["axes"][0]]
+    shape = np.shape(x)
+    n = shape[ax]
     kept = tuple(1 if d == ax else s for d, s in enumerate(shape))
     func = eqn.primitive.name[3:]
     best = reshape_value(b, b.emit(OpKind.REDUCE, [x], out_shape(eqn), func=func, axes=(ax,)), kept)
     dtype = np.int32 if dtype_of(x) == "int32" else np.float32
     index = np.arange(n, dtype=dtype).reshape(tuple(n if d == ax else 1 for d in range(len(shape))))
-    steps = [Step("cmp_eq", (0, 1))]
+    step = Steps(4)     # x, its extreme, the indices, n
+    hit = step("cmp_eq", 0, 1)
     if dtype == np.float32:
-        steps += [Step("cmp_ne", (0, 0)), Step("max", (4, 5))]
-    steps.append(Step("select", (3 + len(steps), 3, 2)))
-    candidates = b.elementwise([x, best, index, dtype(n)], tuple(steps), shape)
+        hit = step("max", hit, step("cmp_ne", 0, 0))
+    step("select", hit, 3, 2)
+    candidates = b.elementwise([x, best, index, dtype(n)], step.steps, shape)
     first = b.emit(OpKind.REDUCE, [candidates], out_shape(eqn), func="min", axes=(ax,))
     return first if dtype == np.int32 else b.elementwise([first], (Step("to_i32", (0,)),), out_shape(eqn))
 

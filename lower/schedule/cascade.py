@@ -40,6 +40,7 @@ Written over an ops namespace like the nest (lower.schedule.nest.Exact; costmode
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -244,10 +245,7 @@ def _pipelined(ms):
     """1 where every non-last member's intermediate is double-buffered: the emitter then runs member i on
     step s - i (lower.codegen.cascade), so each member reads a step's intermediate written a step
     before and no MATMUL waits on the member ahead's epilogues."""
-    p = 1
-    for m in ms[:-1]:
-        p = p * m.double_buffer
-    return p
+    return math.prod(m.double_buffer for m in ms[:-1])
 
 
 def _member_actions(L: LayerShape, m: TileMapping, w, hw, ops, reads_intermediate, writes_intermediate,
