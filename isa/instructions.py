@@ -143,9 +143,12 @@ class VectorFunc(enum.IntEnum):
     CLAMP = 45
 
 
-# a REQUANT record: int32 multiplier, shift, zero point, saturation bounds, bias, three reserved words (0), a power
-# of two so records stay aligned in a buffer of them
-REQUANT_RECORD_BYTES = 32
+# a REQUANT or RESCALE record, four int32 words: the Q31 multiplier; the control word (bits 0-7: the saturation
+# bounds' lo + 128, bits 8-15: 127 - hi, bits 16-23: the zero point, bits 24-31: the shift, each byte signed but
+# the bounds'); REQUANT's bias; RESCALE's left shift.  Per channel, so its size is DRAM traffic: 16 bytes, as
+# TFLite's per-channel bias, multiplier and shift (12) aligned to a power of two so records stay aligned in a
+# buffer of them (Arm's Ethos-U packs the same into 10)
+REQUANT_RECORD_BYTES = 16
 CLAMP_HEADER_WORDS = 4      # a CLAMP table's header: lo, hi, two reserved words (0); its biases follow
 LUT_ENTRIES = 256           # a LUT table: one int8 per int8 input, the entry of q at q + 128
 RECORD_ALIGN = 16           # an element aligns to its size, a record (REQUANT's, a LUT table) to at most this

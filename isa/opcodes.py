@@ -277,7 +277,7 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     _vf(VectorFunc.RDOT, dot, sources=2, reduction=True, runs=True, types=frozenset({(DType.I8, DType.I32)})),
     # i32 -> i8 by records (Q31 multiplier, shift, zero point, saturation bounds, bias): the bias added (int32,
     # wrapping), TFLite/gemmlowp rounding, then TFLite's activation_min/max (isa.semantics.saturation_bounds)
-    _vf(VectorFunc.REQUANT, lambda ns, x, r: ns.requantize(x, r[..., 0], r[..., 1], r[..., 2], r[..., 3], r[..., 4]),
+    _vf(VectorFunc.REQUANT, lambda ns, x, r: ns.requantize(x, *semantics.record_fields(r)[:5]),
         sources=2, src2_words=REQUANT_RECORD_BYTES // 4, src2_dtype=int(DType.I32),
         types=frozenset({(DType.I32, DType.I8)})),
     # i8 -> i8 through one 256-entry int8 table (src2, the entry of q at q + 128): an int8 NPU's
@@ -285,7 +285,7 @@ VECTOR_FUNCS: dict[int, VectorFuncDef] = {d.func: d for d in (
     _vf(VectorFunc.LUT, lookup, sources=2, src2_words=LUT_ENTRIES, src2_dtype=int(DType.I8), src2_once=True,
         types=frozenset({(DType.I8, DType.I8)})),
     # i8/i32 -> i32 by records (Q31 multiplier, shift, zero point, left shift): TFLite Add's input scaling
-    _vf(VectorFunc.RESCALE, lambda ns, x, r: ns.rescale(x, r[..., 0], r[..., 1], r[..., 2], r[..., 3]), sources=2,
+    _vf(VectorFunc.RESCALE, lambda ns, x, r: ns.rescale(x, *semantics.rescale_fields(r)), sources=2,
         src2_words=REQUANT_RECORD_BYTES // 4, src2_dtype=int(DType.I32),
         types=frozenset({(DType.I8, DType.I32), (DType.I32, DType.I32)})),
     # f32 -> f32 by a layer's table (lo, hi, 0, 0, a bias per channel; the instruction's from word n3): a float

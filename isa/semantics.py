@@ -118,8 +118,23 @@ def _scaled(x: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, left: np.n
     return (high >> right) + (remainder > threshold)
 
 
+def record_fields(r) -> tuple:
+    """(multiplier, shift, zero point, bounds, bias, left shift) of REQUANT or RESCALE records
+    [..., 4] (isa.instructions.REQUANT_RECORD_BYTES), numpy or jax.numpy int32: the control word's
+    two high bytes sign-extended by arithmetic shifts, its bounds as they are (`saturation_bounds`
+    reads their two bytes)."""
+    control = r[..., 1]
+    return r[..., 0], control >> 24, (control << 8) >> 24, control, r[..., 2], r[..., 3]
+
+
+def rescale_fields(r) -> tuple:
+    """(multiplier, shift, zero point, left shift) of RESCALE records: `rescale`'s arguments."""
+    multiplier, shift, zero_point, _, _, left = record_fields(r)
+    return multiplier, shift, zero_point, left
+
+
 def saturation_bounds(bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(lo, hi) of a record's bounds word: bits 0-7 hold lo + 128, bits 8-15 hold 127 - hi (the
+    """(lo, hi) of a record's control word: bits 0-7 hold lo + 128, bits 8-15 hold 127 - hi (the
     higher bits are ignored), so 0 is the whole int8 range and a fused clamp (ReLU6, hardtanh) is
     TFLite's activation_min/max."""
     bounds = np.asarray(bounds, np.int64)

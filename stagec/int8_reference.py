@@ -65,16 +65,25 @@ def _multiply_by_quantized_multiplier(x: np.ndarray, multiplier, shift, pre_shif
     return rounding_shift_right(high_mul(shifted, multiplier), right)
 
 
+def record_fields(record: np.ndarray) -> tuple:
+    """(multiplier, shift, zero point, bounds, bias, left shift) of records [..., 4], int64: the
+    control word's bytes are the bounds' two, then the zero point's and the shift's, signed."""
+    multiplier, control, bias, left = (record[..., i].astype(np.int64) for i in range(4))
+    byte = [(control >> (8 * i)) % 256 for i in range(4)]
+    signed = [(b ^ 128) - 128 for b in byte[2:]]
+    return multiplier, signed[1], signed[0], byte[0] + 256 * byte[1], bias, left
+
+
 def requantize(x: np.ndarray, record: np.ndarray) -> np.ndarray:
-    """int32 x to int8 by a record (Q31 multiplier, shift, zero point, bounds, bias): TFLite's int8
-    conv output stage: x + bias (an int32 sum; outside int32 it raises, as any int32 value here),
-    MultiplyByQuantizedMultiplier, plus the zero point, saturated to [-128, 127], then clamped to
-    TFLite's activation range [activation_min, activation_max]: the bounds word's low byte is
-    activation_min + 128, its second byte 127 - activation_max (0: the whole int8 range)."""
-    multiplier, shift, zero_point, bounds, bias = (record[..., i].astype(np.int64) for i in range(5))
+    """int32 x to int8 by a record (`record_fields`): TFLite's int8 conv output stage: x + bias (an int32
+    sum; outside int32 it raises, as any int32 value here), MultiplyByQuantizedMultiplier, plus the zero
+    point, saturated to [-128, 127], then clamped to TFLite's activation range [activation_min,
+    activation_max]: the control word's low byte is activation_min + 128, its second byte 127 -
+    activation_max (0 and 0: the whole int8 range)."""
+    multiplier, shift, zero_point, bounds, bias, _ = record_fields(record)
     biased = _held(x.astype(np.int64) + bias, "int32", "requant's bias add")
     y = np.clip(_multiply_by_quantized_multiplier(biased, multiplier, shift) + zero_point, -128, 127)
-    activation_min, activation_max = bounds % 256 - 128, 127 - bounds // 256 % 256
+    activation_min, activation_max = bounds % 256 - 128, 127 - bounds // 256
     return np.minimum(np.maximum(y, activation_min), activation_max).astype(np.int8)
 
 
@@ -86,10 +95,10 @@ def lookup(x: np.ndarray, table: np.ndarray) -> np.ndarray:
 
 
 def rescale(x: np.ndarray, record: np.ndarray) -> np.ndarray:
-    """int8 or int32 x to int32 by a record (Q31 multiplier, shift, zero point, left shift): TFLite
-    Add's scaling of an input (x << left_shift, then MultiplyByQuantizedMultiplier), plus the zero
+    """int8 or int32 x to int32 by a record (`record_fields`: its multiplier, shift, zero point and left
+    shift): TFLite Add's scaling of an input (x << left_shift, then MultiplyByQuantizedMultiplier), plus the zero
     point, saturated to int32 (held in int64)."""
-    multiplier, shift, zero_point, pre = (record[..., i].astype(np.int64) for i in range(4))
+    multiplier, shift, zero_point, _, _, pre = record_fields(record)
     y = _multiply_by_quantized_multiplier(x.astype(np.int64), multiplier, shift, np.clip(pre, 0, 32)) + zero_point
     return np.clip(y, *INT32)
 

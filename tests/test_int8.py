@@ -1,5 +1,6 @@
 """int8 post-training quantization: the simulator against the independent integer reference."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -10,10 +11,13 @@ from torch import nn
 
 import stagec
 from stagec import int8_reference
+from stagec.errors import QuantizationError
 from stagec.isa import HardwareConfig, semantics
+from stagec.isa.instructions import REQUANT_RECORD_BYTES
+from stagec.lower.graph import requant
 from stagec.lower.graph.evaluate import evaluate
 from stagec.lower.graph.graph_ir import OpKind
-from stagec.lower.graph.requant import quantize_multiplier
+from stagec.lower.graph.requant import control_word, quantize_multiplier
 from stagec.models import hand_keypoint_net
 from stagec.pipeline import build_graph
 
@@ -108,7 +112,12 @@ def test_transposed_mappings_match_integer_reference_bit_for_bit():
 # --- requantization ---------------------------------------------------------------------------
 
 def records(multiplier, shift, zero_point=0, bias=0):
-    return np.array([multiplier, shift, zero_point, 0, bias, 0, 0, 0], np.int64)
+    return np.array([multiplier, control_word(shift, zero_point), bias, 0], np.int32)
+
+
+def fields(rec, shape):
+    """isa.semantics.requantize's arguments from a record, broadcast to `shape`."""
+    return [np.full(shape, v) for v in semantics.record_fields(rec)[:5]]
 
 
 @pytest.mark.parametrize("rec, x, expected", [
@@ -121,7 +130,7 @@ def records(multiplier, shift, zero_point=0, bias=0):
 def test_requant_rounding_ties(rec, x, expected):
     x = np.array(x, np.int64)
     assert list(int8_reference.requantize(x, rec)) == expected
-    assert list(semantics.requantize(x, *(np.full(x.shape, v) for v in rec[:3]))) == expected
+    assert list(semantics.requantize(x, *fields(rec, x.shape))) == expected
 
 
 def test_requant_saturates_to_int8():
@@ -140,8 +149,7 @@ def test_requant_adds_the_bias_before_the_multiply():
     3 + 3 = 6 for the first element, not 5."""
     y = int8_reference.requantize(np.array([5, -5, 0], np.int64), records(2**30, 0, bias=5))   # (x + 5) / 2
     assert list(y) == [5, 0, 3]
-    assert list(semantics.requantize(np.array([5, -5, 0]), *(np.full(3, v) for v in records(2**30, 0, bias=5)[:5]))) \
-        == [5, 0, 3]
+    assert list(semantics.requantize(np.array([5, -5, 0]), *fields(records(2**30, 0, bias=5), 3))) == [5, 0, 3]
 
 
 def test_requant_reference_raises_where_the_biased_sum_leaves_int32():
@@ -156,7 +164,29 @@ def test_requant_reference_agrees_with_isa_semantics(xs, multiplier, shift, zero
     x = np.array(xs, np.int64)
     rec = records(multiplier, shift, zero_point, bias)
     np.testing.assert_array_equal(int8_reference.requantize(x, rec),
-                                  semantics.requantize(x, *(np.full(x.shape, v) for v in rec[:5])))
+                                  semantics.requantize(x, *fields(rec, x.shape)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(-(2**31), 2**31 - 1), st.integers(-128, 127), st.integers(-128, 127), st.integers(-128, 127),
+       st.integers(-128, 127), st.integers(-(2**31), 2**31 - 1), st.integers(0, 32))
+def test_a_record_reads_back_its_fields_everywhere(multiplier, shift, zero_point, a, b, bias, left):
+    """The control word's signed bytes and bounds, packed by the compiler, read back alike by the ISA
+    semantics over numpy and jax.numpy (the batched executor's) and by the integer reference."""
+    lo, hi = min(a, b), max(a, b)
+    rec = np.array([multiplier, control_word(shift, zero_point, (lo, hi)), bias, left], np.int32)
+    expect = (multiplier, shift, zero_point, (lo, hi), bias, left)
+    readers = (semantics.record_fields, lambda r: semantics.record_fields(jnp.asarray(r)), int8_reference.record_fields)
+    for read in readers:
+        got = [int(v) for v in read(rec)]
+        assert (*got[:3], tuple(int(v) for v in semantics.saturation_bounds(got[3])), *got[4:]) == expect
+
+
+def test_a_record_is_sixteen_bytes_and_refuses_fields_past_a_byte():
+    assert requant.records(np.array([0.5, 0.25])).nbytes == 2 * REQUANT_RECORD_BYTES == 32
+    for bad in ({"shift": 128}, {"shift": -129, "zero_point": 0}, {"shift": 0, "zero_point": 200}):
+        with pytest.raises(QuantizationError, match="not an int8"):
+            control_word(**bad)
 
 
 @pytest.mark.parametrize("real", [0.5, 0.3, 1e-3, 0.999999999, 1.7, 3e-9])

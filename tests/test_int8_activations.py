@@ -31,11 +31,11 @@ from stagec.isa import (
     verify,
 )
 from stagec.isa import load as load_ins
-from stagec.isa.semantics import requantize, saturation_bounds
+from stagec.isa.semantics import record_fields, requantize, saturation_bounds
 from stagec.lower.graph.activations import clamp_bounds
 from stagec.lower.graph.evaluate import evaluate
 from stagec.lower.graph.graph_ir import Graph, Node, OpKind, Step, Value
-from stagec.lower.graph.requant import bounds_word, records
+from stagec.lower.graph.requant import bounds_word, control_word, records
 from stagec.pipeline import PIPELINE, Compilation, Request, lower_graph, position, run
 from stagec.sim.executor import execute
 from stagec.sim.fixed_point import requantize as batched_requantize
@@ -105,14 +105,14 @@ def test_a_fused_clamp_is_the_requantization_bounds(name):
     model, (x, calibration) = _net(name), _inputs()
     _, graph = build_quantized(model, x, calibration)
     conv = next(n for n in graph.nodes if n.op == OpKind.CONV)
-    assert [s.func for s in conv.attr("epilogue")] == ["requant"]   # the bias is the records' fifth word
+    assert [s.func for s in conv.attr("epilogue")] == ["requant"]   # the bias is the records' third word
     record = graph.constants[conv.inputs[-1].id]
-    assert np.any(record[..., 4] != 0) and not np.any(record[..., 5:])
+    assert np.any(record[..., 2] != 0) and not np.any(record[..., 3])
     s_y = graph.scales[conv.output.id]
     lo, hi = _CLAMP_RANGE[name]
     expect = tuple(int(np.clip(np.round(b / s_y), -128, 127)) if math.isfinite(b) else d
                    for b, d in ((lo, -128), (hi, 127)))
-    assert {tuple(int(v) for v in saturation_bounds(w)) for w in record[..., 3].reshape(-1)} == {expect}
+    assert {tuple(int(v) for v in saturation_bounds(w)) for w in record[..., 1].reshape(-1)} == {expect}
 
 
 _CLAMP_RANGE = {"relu6": (0, 6), "hardtanh": (-0.5, 1.5), "clamp_min": (-0.25, math.inf)}
@@ -230,11 +230,11 @@ def test_random_activation_nets_match_integer_reference(data):
 def test_requant_bounds_agree_everywhere(xs, multiplier, shift, zero_point, a, b):
     lo, hi = min(a, b), max(a, b)
     x = np.array(xs, np.int64)
-    rec = np.array([multiplier, shift, zero_point, bounds_word(lo, hi), 0, 0, 0, 0], np.int32)
+    rec = np.array([multiplier, control_word(shift, zero_point, (lo, hi)), 0, 0], np.int32)
     got = int8_reference.requantize(x, rec)
-    whole = int8_reference.requantize(x, np.array([*rec[:3], 0, 0, 0, 0, 0], np.int32))
+    whole = int8_reference.requantize(x, np.array([multiplier, control_word(shift, zero_point), 0, 0], np.int32))
     np.testing.assert_array_equal(got, np.clip(whole, lo, hi))   # the bounds clamp the int8 result, nothing else
-    fields = [np.full(x.shape, v) for v in rec[:5]]   # the reserved words are no argument
+    fields = [np.full(x.shape, v) for v in record_fields(rec)[:5]]   # the left shift is no argument
     np.testing.assert_array_equal(requantize(x, *fields), got)
     # padded to the longest list (its last element repeated), so that the jitted function compiles once
     padded = [np.pad(a, (0, 16 - a.size), mode="edge") for a in (x.astype(np.int32), *fields)]
@@ -244,7 +244,7 @@ def test_requant_bounds_agree_everywhere(xs, multiplier, shift, zero_point, a, b
 def test_a_zero_bounds_word_is_the_whole_int8_range_and_records_encode_bounds():
     assert tuple(map(int, saturation_bounds(0))) == (-128, 127)
     rec = records(np.array([0.5, 0.25]), bounds=(0, 100))
-    assert [tuple(map(int, saturation_bounds(w))) for w in rec[:, 3]] == [(0, 100)] * 2
+    assert [tuple(map(int, saturation_bounds(w))) for w in rec[:, 1]] == [(0, 100)] * 2
     with pytest.raises(QuantizationError, match="not an int8 range"):
         bounds_word(5, 4)
 

@@ -24,6 +24,7 @@ from stagec.isa import (
 from stagec.isa import load as load_ins
 from stagec.isa.instructions import encode
 from stagec.lower.codegen.tokens import insert_tokens
+from stagec.lower.graph.requant import control_word
 from stagec.sim.reference import execute as reference_execute
 
 
@@ -45,14 +46,14 @@ def gemmlowp_requant(x: int, m: int, shift: int, zp: int) -> int:
 def int8_program():
     rng = np.random.default_rng(3)
     b = rng.integers(-128, 128, (8, 3)).astype(np.int8)
-    params = np.array([[1 << 30, -4, 3, 0, 100, 0, 0, 0], [1518500250, -7, -5, 0, -2000, 0, 0, 0],
-                       [2**31 - 1, 1, 0, 0, 7, 0, 0, 0]], np.int32)   # the fifth word: the bias
-    blob = b.tobytes() + b"\0" * 8 + params.tobytes()      # b at 0 (24 B), params at 32
+    params = np.array([[1 << 30, -4, 3, 100], [1518500250, -7, -5, -2000], [2**31 - 1, 1, 0, 7]])  # m, shift, zp, bias
+    records = np.array([[m, control_word(shift, zp), bias, 0] for m, shift, zp, bias in params], np.int32)
+    blob = b.tobytes() + b"\0" * 8 + records.tobytes()      # b at 0 (24 B), records at 32
     a_off, c_off = 128, 192
     ins = [
         load_ins(Operand(Space.DRAM, a_off, (0, 8, 1)), Operand(Space.SPAD, 0, (0, 8, 1)), (1, 4, 8), dtype=DType.I8),
         load_ins(Operand(Space.DRAM, 0, (0, 3, 1)), Operand(Space.SPAD, 64, (0, 3, 1)), (1, 8, 3), dtype=DType.I8),
-        load_ins(Operand(Space.DRAM, 32, (0, 0, 1)), Operand(Space.SPAD, 128, (0, 0, 1)), (1, 1, params.size),
+        load_ins(Operand(Space.DRAM, 32, (0, 0, 1)), Operand(Space.SPAD, 128, (0, 0, 1)), (1, 1, records.size),
                  dtype=DType.I32),
         matmul(Operand(Space.SPAD, 0, (0, 8, 1)), Operand(Space.SPAD, 64, (3, 1, 0)), Operand(Space.ACC, 0, (0, 3, 1)),
                1, 4, 8, 3, accumulate=False, dtype=DType.I8, out_dtype=DType.I32),
@@ -73,7 +74,7 @@ def test_int8_matmul_and_requantize_are_bit_exact():
     (c,), _ = stagec.simulate(p, a)
     assert p.cache["executor"] is not None
     acc = a.astype(np.int64) @ b.astype(np.int64)
-    expect = np.array([[gemmlowp_requant(int(acc[i, j] + params[j, 4]), *map(int, params[j, :3])) for j in range(3)]
+    expect = np.array([[gemmlowp_requant(int(acc[i, j] + params[j, 3]), *map(int, params[j, :3])) for j in range(3)]
                        for i in range(4)], np.int8)
     assert c.dtype == np.int8
     np.testing.assert_array_equal(c, expect)

@@ -22,6 +22,7 @@ from stagec.isa import (
 from stagec.isa import load as load_ins
 from stagec.isa.instructions import encode, gather
 from stagec.lower.codegen.tokens import insert_tokens
+from stagec.lower.graph.requant import control_word
 from stagec.sim.executor import execute
 from stagec.sim.reference import execute as reference
 
@@ -123,10 +124,10 @@ def test_requant_that_accumulates_adds_to_the_destination():
     wrapping); the reference interpreter ignored the mode."""
     n, s, tile = 8, (0, 0, 1), (1, 1, 8)
     x_off, d_off, out_off = 512, 1024, 1536
-    record = np.array([2**30, 0, 3, 0, 0, 0, 0, 0], np.int32)   # x * 0.5, rounded, plus 3
+    record = np.array([2**30, control_word(0, zero_point=3), 0, 0], np.int32)   # x * 0.5, rounded, plus 3
     ins = [
         load_ins(Operand(Space.DRAM, x_off, s), Operand(Space.SPAD, 0, s), tile, dtype=DType.I32),
-        load_ins(Operand(Space.DRAM, 0, (0, 0, 1)), Operand(Space.SPAD, 64, (0, 0, 1)), (1, 1, 8), dtype=DType.I32),
+        load_ins(Operand(Space.DRAM, 0, (0, 0, 1)), Operand(Space.SPAD, 64, (0, 0, 1)), (1, 1, 4), dtype=DType.I32),
         load_ins(Operand(Space.DRAM, d_off, s), Operand(Space.SPAD, 128, s), tile, dtype=DType.I8),
         vector(VectorFunc.REQUANT, Operand(Space.SPAD, 128, s), Operand(Space.SPAD, 0, s),
                Operand(Space.SPAD, 64, (0, 0, 0)), tile, acc=AccMode.ADD, dtype=DType.I32, out_dtype=DType.I8),

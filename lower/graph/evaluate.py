@@ -10,17 +10,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from stagec.isa.semantics import clamp, requantize, rescale
+from stagec.isa.semantics import clamp, record_fields, requantize, rescale, rescale_fields
 
 from .graph_ir import Expr, Graph, Node, OpKind, clamp_table_parts
 
 
 def _requant(x, records):
-    return jnp.asarray(requantize(np.asarray(x), *(np.asarray(records)[..., i] for i in range(5))))
+    return jnp.asarray(requantize(np.asarray(x), *record_fields(np.asarray(records))[:5]))
 
 
 def _rescale(x, records):
-    return jnp.asarray(rescale(np.asarray(x), *(np.asarray(records)[..., i] for i in range(4))))
+    return jnp.asarray(rescale(np.asarray(x), *rescale_fields(np.asarray(records))))
 
 
 STEP_FUNCS = {

@@ -2,10 +2,12 @@
 
 A real multiplier M > 0 is M = (multiplier / 2**31) * 2**shift with a Q31 multiplier in
 [2**30, 2**31) (TFLite's QuantizeMultiplier), so that isa REQUANT computes
-round((x + bias) * M) + zero point, saturated to [lo, hi].  Records are int32 [..., 8]: (multiplier,
-shift, zero point, bounds, bias, 0, 0, 0), bounds = (lo + 128) | (127 - hi) << 8 (0: the whole int8
-range; isa.semantics.saturation_bounds), bias an int32 added before the multiply (TFLite's int8 conv
-output stage, so a conv's epilogue is one REQUANT, not an add and a REQUANT).
+round((x + bias) * M) + zero point, saturated to [lo, hi].  Records are int32 [..., 4]: (multiplier,
+control, bias, left shift), control = bounds | zero point << 16 | shift << 24 (one byte each,
+`control_word`), bounds = (lo + 128) | (127 - hi) << 8 (0: the whole int8 range;
+isa.semantics.saturation_bounds), bias an int32 added before the multiply (TFLite's int8 conv output
+stage, so a conv's epilogue is one REQUANT, not an add and a REQUANT), the left shift RESCALE's
+(TFLite Add's), 0 in a REQUANT record.
 """
 
 from __future__ import annotations
@@ -41,10 +43,19 @@ def quantize_multiplier(real: float, where: str = "") -> tuple[int, int]:
 
 
 def bounds_word(lo: int = -128, hi: int = 127) -> int:
-    """A record's saturation bounds [lo, hi] (int8, lo <= hi) as its fourth word."""
+    """A record's saturation bounds [lo, hi] (int8, lo <= hi), the control word's two low bytes."""
     if not -128 <= lo <= hi <= 127:
         raise QuantizationError(f"saturation bounds [{lo}, {hi}] are not an int8 range")
     return (lo + 128) | (127 - hi) << 8
+
+
+def control_word(shift: int, zero_point: int = 0, bounds: tuple[int, int] = (-128, 127)) -> int:
+    """A record's second word, int32 (isa.instructions.REQUANT_RECORD_BYTES): the bounds, then the zero
+    point and the shift, one signed byte each."""
+    for what, v in (("zero point", zero_point), ("shift", shift)):
+        if not -128 <= v <= 127:
+            raise QuantizationError(f"a record's {what} {v} is not an int8")
+    return int(np.uint32(bounds_word(*bounds) | (zero_point & 255) << 16 | (shift & 255) << 24).view(np.int32))
 
 
 def records(reals, where: str = "", zero_point: int = 0, bounds: tuple[int, int] = (-128, 127),
@@ -53,11 +64,11 @@ def records(reals, where: str = "", zero_point: int = 0, bounds: tuple[int, int]
     `bounds`, adding `bias` (int32, broadcast to reals; None: 0) first."""
     reals = np.asarray(reals, np.float64)
     out = np.zeros(reals.shape + (RECORD_WORDS,), np.int32)
-    word = bounds_word(*bounds)
     for idx in np.ndindex(*reals.shape):
-        out[idx][:4] = (*quantize_multiplier(reals[idx], where), zero_point, word)
+        multiplier, shift = quantize_multiplier(reals[idx], where)
+        out[idx][:2] = multiplier, control_word(shift, zero_point, bounds)
     if bias is not None:
-        out[..., 4] = np.broadcast_to(np.asarray(bias, np.int32), reals.shape)
+        out[..., 2] = np.broadcast_to(np.asarray(bias, np.int32), reals.shape)
     return out
 
 
@@ -66,7 +77,7 @@ def records(reals, where: str = "", zero_point: int = 0, bounds: tuple[int, int]
 # Truncating 256 y loses less than 1/256, which never moves it across a rounding tie (ties sit on
 # multiples of 1/2), so the result is round-half-away-from-zero(y / 256), saturated.
 QUANTIZE_FRACTION_BITS = 8
-QUANTIZE_RECORD = np.array([2**31 - 1, -QUANTIZE_FRACTION_BITS] + [0] * (RECORD_WORDS - 2), np.int32)
+QUANTIZE_RECORD = np.array([2**31 - 1, control_word(-QUANTIZE_FRACTION_BITS)] + [0] * (RECORD_WORDS - 2), np.int32)
 QUANTIZE_EXPR = (Step("mul", (0, 1)), Step("to_i32", (3,)), Step("requant", (4, 2)))   # (x, 256 / scale, record)
 
 

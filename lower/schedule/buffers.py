@@ -6,7 +6,7 @@ unit's elementwise, reduce and gather nests' here.  The mapper evaluates that li
 tilings (numpy) and keeps the ones whose `local_bytes` fit; the cost model evaluates it over
 jax.numpy as its capacity term; the emitter evaluates it for the chosen tiling and `allocate`s
 exactly those buffers (lower.codegen.emitter.Emitter.allocate), in their order but for the buffers
-aligned to a requant record's 32 bytes, which go first (each a whole number of records but the
+aligned to a requant record's 16 bytes, which go first (each a whole number of records but the
 last), with no gap between them: every size is a whole number of 4-byte words.  So the footprint
 the mapper checked is the allocator's high-water mark, byte for byte.
 
@@ -74,7 +74,7 @@ class Extras(NamedTuple):
     temporaries, each as wide as the widest value it holds: tile_slot_widths), 4-byte words per
     output channel (a requant record is RECORD_WORDS), bytes held once whatever the tiling
     (scalars, per-tensor records), whether requant records are among them (EPILOGUE_VECTORS is
-    then 32-byte aligned).  Its LOADs: tile inputs per output tile and their bytes per element by
+    then record-aligned).  Its LOADs: tile inputs per output tile and their bytes per element by
     the tile axes they span (index rows * 4 + cols * 2 + channels: a tile input LOADs the tile's
     extent along those, one element along the rest), channel inputs and their bytes per channel
     (loaded once, or a channel tile per output tile), scalars and their bytes (loaded once).  Its
@@ -174,7 +174,7 @@ class EpilogueLayout:
 
     def vector_offsets(self, channels: int, copies: int) -> dict[int, list[int]]:
         """{input: offset of each copy} in EPILOGUE_VECTORS, holding `copies` of each channel input
-        over `channels` channels and one of each scalar: records first, so each is 32-byte
+        over `channels` channels and one of each scalar: records first, so each is record-
         aligned.  Its size is Extras' channel_words * WORD * channels * copies + fixed_bytes."""
         offsets, at = {}, 0
         for records in (True, False):
