@@ -8,15 +8,16 @@ import numpy as np
 import pytest
 import torch
 from helpers import check_cascade_cost, check_fused_against_unfused, rel_err, simulated
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import stagec
 from stagec.isa import HardwareConfig
 from stagec.isa.instructions import Opcode
+from stagec.lower.codegen.halo import computed, mask_padding
 from stagec.lower.schedule import cascade_map
-from stagec.lower.schedule.halo import ahead_shape, depthwise_at
-from stagec.lower.schedule.nest import ConvProblem, LayerShape
+from stagec.lower.schedule.halo import ahead_shape, depthwise_at, inside_tiles
+from stagec.lower.schedule.nest import ConvProblem, Exact, LayerShape, count, tiles
 from stagec.pipeline import PIPELINE, Compilation, Request, position, run
 from stagec.report import make_report
 from stagec.sim import costs
@@ -211,3 +212,22 @@ def test_each_instruction_of_a_cascade_belongs_to_its_own_layer():
     assert macs[project] == report.layers[project].macs and macs[depthwise] == 0
     assert report.layers[expand].macs <= macs[expand] <= 2 * report.layers[expand].macs
     assert macs[expand] + macs[project] == shapes.matmul_mkn[matmul].prod(axis=1).sum()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 24), st.integers(1, 24), st.integers(1, 5), st.integers(1, 5), st.integers(1, 3),
+       st.integers(1, 2), st.integers(0, 2), st.integers(0, 2), st.integers(0, 2), st.integers(0, 2),
+       st.integers(1, 9), st.integers(1, 9), st.booleans())
+def test_the_tiles_priced_unmasked_are_those_the_emitter_leaves_unmasked(h, w, kh, kw, stride, dilation, pt, pb, pl,
+                                                                         pr, th, tw, line):
+    """lower.schedule.halo.inside_tiles against the emitter's own test, tile by tile
+    (lower.codegen.halo.mask_padding of the rows each tile computes): as many tiles without a mask, of
+    as many elements."""
+    dw = ConvProblem(1, 4, h, w, 4, kh, kw, (stride, stride), ((pt, pb), (pl, pr)), (dilation, dilation))
+    assume(dw.oh > 0 and dw.ow > 0 and (not line or (kh - 1) * dilation + 1 > stride))   # a line buffer's rows overlap
+    th, tw = min(th, dw.oh), min(tw, dw.ow)
+    inside = [computed(dw, oh0, t_h, ow0, t_w, line) for oh0, t_h in tiles(dw.oh, th) for ow0, t_w in tiles(dw.ow, tw)]
+    inside = [at for at in inside if not any(mask_padding(dw, at))]
+    rows, cols = inside_tiles(LayerShape.of("depthwise", dw), th, tw, Exact, int(line))
+    assert count(rows) * count(cols) == len(inside)
+    assert sum(s * c for s, c in rows) * sum(s * c for s, c in cols) == sum(at[2] * at[3] for at in inside)

@@ -27,7 +27,7 @@ from ..schedule.cascade import cascade_buffers, member_buffers
 from ..schedule.halo import MASK, depthwise_at, targets
 from ..schedule.nest import ConvProblem, LayerShape, TileMapping, tiles
 from ..schedule.tensors import DramTensor
-from .halo import apply_mask, computed, copy_forward, load_mask, origin, padded, problem_of
+from .halo import apply_mask, computed, copy_forward, load_mask, mask_padding, origin, padded, problem_of
 from .matrix import OUT_AXES, _ConvNest
 from .window import WindowNest
 
@@ -111,7 +111,7 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
                                                                 at[4] * mb.problem.stride[0])
         yield from _as_layer(em, mb, nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3],
                                                           _store(em, last.out), inside, into, **share))
-        if i in masks:
+        if i in masks and any(mask_padding(wins[i], at)):
             mask = masks[i][k % len(masks[i])]
             if not j:
                 load_mask(em, wins[i], mask, at, into[1])

@@ -3,7 +3,8 @@ padded input window per spatial tile (`computed`: the whole window, or with a li
 rows, the rows before them copied forward by `copy_forward`), and the one just ahead zeroes the
 padding of the rows it computes by a mask.
 
-The mask is LOADed per spatial tile, of the window's own type (int8, bf16 or float32): a constant 1
+The mask is LOADed per spatial tile whose rows reach into the padding (`mask_padding`; a tile inside
+the input has none), of the window's own type (int8, bf16 or float32): a constant 1
 over the computed rows' inside, the DMA's padding zeros around it, one dense write of [rows][cols];
 each of the member's result tiles (a channel tile of those rows, dense in the intermediate) is then
 multiplied by it in place, the mask broadcast over the channels.  So the scratchpad only ever
@@ -73,13 +74,19 @@ def copy_forward(em, src: int, above: int, dst: int, here: int, iw: int, rows: i
                   (rows, iw, to), dtype=dtype)
 
 
+def mask_padding(dw: ConvProblem, at: tuple) -> tuple:
+    """(top, bottom, left, right): how far the rows `at` (computed's) reach into dw's padding; all 0, the
+    tile needs no mask (lower.schedule.halo.inside_tiles prices it so)."""
+    r, q, ih, iw, _ = at
+    (pt, _), (pl, _) = dw.padding
+    return max(0, pt - r), max(0, r + ih - pt - dw.h), max(0, pl - q), max(0, q + iw - pl - dw.w)
+
+
 def load_mask(em, dw: ConvProblem, base: int, at: tuple, dtype: DType) -> None:
     """LOAD the mask of `dtype` (the window's) of the rows `at` (computed's) to `base`: 1 inside dw's input,
     0 in its padding."""
-    r, q, ih, iw, _ = at
-    (pt, _), (pl, _) = dw.padding
-    top, left = max(0, pt - r), max(0, pl - q)
-    bottom, right = max(0, r + ih - pt - dw.h), max(0, q + iw - pl - dw.w)
+    _, _, ih, iw, _ = at
+    top, bottom, left, right = mask_padding(dw, at)
     one = em.consts.scalar(1.0, dtype)
     em.load(DramTensor(one.region, one.offset, (1,), (0,), dtype), (0,), (0, 0, 0),
             (ih - top - bottom, iw - left - right, 1), Operand(Space.SPAD, base, (iw, 1, 1)),

@@ -23,7 +23,8 @@ extent - stride), and two strategies handle them, chosen by cost (lower.schedule
 A 1x1 layer's result at a padding position is its bias through its activation, not zero, so the
 member just ahead multiplies each result tile by a mask (`MASK`: 1 inside the input, 0 in the
 padding), LOADed per spatial tile of that member (its rows only) as a constant 1.0 the DMA pads with
-zeros; the scratchpad only ever receives dense writes.
+zeros, where the tile reaches into the padding (`inside_tiles`: not the others); the scratchpad only
+ever receives dense writes.
 
 Priced as the nest prices a layer: a member ahead runs as a 1x1 layer over its windows laid side by
 side (`ahead_shape`), the window being its mapping's tile (`window_tile`): rows, the sum of every row
@@ -241,21 +242,63 @@ def mask_buffer(L: LayerShape, m) -> Buffer:
     return Buffer(MASK, Space.SPAD, words(m.tile_oh * m.tile_ow * item, item), 1 + m.double_buffer)
 
 
-def mask_work(L: LayerShape, inner, w, hw, ops) -> tuple:
+def _padded_tiles(out, tile, stride, ext, pad_lo, dim, ops) -> tuple:
+    """(Tiles, those whose windows start in the padding before the input, those whose windows end in
+    the padding past it) along one dim of output tiles of `tile` over `out` (kernel extent `ext`)."""
+    n = ops.cdiv(out, tile)
+    before = ops.cdiv(ops.cdiv(pad_lo, stride), tile)
+    inside = ops.min(ops.max(ops.fdiv(dim + pad_lo - ext, stride) + 1, 0), out)   # outputs whose windows end inside
+    return n, before, (inside < out) * (n - ops.fdiv(inside, tile))
+
+
+def _inside(pairs, lo, hi, ops) -> list:
+    """Of tiles as (size, count) pairs (Exact.tiles': the full ones, then the remainder), those with an
+    index in [lo, hi)."""
+    (size, full), (rem, last) = pairs
+    return [(size, ops.max(ops.min(hi, full) - lo, 0)), (rem, last * (lo <= full) * (full < hi))]
+
+
+def inside_tiles(dw: LayerShape, th, tw, ops, line=0) -> tuple:
+    """(Rows, columns) as (size, count) pairs of the tiles a member ahead of `dw` computes wholly inside
+    dw's input, for output tiles of th x tw (their windows' rows and columns: the member's tiles, as
+    ahead_rows'): their masks would be all ones, so the emitter skips them
+    (lower.codegen.halo.mask_padding); the spatial tiles of both are.  `line`-buffered, a strip's
+    tiles below its first compute new rows (`new_rows`), never in the padding above."""
+    ext_h, ext_w = (dw.kh - 1) * dw.dilation_h + 1, (dw.kw - 1) * dw.dilation_w + 1
+    n_h, top, bottom = _padded_tiles(dw.oh, th, dw.stride_h, ext_h, dw.pad_top, dw.h, ops)
+    n_w, left, right = _padded_tiles(dw.ow, tw, dw.stride_w, ext_w, dw.pad_left, dw.w, ops)
+    out_rows = ops.tiles(dw.oh, th)
+    windows_h = [((s - 1) * dw.stride_h + ext_h, c) for s, c in out_rows]
+    recompute = _inside(windows_h, top, n_h - bottom, ops)
+    # a strip's first tile computes its window whole, the others their new rows
+    first = _inside(windows_h, 0, (dw.pad_top == 0) * (n_h - bottom > 0), ops)
+    new = _inside([(s * dw.stride_h, c) for s, c in out_rows], 1, n_h - bottom, ops)
+    rows = [(s, (1 - line) * c) for s, c in recompute] + [(s, line * c) for s, c in first + new]
+    cols = _inside([((s - 1) * dw.stride_w + ext_w, c) for s, c in ops.tiles(dw.ow, tw)], left, n_w - right, ops)
+    return rows, cols
+
+
+def mask_work(L: LayerShape, inner, w, hw, ops, inside) -> tuple:
     """(LOADs, bytes) of the masks and the MULs' (instructions, vector cycles, elements) of the member
     just ahead (`L` its ahead_shape, `w` its Work, `inner` the windows' elements inside the input:
-    inside_extent's product): a LOAD per spatial tile of the mask's inside, a MUL per output tile, in the
-    result's type (int8: four a lane with sub-word packing)."""
-    spatial = L.n * w.dims.n_h * w.dims.n_w
-    return ((spatial, L.n * inner * L.out_itemsize),
-            (w.tiles, lane_groups(L, w.dims, hw, ops, 8 * L.out_itemsize), L.n * L.oh * L.ow * L.o))
+    inside_extent's product, `inside` the tiles whose windows lie inside: inside_tiles'): a LOAD per
+    spatial tile of the mask's inside, a MUL per output tile, in the result's type (int8: four a lane
+    with sub-word packing), none for a tile inside."""
+    rows, cols = inside
+    bits = 8 * L.out_itemsize
+    skipped = L.n * count(rows) * count(cols)
+    skipped_elements = L.n * sum(s * c for s, c in rows) * sum(s * c for s, c in cols)
+    d = w.dims
+    groups = lane_groups(L, d, hw, ops, bits) - lane_groups(L, d._replace(rows=rows, cols=cols), hw, ops, bits)
+    return ((L.n * w.dims.n_h * w.dims.n_w - skipped, (L.n * inner - skipped_elements) * L.out_itemsize),
+            (w.tiles - skipped * w.dims.n_o, groups, (L.n * L.oh * L.ow - skipped_elements) * L.o))
 
 
-def mask_actions(L: LayerShape, inner, w, hw, ops) -> dict:
+def mask_actions(L: LayerShape, inner, w, hw, ops, inside) -> dict:
     """The masks' action counts (sim.energy's): their LOADs (the inside from DRAM, the window written),
     the MULs (the result tile read and written back, the mask, broadcast over the channels, read once
     per channel tile)."""
-    (_, loaded), (_, _, elements) = mask_work(L, inner, w, hw, ops)
+    (_, loaded), (_, _, elements) = mask_work(L, inner, w, hw, ops, inside)
     item = L.out_itemsize
     written = L.n * L.oh * L.ow * item
     return {"dram_read_bytes": loaded, "vector_ops": elements, "scratchpad_write_bytes": written + elements * item,
