@@ -284,14 +284,12 @@ def mask_work(L: LayerShape, inner, w, hw, ops, inside) -> tuple:
     inside_extent's product, `inside` the tiles whose windows lie inside: inside_tiles'): a LOAD per
     spatial tile of the mask's inside, a MUL per output tile, in the result's type (int8: four a lane
     with sub-word packing), none for a tile inside."""
-    rows, cols = inside
-    bits = 8 * L.out_itemsize
+    (rows, cols), d, bits = inside, w.dims, 8 * L.out_itemsize
     skipped = L.n * count(rows) * count(cols)
     skipped_elements = L.n * sum(s * c for s, c in rows) * sum(s * c for s, c in cols)
-    d = w.dims
     groups = lane_groups(L, d, hw, ops, bits) - lane_groups(L, d._replace(rows=rows, cols=cols), hw, ops, bits)
-    return ((L.n * w.dims.n_h * w.dims.n_w - skipped, (L.n * inner - skipped_elements) * L.out_itemsize),
-            (w.tiles - skipped * w.dims.n_o, groups, (L.n * L.oh * L.ow - skipped_elements) * L.o))
+    return ((L.n * d.n_h * d.n_w - skipped, (L.n * inner - skipped_elements) * L.out_itemsize),
+            (w.tiles - skipped * d.n_o, groups, (L.n * L.oh * L.ow - skipped_elements) * L.o))
 
 
 def mask_actions(L: LayerShape, inner, w, hw, ops, inside) -> dict:
@@ -300,7 +298,7 @@ def mask_actions(L: LayerShape, inner, w, hw, ops, inside) -> dict:
     per channel tile)."""
     (_, loaded), (_, _, elements) = mask_work(L, inner, w, hw, ops, inside)
     item = L.out_itemsize
-    written = L.n * L.oh * L.ow * item
+    written = elements / L.o * item      # the masks' windows, each written once
     return {"dram_read_bytes": loaded, "vector_ops": elements, "scratchpad_write_bytes": written + elements * item,
             "scratchpad_read_bytes": elements * item + w.dims.n_o * written}
 
