@@ -186,6 +186,15 @@ def test_int8_that_loses_a_near_cancelling_sum_to_its_weights_rounding_is_not_wr
     assert outcome.outcome == "ok"
 
 
+def test_int8_output_that_int8_sized_noise_moves_past_its_own_size_is_not_wrong():
+    """Case 115076: a mean over a layer norm's outputs, -3.3e-9 in PyTorch (zero but for rounding).  int8
+    gives a value of the other sign, as the integer reference does; PyTorch under int8-sized noise keeps
+    the sign (cosine 1), by chance: the noise moves the value by 2.5e-4, 76000 times its size."""
+    outcome = run_case(make_case(115076))
+    assert outcome.cosine < 0.5 and outcome.noise_cosine >= 0.9
+    assert outcome.outcome == "ok"
+
+
 def test_int8_output_that_matches_the_reference_but_not_pytorch_is_wrong(monkeypatch):
     """A quantization bug the integer reference shares (a wrong scale, say) is caught by the cosine with
     PyTorch where the model keeps its answer under int8 weights, rounding and noise."""

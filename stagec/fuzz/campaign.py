@@ -62,6 +62,11 @@ TIE_NUDGE = 8 * 2.0**-23
 # ranges the calibration batches saw)
 COSINE_FLOOR = 0.5
 NOISE_FLOOR = 0.9
+# ... and where that noise moves the output by less than NOISE_CEILING of its own max |value|: an output the
+# noise moves by more (the mean of a layer norm's outputs, zero but for rounding: case 115076, a scalar 3e-9
+# that the noise moves by 2.5e-4) has no answer int8 could keep, and the sign a scalar's cosine sees is kept
+# by chance
+NOISE_CEILING = 1.0
 CALIBRATION_BATCHES = 3
 ACCEPTABLE_REJECTIONS = frozenset({TilingError.__name__, QuantizationError.__name__})
 
@@ -187,8 +192,10 @@ def _check_int8(y, expected, model, x, calibration) -> Outcome:
         return Outcome("wrong", f"int8 output differs from the integer reference in {unequal} of {ref.size} "
                                 f"elements (max error {err:.3g} of max |ref|, tolerance {tolerance:.3g})",
                        err, tolerance, cos)
-    noise_cos = min(cosine(out, expected) for out in with_noise(model, x, INT8_STEP, calibration, (False, True)))
-    if not cos >= COSINE_FLOOR and noise_cos >= NOISE_FLOOR:
+    noised = with_noise(model, x, INT8_STEP, calibration, (False, True))
+    noise_cos = min(cosine(out, expected) for out in noised)
+    kept = noise_cos >= NOISE_FLOOR and max(rel_err(out, expected) for out in noised) < NOISE_CEILING
+    if not cos >= COSINE_FLOOR and kept:
         return Outcome("wrong", f"int8 output matches the integer reference but its cosine with PyTorch is "
                                 f"{cos:.3f} (with int8-sized noise, PyTorch keeps {noise_cos:.3f})",
                        err, tolerance, cos, noise_cos)
