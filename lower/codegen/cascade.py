@@ -111,10 +111,11 @@ def emit_cascade(em, members: list[Member], fill, chunk: int | None = None, line
                                                                 at[4] * mb.problem.stride[0])
         yield from _as_layer(em, mb, nests[i].spatial_tile(epis[i], n, at[0], at[2], at[1], at[3],
                                                           _store(em, last.out), inside, into, **share))
-        if i in masks and any(mask_padding(wins[i], at)):
+        pads = mask_padding(wins[i], at) if i in masks else ()
+        if any(pads):
             mask = masks[i][k % len(masks[i])]
             if not j:
-                load_mask(em, wins[i], mask, at, into[1])
+                load_mask(em, pads, mask, at, into[1])
             o, tile_o = (parts[j][1],) * 2 if chunked and i >= chunk else (mb.problem.o, mb.mapping.tile_o)
             apply_mask(em, into[0], mask, at, held, o, tile_o, into[1])
 

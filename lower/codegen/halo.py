@@ -82,11 +82,11 @@ def mask_padding(dw: ConvProblem, at: tuple) -> tuple:
     return max(0, pt - r), max(0, r + ih - pt - dw.h), max(0, pl - q), max(0, q + iw - pl - dw.w)
 
 
-def load_mask(em, dw: ConvProblem, base: int, at: tuple, dtype: DType) -> None:
-    """LOAD the mask of `dtype` (the window's) of the rows `at` (computed's) to `base`: 1 inside dw's input,
-    0 in its padding."""
+def load_mask(em, pads: tuple, base: int, at: tuple, dtype: DType) -> None:
+    """LOAD the mask of `dtype` (the window's) of the rows `at` (computed's) to `base`: 1 inside the
+    depthwise's input, 0 in its padding, `pads` (mask_padding's) of it around."""
     _, _, ih, iw, _ = at
-    top, bottom, left, right = mask_padding(dw, at)
+    top, bottom, left, right = pads
     one = em.consts.scalar(1.0, dtype)
     em.load(DramTensor(one.region, one.offset, (1,), (0,), dtype), (0,), (0, 0, 0),
             (ih - top - bottom, iw - left - right, 1), Operand(Space.SPAD, base, (iw, 1, 1)),

@@ -117,15 +117,15 @@ def _truncated(step, operand: int) -> int:
     return step("to_f32", step("to_i32", operand))
 
 
+def _floored(step, operand: int, ceil_: bool = False) -> int:
+    """trunc(operand), one less where that is above it (floor), one more where it is below (ceil)."""
+    t = _truncated(step, operand)
+    return step("add" if ceil_ else "sub", t, step("cmp_gt", *((operand, t) if ceil_ else (t, operand))))
+
+
 @rule("floor", "ceil")
 def floor_or_ceil(b, eqn, x):
-    """trunc(x), one less where that is above x (floor), one more where it is below (ceil)."""
-    ceil_ = eqn.primitive.name == "ceil"
-
-    def integer_part(step):
-        t = _truncated(step, _X)
-        return step("add" if ceil_ else "sub", t, step("cmp_gt", *((_X, t) if ceil_ else (t, _X))))
-    return _rounding(b, eqn, x, integer_part)
+    return _rounding(b, eqn, x, lambda step: _floored(step, _X, eqn.primitive.name == "ceil"))
 
 
 @rule("round")
@@ -224,9 +224,7 @@ def _sine(b, eqn, x, quarters: int):
     cos_poly = step("add", step("mul", step("add", step("mul", z, k0), k1), z), k2)
     cos_r = step("add", step("sub", one, step("mul", z, half)), step("mul", step("mul", z, z), cos_poly))
     turns = step("add", k, 1)                      # k + quarters, whose value mod 4 is the quadrant
-    fourths = step("mul", turns, fourth)
-    floor_4 = _truncated(step, fourths)
-    floor_4 = step("sub", floor_4, step("cmp_gt", floor_4, fourths))
+    floor_4 = _floored(step, step("mul", turns, fourth))
     q = step("sub", turns, step("mul", floor_4, four))             # 0, 1, 2 or 3
     odd = step("max", step("cmp_eq", q, one), step("cmp_eq", q, three))
     value = step("select", odd, sin_r, cos_r)

@@ -189,8 +189,8 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
     # buffer's rows forward
     ahead = [h - 1 for h in halo.halo_members(Ls)]
     insides = {i: extents[i][0] * extents[i][1] for i in ahead}     # the elements the masks LOAD
-    unmasked = {i: halo.inside_tiles(wins[i], ms[d].tile_oh, ms[d].tile_ow, ops, line) for i in ahead}
-    masks = [halo.mask_work(Ls[i], insides[i], works[i], hw, ops, unmasked[i]) for i in ahead]
+    masks = [halo.mask_work(Ls[i], insides[i], works[i], hw, ops,
+                            halo.inside_tiles(wins[i], ms[d].tile_oh, ms[d].tile_ow, ops, line)) for i in ahead]
     copies_ = [halo.copy_work(Ls[i], wins[i], ms[d].tile_oh, works[i], hw, ops, line) for i in ahead]
     vec_extra = {i: m[1][1] + c[1] for i, m, c in zip(ahead, masks, copies_, strict=True)}
     loads = tuple(sum(m[0][k] for m in masks) for k in range(2))
@@ -200,7 +200,7 @@ def cascade_cost(Ls, ms, hw, ops, chunked=0, line=0) -> CascadeCost:
     spatial = Ls[-1].n * works[-1].dims.n_h * works[-1].dims.n_w
     chunks = 1 + chunked * (works[chunk_at(Ls)].dims.n_o - 1)
     instructions = loads[0] + sum(m[1][0] for m in masks) + sum(c[0] for c in copies_)
-    acts = [halo.mask_actions(Ls[i], insides[i], works[i], hw, ops, unmasked[i]) for i in ahead]
+    acts = [halo.mask_actions(Ls[i], works[i], work) for i, work in zip(ahead, masks, strict=True)]
     acts += [halo.copy_actions(Ls[i], wins[i], ms[d].tile_oh, works[i], hw, ops, line) for i in ahead]
     for i, (L, m, w) in enumerate(zip(Ls, ms, works, strict=True)):
         on_array = (L.kind == MATRIX) * 1      # else a depthwise member: taps on the vector unit,

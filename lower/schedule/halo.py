@@ -292,11 +292,11 @@ def mask_work(L: LayerShape, inner, w, hw, ops, inside) -> tuple:
             (w.tiles - skipped * d.n_o, groups, (L.n * L.oh * L.ow - skipped_elements) * L.o))
 
 
-def mask_actions(L: LayerShape, inner, w, hw, ops, inside) -> dict:
-    """The masks' action counts (sim.energy's): their LOADs (the inside from DRAM, the window written),
-    the MULs (the result tile read and written back, the mask, broadcast over the channels, read once
-    per channel tile)."""
-    (_, loaded), (_, _, elements) = mask_work(L, inner, w, hw, ops, inside)
+def mask_actions(L: LayerShape, w, work) -> dict:
+    """The masks' action counts (sim.energy's), of their `work` (mask_work's): their LOADs (the inside
+    from DRAM, the window written), the MULs (the result tile read and written back, the mask,
+    broadcast over the channels, read once per channel tile)."""
+    (_, loaded), (_, _, elements) = work
     item = L.out_itemsize
     written = elements / L.o * item      # the masks' windows, each written once
     return {"dram_read_bytes": loaded, "vector_ops": elements, "scratchpad_write_bytes": written + elements * item,
