@@ -75,7 +75,7 @@ def point_from(hw_theta, base: HardwarePoint, ranges) -> HardwarePoint:
     v = jnp.exp(jnp.clip(hw_theta[:5], ranges[0], ranges[1]))
     config = _with(base.config, dma_bandwidth_bytes_per_cycle=v[4])
     return HardwarePoint(v[0], v[1], v[2], v[3], base.vector_lanes, jax.nn.sigmoid(hw_theta[5]),
-                        base.vector_subword_packing, config)
+                        base.vector_subword_packing, base.array_subword_packing, config)
 
 
 def _with(config: HardwareConfig, **leaves) -> HardwareConfig:

@@ -28,6 +28,7 @@ class HardwarePoint:
     vector_lanes: object
     weight_stationary: object
     vector_subword_packing: object   # 1 or 0 (HardwareConfig's, a structural field held fixed)
+    array_subword_packing: object    # likewise
     config: HardwareConfig
 
     def __getattr__(self, name):
@@ -46,7 +47,8 @@ def hardware_point(hw: HardwareConfig) -> HardwarePoint:
     """`hw` with its structural fields as float32 numbers."""
     return HardwarePoint(*(np.float32(v) for v in (hw.array_rows, hw.array_cols, hw.scratchpad_bytes,
                                                     hw.accumulator_bytes, hw.vector_lanes,
-                                                    hw.dataflow == "weight_stationary", hw.vector_subword_packing)),
+                                                    hw.dataflow == "weight_stationary", hw.vector_subword_packing,
+                                                    hw.array_subword_packing)),
                          HardwareConfig(**{n: np.float32(getattr(hw, n)) for n in CONTINUOUS}))
 
 

@@ -69,6 +69,11 @@ class HardwareConfig:
     array_cols: int = _spec(int, 1, 1024, static=True, doc="systolic array columns (output channels in WS)", default=16)
     dataflow: str = _spec(DATAFLOWS, static=True, default="weight_stationary",
                           doc="weight_stationary or output_stationary")
+    array_subword_packing: bool = _spec(
+        bool, static=True, default=True,
+        doc="each PE's 32-bit datapath multiplies 32/w operand pairs a cycle along the reduction, w a "
+            "MATMUL's operand bits: 4 int8 (a dot-4 PE, as Intel VNNI's VPDPBUSD and Arm's SDOT), 2 bf16; "
+            "off: one MAC per PE a cycle whatever its type")
     dtypes: tuple = _spec(DTYPE_MODES, static=True, doc="supported compute modes", default=DTYPE_MODES)
     scratchpad_bytes: int = _spec(int, 64, 2**28, static=True, default=256 * 1024,
                                   doc="input/weight scratchpad capacity")
@@ -122,6 +127,7 @@ class HardwareConfig:
     # --- derived quantities ---
     @property
     def peak_macs_per_cycle(self) -> int:
+        """The array's MACs a cycle at 32-bit operands, one a PE (sim.costs.array_macs_per_cycle: a packed type's)."""
         return self.array_rows * self.array_cols
 
     @property

@@ -4,7 +4,7 @@ DRAM layout: the constant blob (weights) sits at address 0; inputs, outputs and
 intermediates follow.  Inputs and outputs are dense row-major tensors in their
 logical (model) layout: the program's own DMA patterns do any layout change.
 
-File format (little-endian), version 3 (FORMAT_VERSION):
+File format (little-endian), version 4 (FORMAT_VERSION):
 
     offset  size  content
     0       8     magic b"STAGEC\\x00\\x01"
@@ -39,7 +39,9 @@ from .opcodes import decode
 from .schema import Checked, Int, ListOf, Maybe, OneOf, Record, Str, check
 
 MAGIC = b"STAGEC\x00\x01"
-FORMAT_VERSION = 3   # 2: REQUANT and RESCALE records of 32 bytes (a bias word), not 16; 3: 16 again, packed
+# 2: REQUANT and RESCALE records of 32 bytes (a bias word), not 16; 3: 16 again, packed; 4: the hw's
+# array_subword_packing (a version-3 file's array took one MAC a PE whatever the type)
+FORMAT_VERSION = 4
 
 
 class RegionKind(enum.StrEnum):

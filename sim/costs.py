@@ -23,6 +23,14 @@ github.com/scalesim-project, `scalesim/compute/systolic_compute_{ws,os}.py`):
 A fold that does not fill the array costs as much as one that does (unused PEs
 idle), as in SCALE-Sim.
 
+Each PE's datapath is 32 bits wide: with `array_subword_packing` it multiplies 32 / w operand
+pairs of w bits a cycle along the reduction and sums them into its one accumulator, as a
+vector lane packs (lane_elements): a dot-4 PE for int8, as Intel's VNNI (VPDPBUSD sums four
+int8 products into each 32-bit lane) and Arm's SDOT, and dot-2 for bf16 (BFDOT).  A MATMUL's
+reduction then steps ceil(K / p) times for p pairs a PE (packed_reduction): weight stationary,
+a PE holds p weights, so a fold covers R * p of K; output stationary, K streams p a cycle.
+The inputs' and weights' paths carry 32 bits an array row a cycle either way.
+
 DMA (LOAD, GATHER, STORE): a fixed latency, then the bytes over the DRAM bandwidth.
 The transfer is kept fractional (no ceiling), so cycles are differentiable in
 the bandwidth.
@@ -54,8 +62,16 @@ from stagec.isa.opcodes import Array, Dma, Fields, Lanes, func_table, queues_of
 
 # --- the formulas --------------------------------------------------------------------------------
 
-def matmul_folds(m, k, n, rows: int, cols: int, dataflow: str, xp=np):
-    """Folds of an M x K x N matmul on a rows x cols array (SCALE-Sim's row_fold * col_fold)."""
+def packed_reduction(k, per_pe=1, xp=np):
+    """The steps of a MATMUL's reduction of length `k` on PEs that multiply `per_pe` operand pairs a
+    cycle (lane_elements of its operands' bits): ceil(k / per_pe)."""
+    return xp.ceil(xp.asarray(k) / per_pe)
+
+
+def matmul_folds(m, k, n, rows: int, cols: int, dataflow: str, xp=np, per_pe=1):
+    """Folds of an M x K x N matmul on a rows x cols array (SCALE-Sim's row_fold * col_fold), each PE
+    multiplying `per_pe` operand pairs a cycle."""
+    k = packed_reduction(k, per_pe, xp)
     if dataflow == "weight_stationary":
         return xp.ceil(k / rows) * xp.ceil(n / cols)
     if dataflow == "output_stationary":
@@ -63,8 +79,9 @@ def matmul_folds(m, k, n, rows: int, cols: int, dataflow: str, xp=np):
     raise ValueError(f"unknown dataflow {dataflow!r}; expected weight_stationary or output_stationary")
 
 
-def matmul_fold_cycles(m, k, n, rows: int, cols: int, dataflow: str, xp=np):
+def matmul_fold_cycles(m, k, n, rows: int, cols: int, dataflow: str, xp=np, per_pe=1):
     """Cycles of one fold (SCALE-Sim's per-fold demand-matrix length)."""
+    k = packed_reduction(k, per_pe, xp)
     if dataflow == "weight_stationary":
         return 2 * rows + cols + m - 2
     if dataflow == "output_stationary":
@@ -72,13 +89,27 @@ def matmul_fold_cycles(m, k, n, rows: int, cols: int, dataflow: str, xp=np):
     raise ValueError(f"unknown dataflow {dataflow!r}; expected weight_stationary or output_stationary")
 
 
-def matmul_cycles(m, k, n, rows: int, cols: int, dataflow: str, xp=np):
-    """Cycles of an M x K x N matmul tile on the array: folds x per-fold cycles.
+def matmul_cycles(m, k, n, rows: int, cols: int, dataflow: str, xp=np, per_pe=1):
+    """Cycles of an M x K x N matmul tile on the array, each PE multiplying `per_pe` operand pairs a
+    cycle: folds x per-fold cycles.
 
     >>> int(matmul_cycles(196, 576, 64, 32, 32, "weight_stationary"))   # 576/32 x 64/32 = 36 folds of 2*32+32+196-2
     10440
+    >>> int(matmul_cycles(196, 576, 64, 32, 32, "weight_stationary", per_pe=4))   # int8: 576/128 -> 5 x 2 folds
+    2900
     """
-    return matmul_folds(m, k, n, rows, cols, dataflow, xp) * matmul_fold_cycles(m, k, n, rows, cols, dataflow, xp)
+    return (matmul_folds(m, k, n, rows, cols, dataflow, xp, per_pe)
+            * matmul_fold_cycles(m, k, n, rows, cols, dataflow, xp, per_pe))
+
+
+def array_per_pe(itemsize, hw: HardwareConfig, xp=np):
+    """Operand pairs a PE multiplies a cycle at operands of `itemsize` bytes on `hw`."""
+    return lane_elements(8 * xp.asarray(itemsize), hw.array_subword_packing, xp)
+
+
+def array_macs_per_cycle(hw: HardwareConfig, itemsize) -> int:
+    """The array's peak MACs a cycle at operands of `itemsize` bytes (4 int8, 2 bf16, 1 fp32 a PE packed)."""
+    return hw.peak_macs_per_cycle * int(array_per_pe(itemsize, hw))
 
 
 def dma_transfer_cycles(nbytes, bandwidth_bytes_per_cycle, xp=np):
@@ -185,6 +216,7 @@ class InstructionShapes:
     is_dma: np.ndarray           # (N,) charged as a DMA (LOAD, GATHER, STORE)
     dram_bytes: np.ndarray       # (N,) bytes a DMA moves over the DRAM channel
     matmul_mkn: np.ndarray       # (N, 3) M, K, N of each instruction on the array (0 elsewhere)
+    matmul_bits: np.ndarray      # (N,) bits of its operands per element (0 elsewhere)
     is_matmul: np.ndarray
     vector_elements: np.ndarray  # (N,) elements an instruction on the vector unit processes
     vector_reduce: np.ndarray    # (N,) reduction length (1 for elementwise)
@@ -198,6 +230,7 @@ def instruction_shapes(code: np.ndarray) -> InstructionShapes:
     """The shape numbers of each instruction, as its opcode's unit (isa.opcodes) gives them."""
     n = len(code)
     columns = {"dram_bytes": np.zeros(n, np.int64), "matmul_mkn": np.zeros((n, 3), np.int64),
+               "matmul_bits": np.zeros(n, np.int64),
                "vector_elements": np.zeros(n, np.int64), "vector_reduce": np.ones(n, np.int64),
                "vector_bits": np.zeros(n, np.int64), "vector_dot": np.zeros(n, bool),
                "transcendental": np.zeros(n, bool), "is_dma": np.zeros(n, bool), "is_matmul": np.zeros(n, bool),
@@ -213,7 +246,7 @@ def instruction_shapes(code: np.ndarray) -> InstructionShapes:
 
 _UNIT_SHAPES = {
     Dma: lambda u, f: {"is_dma": True, "dram_bytes": u.moved(f)},
-    Array: lambda u, f: {"is_matmul": True, "matmul_mkn": u.mkn(f)},
+    Array: lambda u, f: {"is_matmul": True, "matmul_mkn": u.mkn(f), "matmul_bits": 8 * ITEMSIZE[f.field("dtype")]},
     Lanes: lambda u, f: {"is_vector": True, "vector_elements": u.elements(f), "vector_reduce": u.reduce_length(f),
                          "transcendental": u.transcendental(f),
                          "vector_bits": lane_bits(f.func, f.field("dtype"), f.field("out_dtype")),
@@ -234,12 +267,13 @@ class UnitParameters:
     dma_latency_cycles: object
     vector_cycles_per_transcendental: object
     vector_subword_packing: object
+    array_subword_packing: object
 
 
 def unit_parameters(hw: HardwareConfig) -> UnitParameters:
     return UnitParameters(hw.array_rows, hw.array_cols, hw.vector_lanes, hw.dataflow == "weight_stationary",
                           hw.dma_bandwidth_bytes_per_cycle, hw.dma_latency_cycles,
-                          hw.vector_cycles_per_transcendental, hw.vector_subword_packing)
+                          hw.vector_cycles_per_transcendental, hw.vector_subword_packing, hw.array_subword_packing)
 
 
 def unit_cycles(shapes: InstructionShapes, p: UnitParameters, xp=np):
@@ -249,8 +283,9 @@ def unit_cycles(shapes: InstructionShapes, p: UnitParameters, xp=np):
     transfer: cycles a DMA holds the shared DRAM channel (0 for the rest).
     """
     m, k, n = (shapes.matmul_mkn[:, j] for j in range(3))
-    ws = matmul_cycles(m, k, n, p.array_rows, p.array_cols, "weight_stationary", xp)
-    os_ = matmul_cycles(m, k, n, p.array_rows, p.array_cols, "output_stationary", xp)
+    per_pe = lane_elements(shapes.matmul_bits, p.array_subword_packing, xp)
+    ws = matmul_cycles(m, k, n, p.array_rows, p.array_cols, "weight_stationary", xp, per_pe)
+    os_ = matmul_cycles(m, k, n, p.array_rows, p.array_cols, "output_stationary", xp, per_pe)
     matrix = xp.where(shapes.is_matmul, xp.where(p.weight_stationary, ws, os_), 0.0)
     vector = vector_cycles(shapes.vector_elements, p.vector_lanes,
                            per_lane=lane_elements(shapes.vector_bits, p.vector_subword_packing, xp),

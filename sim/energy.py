@@ -31,6 +31,7 @@ from stagec.isa.instructions import ITEMSIZE, AccMode, DType, Space
 from stagec.isa.opcodes import Array, Dma, Fields, Lanes, OpcodeDef
 from stagec.isa.program import Program
 
+from .costs import array_per_pe, packed_reduction
 from .timing import program_cycles
 
 ACTIONS = ("macs_int8", "macs_bf16", "macs_fp32", "vector_ops", "scratchpad_read_bytes", "scratchpad_write_bytes",
@@ -126,7 +127,7 @@ def _array_actions(d: OpcodeDef, f: Fields, rows, slots, hw: HardwareConfig, cou
     col_folds = np.ceil(nn / hw.array_cols)
     accumulate = f.mode != AccMode.OVERWRITE
     if hw.dataflow == "weight_stationary":   # inputs re-streamed per column fold; partial sums per row fold
-        row_folds = np.ceil(k / hw.array_rows)
+        row_folds = np.ceil(packed_reduction(k, array_per_pe(size_in, hw)) / hw.array_rows)
         a_reads, b_reads = m * k * col_folds, k * nn
         c_writes, c_reads = m * nn * row_folds, m * nn * (row_folds - 1 + accumulate)
     else:                                    # outputs held: inputs per column fold, weights per row fold
@@ -179,7 +180,7 @@ def area_mm2(hw: HardwareConfig) -> dict:
 def counts_of(program: Program, hw: HardwareConfig | None = None) -> ActionCounts:
     """The program's per-instruction action counts on `hw` (cached for the program's own config)."""
     hw = program.hw if hw is None else hw
-    key = ("action_counts", hw.array_rows, hw.array_cols, hw.dataflow)
+    key = ("action_counts", hw.array_rows, hw.array_cols, hw.dataflow, hw.array_subword_packing)
     if key not in program.cache:
         program.cache[key] = action_counts(program.code, hw)
     return program.cache[key]

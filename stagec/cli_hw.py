@@ -5,15 +5,19 @@ from __future__ import annotations
 
 def describe(hw) -> list[str]:
     """A config's headline numbers: area (sim.energy's table) and peak throughput."""
+    from stagec.sim.costs import array_macs_per_cycle
     from stagec.sim.energy import area_mm2
     area = area_mm2(hw)
-    peak = hw.peak_macs_per_cycle
+    sizes = {"fp32": 4, "bf16": 2, "int8": 1}
+    peaks = ", ".join(f"{dtype} {(peak := array_macs_per_cycle(hw, size))} MACs/cycle = "
+                      f"{2 * peak * hw.clock_hz / 1e9:.1f} GOPS" for dtype, size in sizes.items() if dtype in hw.dtypes)
     return [f"area: {sum(area.values()):.3f} mm^2 (" + ", ".join(f"{k} {v:.3f}" for k, v in area.items()) + ")",
-            f"peak: {peak} MACs/cycle = {2 * peak * hw.clock_hz / 1e9:.1f} GOPS at {hw.clock_hz / 1e6:g} MHz "
-            f"(a MAC is 2 ops); DRAM {hw.dma_bandwidth_bytes_per_cycle * hw.clock_hz / 1e9:.1f} GB/s"]
+            f"peak: {peaks} at {hw.clock_hz / 1e6:g} MHz (a MAC is 2 ops); "
+            f"DRAM {hw.dma_bandwidth_bytes_per_cycle * hw.clock_hz / 1e9:.1f} GB/s"]
 
 
 def _list(args) -> int:
+    from stagec.sim.costs import array_macs_per_cycle
     from stagec.sim.energy import area_mm2
 
     from . import presets
@@ -22,7 +26,8 @@ def _list(args) -> int:
         shape = f"{hw.array_rows}x{hw.array_cols}"
         print(f"{name:<10} {shape:<6} {'/'.join(hw.dtypes):<14} "
               f"{hw.scratchpad_bytes // 1024:>5} KiB  {sum(area_mm2(hw).values()):6.3f} mm^2  "
-              f"{2 * hw.peak_macs_per_cycle * hw.clock_hz / 1e9:6.1f} GOPS")
+              f"{2 * hw.peak_macs_per_cycle * hw.clock_hz / 1e9:6.1f} GOPS fp32, "
+              f"{2 * array_macs_per_cycle(hw, 1) * hw.clock_hz / 1e9:.1f} int8")
     return 0
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from stagec.sim.costs import lane_elements
+from stagec.sim.costs import array_macs_per_cycle, lane_elements
 from stagec.sim.energy import COMPONENTS
 
 from .exports import runs
-from .report import UNITS, Report
+from .report import PRECISION_ITEMSIZE, UNITS, Report
 
 UNIT_ROWS = UNITS + ("dram",)     # the four queues, and the DRAM channel they share
 MAX_SEGMENTS_PER_ROW = 4000       # merge instructions closer than a pixel or so into one bar
@@ -67,13 +67,19 @@ def roofline_figure(report: Report, name: str = "") -> Figure:
             perf.append(ops / layer.span_cycles)
             matrix.append(layer.macs > 0)
     intensity, perf, matrix = np.array(intensity), np.array(perf), np.array(matrix, bool)
+    # the array's peak in each precision its layers ran (a packing array's int8 is 4x fp32's)
+    peaks: dict[int, list] = {}
+    for p in sorted({layer.precision for layer in report.layers if layer.macs and layer.precision} or {"fp32"},
+                    key=PRECISION_ITEMSIZE.get, reverse=True):
+        peaks.setdefault(array_macs_per_cycle(hw, PRECISION_ITEMSIZE[p]), []).append(p)
     lo = min(intensity.min(initial=1.0), 1.0) / 4
-    hi = max(intensity.max(initial=1.0), hw.peak_macs_per_cycle / hw.dma_bandwidth_bytes_per_cycle) * 4
+    hi = max(intensity.max(initial=1.0), max(peaks) / hw.dma_bandwidth_bytes_per_cycle) * 4
     x = np.geomspace(lo, hi, 200)
     # int8's: each 32-bit lane takes four with sub-word packing
     vector_peak = hw.vector_lanes * int(lane_elements(8, hw.vector_subword_packing))
-    for peak, label, style in ((hw.peak_macs_per_cycle, f"array peak {hw.peak_macs_per_cycle} MAC/cycle", "-"),
-                               (vector_peak, f"vector peak {vector_peak} int8 op/cycle", ":")):
+    roofs = [(peak, f"array peak {peak} MAC/cycle ({', '.join(ps)})", style)
+             for (peak, ps), style in zip(peaks.items(), ("-", "--", "-."), strict=False)]
+    for peak, label, style in (*roofs, (vector_peak, f"vector peak {vector_peak} int8 op/cycle", ":")):
         ax.plot(x, np.minimum(peak, hw.dma_bandwidth_bytes_per_cycle * x), "k" + style, lw=1.2, label=label)
     ax.scatter(intensity[matrix], perf[matrix], c="tab:blue", label="matrix layers (MACs)", zorder=3)
     ax.scatter(intensity[~matrix], perf[~matrix], c="tab:orange", marker="s", label="vector layers (element ops)",

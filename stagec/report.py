@@ -5,7 +5,8 @@ Per-layer time comes in two forms, because the queues let layers overlap:
 ending; `cycles` is the layer's exclusive share of the timeline (how far the
 latest end moves while this layer finishes), so per-layer `cycles` add up to
 the total.  Roofline: a layer cannot beat max(MACs / peak MACs per cycle,
-compulsory DRAM bytes / bandwidth), where compulsory bytes are every input
+compulsory DRAM bytes / bandwidth), the peak its precision's (a packing array runs
+int8 at four MACs a PE a cycle, bf16 at two: sim.costs.array_macs_per_cycle), where compulsory bytes are every input
 (weights included) read once and the output written once; `achieved_over_bound`
 is span / bound (1.0 = on the roofline).
 
@@ -17,7 +18,7 @@ is span / bound (1.0 = on the roofline).
     clock_hz
     instructions        unit -> instruction count (units: load, matrix, vector, store)
     busy_cycles         unit -> cycles the unit was running an instruction
-    array_utilization   MACs / (peak MACs per cycle x cycles)
+    array_utilization   MACs / (peak MACs per cycle x cycles), each layer's at its precision's peak
     bytes               level -> {"read": bytes, "write": bytes} (levels: dram, scratchpad, accumulator)
     actions             action -> count (MACs by mode, vector ops, bytes per level and direction)
     energy_pj           component -> pJ (mac, vector, scratchpad, accumulator, dram, leakage), "total"
@@ -61,6 +62,7 @@ import numpy as np
 from stagec.isa.config import HardwareConfig
 from stagec.isa.instructions import ITEMSIZE, Opcode, Queue
 from stagec.isa.program import Layer, Program
+from stagec.sim.costs import array_macs_per_cycle
 from stagec.sim.energy import ActionCounts, area_mm2, counts_of, energy_pj
 from stagec.sim.timing import Timeline, timeline
 
@@ -68,6 +70,7 @@ from .targets import Targets, Verdict, verdict
 
 UNITS = tuple(q.name.lower() for q in Queue)
 LEVELS = ("dram", "scratchpad", "accumulator")
+PRECISION_ITEMSIZE = {"int8": 1, "bf16": 2, "fp32": 4}
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class LayerReport:
         return self.end_cycle - self.start_cycle
 
     def array_utilization(self, hw: HardwareConfig) -> float:
-        return self.macs / (hw.peak_macs_per_cycle * self.span_cycles) if self.span_cycles > 0 else 0.0
+        return array_bound_cycles(self.macs, self.precision, hw) / self.span_cycles if self.span_cycles > 0 else 0.0
 
     def to_dict(self, hw: HardwareConfig) -> dict:
         return {
@@ -137,8 +140,8 @@ class Report:
 
     @property
     def array_utilization(self) -> float:
-        macs = sum(layer.macs for layer in self.layers)
-        return macs / (self.hw.peak_macs_per_cycle * self.cycles) if self.cycles > 0 else 0.0
+        busy = sum(array_bound_cycles(layer.macs, layer.precision, self.hw) for layer in self.layers)
+        return busy / self.cycles if self.cycles > 0 else 0.0
 
     @property
     def roofline_cycles(self) -> float:
@@ -255,6 +258,17 @@ def _layer_precision(program: Program, layer: Layer, actions: ActionCounts) -> s
     return max(macs_by_precision(actions).items(), key=lambda kv: kv[1], default=(None,))[0]
 
 
+def layer_precisions(program: Program) -> list[str | None]:
+    """Each layer's precision (_layer_precision), from the program's action counts."""
+    by_layer = counts_of(program).by_group(program.layer_ids, len(program.layers))
+    return [_layer_precision(program, layer, counts) for layer, counts in zip(program.layers, by_layer, strict=True)]
+
+
+def array_bound_cycles(macs: float, precision: str | None, hw: HardwareConfig) -> float:
+    """Cycles the array needs for `macs` at its peak in `precision` (an unknown one: fp32's, one a PE)."""
+    return macs / array_macs_per_cycle(hw, PRECISION_ITEMSIZE.get(precision, 4))
+
+
 def macs_by_precision(actions: ActionCounts) -> dict:
     """{precision: MACs} of the precisions the array ran MACs in."""
     counts = {p: float(getattr(actions, f"macs_{p}")) for p in ("int8", "bf16", "fp32")}
@@ -286,6 +300,7 @@ def make_report(program: Program) -> Report:
     frontier = np.maximum.accumulate(last[:n_layers]) if n_layers else last[:0]
     exclusive = np.diff(frontier, prepend=0.0)
     layer_counts = counts.by_group(ids, n_layers)
+    precisions = [_layer_precision(program, layer, layer_counts[i]) for i, layer in enumerate(program.layers)]
     itemsize = np.zeros(n_layers + 1, np.int64)    # DRAM element size of the layer's tensors (its LOADs')
     loads = program.code["opcode"] == Opcode.LOAD
     np.maximum.at(itemsize, group[loads], ITEMSIZE[program.code["dtype"][loads]])
@@ -294,21 +309,22 @@ def make_report(program: Program) -> Report:
                     dict(zip(UNITS, map(int, count[i]), strict=True)), float(first[i]), float(last[i]),
                     float(exclusive[i]), dict(zip(UNITS, map(float, busy[i]), strict=True)), layer_counts[i],
                     {k: float(v) for k, v in energy_pj(layer_counts[i], exclusive[i], hw).items()},
-                    _roofline(layer, hw, itemsize[i], last[i] - first[i]),
-                    _layer_precision(program, layer, layer_counts[i]))
+                    _roofline(layer, precisions[i], hw, itemsize[i], last[i] - first[i]), precisions[i])
         for i, layer in enumerate(program.layers))
     total = counts.total()
     report = Report(layers, hw, dict(zip(UNITS, map(int, count.sum(0)), strict=True)),
                   dict(zip(UNITS, map(float, busy.sum(0)), strict=True)), tl.cycles, total,
                   {k: float(v) for k, v in energy_pj(total, tl.cycles, hw).items()},
                   {k: float(v) for k, v in area_mm2(hw).items()}, tl, ids, program.metadata.get("mixed_precision"),
-                  model_limit(program), tuple(program.metadata.get("cascades") or ()), memory_use(program))
+                  model_limit(program, precisions), tuple(program.metadata.get("cascades") or ()), memory_use(program))
     targets = Targets.from_dict(program.metadata["targets"]) if "targets" in program.metadata else None
     return replace(report, verdict=verdict(report, targets)) if targets else report
 
 
-def model_limit(program: Program) -> dict:
-    """The model's physical limit: max(total MACs / peak MACs per cycle, compulsory bytes / DRAM bandwidth).
+def model_limit(program: Program, precisions: list | None = None) -> dict:
+    """The model's physical limit: max(total MACs / peak MACs per cycle, compulsory bytes / DRAM bandwidth),
+    each layer's MACs at the peak of its precision (`precisions`, layer_precisions' where not given: a
+    packing array runs int8 at four times fp32's).
 
     Compulsory bytes are what no schedule avoids moving: the weights (the constant blob, less the zeros
     that packing depthwise convs adds) read once,
@@ -319,16 +335,19 @@ def model_limit(program: Program) -> dict:
     macs = sum(layer.macs for layer in program.layers)
     weights = len(program.constants) - program.metadata.get("packed_weight_zeros", 0)
     compulsory = weights + sum(t.nbytes for t in (*program.inputs, *program.outputs))
-    compute, memory = macs / hw.peak_macs_per_cycle, compulsory / hw.dma_bandwidth_bytes_per_cycle
+    precisions = layer_precisions(program) if precisions is None else precisions
+    compute = sum(array_bound_cycles(layer.macs, p, hw) for layer, p in zip(program.layers, precisions, strict=True))
+    memory = compulsory / hw.dma_bandwidth_bytes_per_cycle
     return {"macs": macs, "compute_cycles": compute, "compulsory_bytes": compulsory, "memory_cycles": memory,
             "bound_cycles": max(compute, memory), "bound": "compute" if compute >= memory else "memory"}
 
 
-def _roofline(layer: Layer, hw: HardwareConfig, itemsize: int, span: float) -> dict:
-    """The layer's roofline bound: compute (MACs / peak) or memory (compulsory bytes / bandwidth)."""
+def _roofline(layer: Layer, precision: str | None, hw: HardwareConfig, itemsize: int, span: float) -> dict:
+    """The layer's roofline bound: compute (MACs / its precision's peak) or memory (compulsory bytes /
+    bandwidth)."""
     elements = sum(math.prod(s) for s in layer.in_shapes) + math.prod(layer.out_shape)   # exact: no int64 wrap
     compulsory = elements * (int(itemsize) or 4)
-    compute, memory = layer.macs / hw.peak_macs_per_cycle, compulsory / hw.dma_bandwidth_bytes_per_cycle
+    compute, memory = array_bound_cycles(layer.macs, precision, hw), compulsory / hw.dma_bandwidth_bytes_per_cycle
     bound = max(compute, memory)
     return {"compute_cycles": compute, "memory_cycles": memory, "bound_cycles": bound,
             "bound": "compute" if compute >= memory else "memory", "compulsory_bytes": compulsory,

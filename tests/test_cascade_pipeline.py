@@ -1,5 +1,6 @@
 """How a cascade's steps overlap (lower.codegen.cascade's software pipeline) and how its cost prices that
-(lower.schedule.cascade.cascade_cost): int8 blocks, where neither the array nor the vector unit dominates,
+(lower.schedule.cascade.cascade_cost): int8 blocks, where neither the array nor the vector unit dominates
+(SMALL with one int8 MAC a PE a cycle: packed four a PE, the array's share falls),
 so that a step in which the units take turns, or a cascade of few steps, shows in the cycles.  Outputs bit
 for bit stagec.int8_reference's."""
 
@@ -17,13 +18,15 @@ from stagec.lower.schedule.search import INSTRUCTION_CHARGE
 from stagec.pipeline import PIPELINE, Compilation, Request, build_graph, run
 from stagec.report import make_report
 
+HW = SMALL.replace(array_subword_packing=False)
+
 
 def compiled(model, x):
-    """(the int8 compilation on SMALL, its one cascade's predicted cycles, the simulated span of its layers)."""
-    c = run(PIPELINE, Compilation(Request(model, (x,), hw=SMALL, quantize="int8")))
+    """(the int8 compilation on HW, its one cascade's predicted cycles, the simulated span of its layers)."""
+    c = run(PIPELINE, Compilation(Request(model, (x,), hw=HW, quantize="int8")))
     (cascade,) = c.schedule.cascades
     shapes = [LayerShape.of(*c.schedule[name].nests[0]) for name in cascade.layers]
-    cost = cascade_cost(shapes, list(cascade.mappings), SMALL, Exact, cascade.chunk is not None, cascade.line)
+    cost = cascade_cost(shapes, list(cascade.mappings), HW, Exact, cascade.chunk is not None, cascade.line)
     layers = [layer for layer in make_report(c.program).layers if layer.name in cascade.layers]
     return c, float(cost.cycles), layers[-1].end_cycle - layers[0].start_cycle
 

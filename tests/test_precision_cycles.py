@@ -84,7 +84,8 @@ def test_pipelined_int8_attention_overlaps_the_units_and_computes_the_same():
     for p in programs:
         cost = int8_flash_cost(shape_of(pattern, graph, c.layout, pipelined=p), *cascade.tile, SMALL)
         spans = [r.cycles for r in make_report(programs[p]).layers if r.name in cascade.layers]
-        assert abs(cost.charged[0] - sum(spans)) <= 0.25 * sum(spans), p
+        # the cycles, not the charge the search ranks by (which adds a charge per instruction: no time)
+        assert abs(cost.cycles - sum(spans)) <= 0.25 * sum(spans), p
 
 
 def test_an_unmasked_int8_attention_is_sized_without_a_mask():

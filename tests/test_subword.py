@@ -131,6 +131,19 @@ class _Int8Block(torch.nn.Module):
         return torch.nn.functional.max_pool2d(torch.relu(self.dw(torch.relu(self.pw(x)))), 2)
 
 
+def priced_layer(graph, layer, hw):
+    """(shape, mapping, nest cost, the emitted layer's instruction shapes, their occupancy on `hw`) of one
+    of graph's layers as the mapper maps it; the cost model over jax.numpy checked to price it alike."""
+    L = LayerShape.of(layer.kind, layer.problem, layer.extras, layer.repeat)
+    m = map_nest(layer.kind, layer.problem, hw, layer.extras, layer.name)
+    cost = nest_cost(L, m, hw, Exact)
+    shapes = instruction_shapes(layer_program(graph, layer, m, hw).code)
+    relaxed = jax.jit(layer_cost)(layer_shape(layer.kind, layer.problem, layer.extras, layer.repeat),
+                                  mapping_arrays(m), hardware_point(hw))
+    assert float(relaxed.cycles) == pytest.approx(float(cost.cycles), rel=1e-5), layer.name
+    return L, m, cost, shapes, unit_cycles(shapes, unit_parameters(hw))[0]
+
+
 def _vector_cycles(L: LayerShape, cost) -> float:
     on_array = L.kind == 0
     return L.repeat * (cost.work.epilogue + (not on_array) * cost.work.compute)
@@ -147,16 +160,8 @@ def test_the_cost_model_prices_each_int8_layer_as_the_simulator_times_it(packing
     assert {layer.kind for layer in layers} == {"matrix", "depthwise", "pool"}
     for layer in layers:
         assert layer.problem.itemsize == 1, layer.name
-        L = LayerShape.of(layer.kind, layer.problem, layer.extras, layer.repeat)
-        m = map_nest(layer.kind, layer.problem, hw, layer.extras, layer.name)
-        cost = nest_cost(L, m, hw, Exact)
-        program = layer_program(graph, layer, m, hw)
-        shapes = instruction_shapes(program.code)
-        occupancy, _ = unit_cycles(shapes, unit_parameters(hw))
+        L, _, cost, shapes, occupancy = priced_layer(graph, layer, hw)
         assert float(occupancy[shapes.queue == Queue.VECTOR].sum()) == _vector_cycles(L, cost), layer.name
-        relaxed = jax.jit(layer_cost)(layer_shape(layer.kind, layer.problem, layer.extras, layer.repeat),
-                                      mapping_arrays(m), hardware_point(hw))
-        assert float(relaxed.cycles) == pytest.approx(float(cost.cycles), rel=1e-5), layer.name
 
 
 def test_an_int8_max_pools_taps_pack_four_a_lane():

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from stagec.isa.instructions import MAX_COUNT, Space
-from stagec.sim.costs import matmul_cycles, vector_cycles
+from stagec.sim.costs import array_per_pe, matmul_cycles, vector_cycles
 from stagec.sim.energy import ActionCounts, energy_pj
 
 from ..graph.graph_ir import OpKind, Step
@@ -204,18 +204,19 @@ def rounding(elements: int) -> list[Vec]:
                                                                           spad_w=elements * F32)]
 
 
-def _matmul(m: int, k: int, n: int, accumulate: bool, hw) -> tuple:
-    """(cycles, MACs, scratchpad reads, accumulator reads, accumulator writes) of one MATMUL, as
-    sim.costs and sim.energy charge it."""
+def _matmul(m: int, k: int, n: int, accumulate: bool, itemsize: int, hw) -> tuple:
+    """(cycles, MACs, scratchpad reads, accumulator reads, accumulator writes) of one MATMUL of
+    `itemsize`-byte operands, as sim.costs and sim.energy charge it."""
     cols_f = math.ceil(n / hw.array_cols)
+    per_pe = int(array_per_pe(itemsize, hw))
     if hw.dataflow == "weight_stationary":
-        rf = math.ceil(k / hw.array_rows)
+        rf = math.ceil(k / (hw.array_rows * per_pe))
         spad, cw, cr = m * k * cols_f + k * n, m * n * rf, m * n * (rf - 1 + accumulate)
     else:
         rf = math.ceil(m / hw.array_rows)
         spad, cw, cr = m * k * cols_f + k * n * rf, m * n, m * n * accumulate
-    cycles = float(matmul_cycles(m, k, n, hw.array_rows, hw.array_cols, hw.dataflow))
-    return cycles, m * k * n, spad * F32, cr * F32, cw * F32
+    cycles = float(matmul_cycles(m, k, n, hw.array_rows, hw.array_cols, hw.dataflow, per_pe=per_pe))
+    return cycles, m * k * n, spad * itemsize, cr * F32, cw * F32
 
 
 def _sizes(total: int, tile: int) -> list[tuple[int, int]]:
@@ -232,6 +233,7 @@ def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = F
     `footprint`: its (scratchpad, accumulator) bytes where the caller has them (search_blocks)."""
     b, m, n, d = dims
     resident = masked and mask.resident
+    item = 2 if bf16 else F32
     t = dict.fromkeys(("matrix", "vector", "vector_ops", "spad_r", "spad_w", "acc_r", "acc_w", "macs",
                        "instructions"), 0.0)
 
@@ -252,7 +254,7 @@ def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = F
         for kb, times, first in firsts:
             if times <= 0:
                 continue
-            for mm in (_matmul(q, d, kb, False, hw), _matmul(q, kb, d, not first, hw)):
+            for mm in (_matmul(q, d, kb, False, item, hw), _matmul(q, kb, d, not first, item, hw)):
                 t["matrix"] += b * q_times * times * mm[0]
                 t["macs"] += b * q_times * times * mm[1]
                 t["spad_r"] += b * q_times * times * mm[2]
@@ -267,7 +269,6 @@ def flash_cost(dims, tq: int, tk: int, hw, scale: bool = False, masked: bool = F
     consts = scale + 2 * masked                 # LOADs of one element each, once
     mask_loads = b // mask.heads * nq if resident else b * nq * nk
     loads = b * nq * (1 + 2 * nk) + masked * mask_loads + consts
-    item = 2 if bf16 else F32
     q_bytes, out_bytes = b * m * d * item, b * m * d * out_itemsize
     mask_bytes = masked * (b // mask.heads if resident else b) * m * n * mask.itemsize
     read = q_bytes + b * nq * 2 * n * d * item + mask_bytes + consts * F32

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from stagec.isa.instructions import MAX_COUNT, REQUANT_RECORD_BYTES, DType, Space, VectorFunc
-from stagec.sim.costs import matmul_cycles, vector_instruction_cycles
+from stagec.sim.costs import array_per_pe, matmul_cycles, vector_instruction_cycles
 from stagec.sim.energy import ActionCounts
 
 from ..codegen import tile_expr  # the emitter's own expression plan, so both count the same temporaries
@@ -321,6 +321,7 @@ def int8_flash_cost(sh: Shape, tq: int, tk: int, hw, footprint=None) -> FlashCos
     only) an estimate; `footprint`: those bytes where the caller has them
     (lower.schedule.flash.search_blocks)."""
     b, m, n, d = sh.dims
+    per_pe = int(array_per_pe(1, hw))     # int8 x int8 -> int32 matmuls
     t = dict.fromkeys(("ops", "macs", "instructions"), 0.0)
     sweeps = [dict.fromkeys(("matrix", "vector"), 0.0) for _ in range(2)]
 
@@ -333,8 +334,9 @@ def int8_flash_cost(sh: Shape, tq: int, tk: int, hw, footprint=None) -> FlashCos
     for q, q_times in _sizes(m, tq):
         for kb, times in _sizes(n, tk):
             reps = b * q_times * times
-            sweeps[0]["matrix"] += reps * float(matmul_cycles(q, d, kb, hw.array_rows, hw.array_cols, hw.dataflow))
-            sweeps[1]["matrix"] += reps * float(matmul_cycles(q, kb, d, hw.array_rows, hw.array_cols, hw.dataflow))
+            for sweep, (inner, outer) in enumerate(((d, kb), (kb, d))):     # Q·K^T, then P·V
+                sweeps[sweep]["matrix"] += reps * float(matmul_cycles(q, inner, outer, hw.array_rows, hw.array_cols,
+                                                                      hw.dataflow, per_pe=per_pe))
             t["macs"] += reps * 2 * q * kb * d
             t["instructions"] += reps * 2               # two MATMULs (the LOADs: `loads`)
             for sweep, vectors in enumerate(_sweep_vectors(sh, q, kb)):
@@ -360,7 +362,7 @@ def int8_flash_cost(sh: Shape, tq: int, tk: int, hw, footprint=None) -> FlashCos
     acts = ActionCounts(macs_int8=t["macs"], macs_bf16=0.0, macs_fp32=0.0, vector_ops=t["ops"],
                         scratchpad_read_bytes=2 * t["ops"] * F32 + t["macs"] / hw.array_cols,
                         scratchpad_write_bytes=t["ops"] * F32 + read, accumulator_read_bytes=t["ops"] * F32 / 2,
-                        accumulator_write_bytes=t["macs"] * F32 / hw.array_rows, dram_read_bytes=read,
+                        accumulator_write_bytes=t["macs"] * F32 / (hw.array_rows * per_pe), dram_read_bytes=read,
                         dram_write_bytes=written)
     return FlashCost(cycles, int(t["instructions"] + firsts[0] + seconds[0] + b * nq), acts, units,
                      *map(int, footprint or local_bytes(int8_flash_buffers(sh, tq, tk))))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from stagec.isa.instructions import MAX_COUNT, Space
-from stagec.sim.costs import lane_elements, lane_work, matmul_fold_cycles, tree_cycles
+from stagec.sim.costs import array_per_pe, lane_elements, lane_work, matmul_fold_cycles, tree_cycles
 
 from .buffers import (
     EPILOGUE_TILES,
@@ -241,7 +241,7 @@ def matrix_work(L: LayerShape, m: TileMapping, hw, ops, rows=None, inside=None) 
                 extra=(epi_dmas, epi_bytes),
                 store=(tiles_out, L.n * L.oh * L.ow * L.o * L.out_itemsize),
                 matmuls=steps * per_step, vectors=tiles_out * (epilogue_ops(L, m) + m.transposed),
-                compute=per_step * array_cycles(L, m, d, f, hw, xp),
+                compute=per_step * array_cycles(L, m, d, f, hw, ops),
                 epilogue=epilogue_cycles(L, d, groups, hw, ops, epilogue_ops(L, m) - e.plain - e.hard)
                 + m.transposed * groups,
                 steps=steps, tiles=tiles_out, halo_tiles=halo_tiles, dims=d, folds=f, groups=groups)
@@ -251,39 +251,52 @@ def folds(L: LayerShape, m: TileMapping, d: Dims, hw, ops) -> Folds:
     r, c = hw.array_rows, hw.array_cols
     k = taps_per_matmul(L, m, ops.xp)
     xp = ops.xp
+    per_pe = array_per_pe(L.itemsize, hw, xp)
     outs = tile_sum(lambda o: xp.stack([ops.cdiv(o, c), ops.cdiv(o, r)]), d.outs)
     spatial = L.n * tile_sum(lambda a, b: xp.stack([ops.cdiv(a * b, r), tile_line(L, a, b)[0] + 0 * a * b,
                                                      ops.cdiv(tile_line(L, a, b)[0], c) + 0 * a * b]), d.rows, d.cols)
     # k may vary along candidates the channel tiles do not (map_cascade's stacked axis), and tile_sum
     # broadcasts what its function closes over with its tiles' candidates
     ins = [(t + 0 * k, n) for t, n in d.ins]
-    return Folds(tile_sum(lambda t: ops.cdiv(k * t, r), ins), outs[0], outs[1], *spatial)
+    return Folds(tile_sum(lambda t: ops.cdiv(k * t, r * per_pe), ins), outs[0], outs[1], *spatial)
 
 
-def array_cycles(L: LayerShape, m: TileMapping, d: Dims, f: Folds, hw, xp):
+def packed_steps(length, per_pe, ops):
+    """A MATMUL's reduction of `length` as its PEs step it (sim.costs.packed_reduction): ceil(length /
+    per_pe), and `length` itself where a PE takes one pair (a relaxed ceiling would move it)."""
+    return ops.xp.where(per_pe > 1, ops.cdiv(length, per_pe), length)
+
+
+def array_cycles(L: LayerShape, m: TileMapping, d: Dims, f: Folds, hw, ops):
     """sim.costs' cycles of one reduction step's MATMUL, summed over every step: folds x (a fixed
     part + the streamed length), which is linear in the length, so the sum separates by dim."""
     r, c = hw.array_rows, hw.array_cols
+    xp = ops.xp
     tr = m.transposed
     n_sp = L.n * d.n_h * d.n_w
     fixed_ws = matmul_fold_cycles(0, 0, 0, r, c, "weight_stationary")
     ws = f.k * ((1 - tr) * f.cols * (n_sp * fixed_ws + L.n * L.oh * L.ow) + tr * f.line_cols * (d.n_o * fixed_ws + L.o))
     fixed_os = matmul_fold_cycles(0, 0, 0, r, c, "output_stationary")
     k = taps_per_matmul(L, m, xp)
-    os_ = ((1 - tr) * f.pixels * f.cols + tr * f.outs * f.line_cols) * (d.n_c * fixed_os + k * L.c)
+    per_pe = array_per_pe(L.itemsize, hw, xp)
+    streamed = tile_sum(lambda t: packed_steps(k * t, per_pe, ops), [(t + 0 * k, n) for t, n in d.ins])
+    os_ = ((1 - tr) * f.pixels * f.cols + tr * f.outs * f.line_cols) * (d.n_c * fixed_os + streamed)
     return hw.weight_stationary * ws + (1 - hw.weight_stationary) * os_
 
 
-def matmul_cycles(rows, k, n, hw, ops):
+def matmul_cycles(rows, k, n, per_pe, hw, ops):
     """sim.costs.matmul_cycles of a MATMUL streaming `rows` (weight stationary) or `k` (output
-    stationary) through the array, with the nest's ceiling (relaxed in the cost model)."""
+    stationary) through the array, its PEs taking `per_pe` operand pairs a cycle, with the nest's
+    ceiling (relaxed in the cost model)."""
     r, c = hw.array_rows, hw.array_cols
 
     def ws():
-        return ops.cdiv(k, r) * ops.cdiv(n, c) * (matmul_fold_cycles(0, 0, 0, r, c, "weight_stationary") + rows)
+        return ops.cdiv(k, r * per_pe) * ops.cdiv(n, c) * (matmul_fold_cycles(0, 0, 0, r, c, "weight_stationary")
+                                                          + rows)
 
     def os_():
-        return ops.cdiv(rows, r) * ops.cdiv(n, c) * (matmul_fold_cycles(0, 0, 0, r, c, "output_stationary") + k)
+        return ops.cdiv(rows, r) * ops.cdiv(n, c) * (matmul_fold_cycles(0, 0, 0, r, c, "output_stationary")
+                                                     + packed_steps(k, per_pe, ops))
 
     wst = hw.weight_stationary
     if isinstance(wst, bool):   # a config's dataflow (the mapper's grids): only its own formula, half the work
@@ -295,8 +308,9 @@ def step_compute(L: LayerShape, m: TileMapping, th, tw, to, tc, hw, ops):
     """Cycles of one reduction step's MATMULs over an output tile of th x tw x to and tc channels:
     the pixels streamed past to output channels, or transposed the channels past the tile's line."""
     k = taps_per_matmul(L, m, ops.xp) * tc
-    plain = matmul_cycles(th * tw, k, to, hw, ops)
-    turned = matmul_cycles(to, k, tile_line(L, th, tw)[0], hw, ops)
+    per_pe = array_per_pe(L.itemsize, hw, ops.xp)
+    plain = matmul_cycles(th * tw, k, to, per_pe, hw, ops)
+    turned = matmul_cycles(to, k, tile_line(L, th, tw)[0], per_pe, hw, ops)
     return matmuls_per_step(L, m, ops.xp) * ((1 - m.transposed) * plain + m.transposed * turned)
 
 
