@@ -69,6 +69,8 @@ def test_random_hardware_is_valid_and_of_its_kind(kind):
         assert max(hw.scratchpad_bytes for hw in configs) <= 4096
     if kind == "default":
         assert all(hw.replace(dataflow="weight_stationary") == stagec.HardwareConfig() for hw in configs)
+    else:   # each packing on and off, in every combination
+        assert len({(hw.array_subword_packing, hw.vector_subword_packing) for hw in configs}) == 4
 
 
 def _small_case():

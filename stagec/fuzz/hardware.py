@@ -4,7 +4,8 @@ Three kinds: "default" (the defaults, either dataflow), "tiny" (1x1 to 4x4 array
 and accumulators of a few hundred bytes to a few KiB, a handful of lanes: every layer is split
 into many tiles, or cannot be tiled at all) and "random" (every structural field drawn log-uniformly
 over a realistic part of its range, continuous fields over theirs, so the timing model sees
-extreme bandwidths and latencies too).
+extreme bandwidths and latencies too); the two kinds other than "default" pack sub-words or not,
+on the array and on the vector unit, each at random.
 
     >>> import random
     >>> hw = random_hardware(random.Random(0), "tiny")
@@ -28,6 +29,7 @@ _TINY = {"array_rows": (1, 4), "array_cols": (1, 4), "scratchpad_bytes": (64, 40
 _RANDOM = {"array_rows": (1, 128), "array_cols": (1, 128), "scratchpad_bytes": (1024, 2**20),
            "accumulator_bytes": (256, 2**18), "scratchpad_banks": (1, 16), "accumulator_banks": (1, 16),
            "vector_lanes": (1, 512), "dram_bytes": (2**16, 2**31)}
+_PACKING = ("array_subword_packing", "vector_subword_packing")
 _CONTINUOUS = ("dma_bandwidth_bytes_per_cycle", "dma_latency_cycles", "clock_hz", "vector_cycles_per_transcendental")
 
 
@@ -63,6 +65,8 @@ def random_hardware(rng: random.Random, kind: str) -> HardwareConfig:
     if kind == "random":
         meta = {f.name: f.metadata for f in fields(HardwareConfig)}
         changes.update({name: _log_uniform(rng, meta[name]["lo"], meta[name]["hi"]) for name in _CONTINUOUS})
+    if kind != "default":   # drawn last: the fields above draw as they did before these existed
+        changes.update({name: rng.random() < 0.5 for name in _PACKING})
     return HardwareConfig(**changes)
 
 
