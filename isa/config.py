@@ -27,7 +27,9 @@ sixth of the 11-15 mW a lane burns at full rate in the two papers above.  Set th
 a real PHY.
 Area defaults are in the style of Accelergy's 45 nm tables (a 6T bitcell of
 0.35 um^2 plus periphery gives about 0.005 mm^2 per KiB; an fp32-capable MAC PE
-about 0.006 mm^2).
+about 0.006 mm^2).  A PE that packs four int8 or two bf16 multiplies (array_subword_packing) is
+priced as the fp32 one: its 24-bit mantissa multiplier spans nine 8x8 partial-product blocks,
+which a multi-precision PE reuses; the operand steering it adds is not priced.
 """
 
 from __future__ import annotations
