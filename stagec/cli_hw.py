@@ -5,12 +5,13 @@ from __future__ import annotations
 
 def describe(hw) -> list[str]:
     """A config's headline numbers: area (sim.energy's table) and peak throughput."""
+    from stagec.report import PRECISION_ITEMSIZE
     from stagec.sim.costs import array_macs_per_cycle
     from stagec.sim.energy import area_mm2
     area = area_mm2(hw)
-    sizes = {"fp32": 4, "bf16": 2, "int8": 1}
     peaks = ", ".join(f"{dtype} {(peak := array_macs_per_cycle(hw, size))} MACs/cycle = "
-                      f"{2 * peak * hw.clock_hz / 1e9:.1f} GOPS" for dtype, size in sizes.items() if dtype in hw.dtypes)
+                      f"{2 * peak * hw.clock_hz / 1e9:.1f} GOPS"   # widest first
+                      for dtype, size in reversed(PRECISION_ITEMSIZE.items()) if dtype in hw.dtypes)
     return [f"area: {sum(area.values()):.3f} mm^2 (" + ", ".join(f"{k} {v:.3f}" for k, v in area.items()) + ")",
             f"peak: {peaks} at {hw.clock_hz / 1e6:g} MHz (a MAC is 2 ops); "
             f"DRAM {hw.dma_bandwidth_bytes_per_cycle * hw.clock_hz / 1e9:.1f} GB/s"]

@@ -258,9 +258,11 @@ def _layer_precision(program: Program, layer: Layer, actions: ActionCounts) -> s
     return max(macs_by_precision(actions).items(), key=lambda kv: kv[1], default=(None,))[0]
 
 
-def layer_precisions(program: Program) -> list[str | None]:
-    """Each layer's precision (_layer_precision), from the program's action counts."""
-    by_layer = counts_of(program).by_group(program.layer_ids, len(program.layers))
+def layer_precisions(program: Program, by_layer: list | None = None) -> list[str | None]:
+    """Each layer's precision (_layer_precision), from its action counts (`by_layer`: the program's
+    per layer, counted where not given)."""
+    if by_layer is None:
+        by_layer = counts_of(program).by_group(program.layer_ids, len(program.layers))
     return [_layer_precision(program, layer, counts) for layer, counts in zip(program.layers, by_layer, strict=True)]
 
 
@@ -300,7 +302,7 @@ def make_report(program: Program) -> Report:
     frontier = np.maximum.accumulate(last[:n_layers]) if n_layers else last[:0]
     exclusive = np.diff(frontier, prepend=0.0)
     layer_counts = counts.by_group(ids, n_layers)
-    precisions = [_layer_precision(program, layer, layer_counts[i]) for i, layer in enumerate(program.layers)]
+    precisions = layer_precisions(program, layer_counts)
     itemsize = np.zeros(n_layers + 1, np.int64)    # DRAM element size of the layer's tensors (its LOADs')
     loads = program.code["opcode"] == Opcode.LOAD
     np.maximum.at(itemsize, group[loads], ITEMSIZE[program.code["dtype"][loads]])

@@ -49,7 +49,9 @@ class Folds(NamedTuple):
     """The array's folds summed over a nest's tiles (SCALE-Sim's, sim.costs): of a MATMUL's k over
     the rows (per channel tile), of its output channels over the columns and the rows (per
     output-channel tile), of its pixels over the rows (per spatial tile); transposed, of each
-    tile's line (lower.schedule.nest.tile_line) over the columns, and the lines' length."""
+    tile's line (lower.schedule.nest.tile_line) over the columns, and the lines' length; and the
+    steps its PEs take through a MATMUL's k (packed_steps), per channel tile: what output stationary
+    streams."""
 
     k: object
     cols: object
@@ -57,6 +59,7 @@ class Folds(NamedTuple):
     pixels: object
     lines: object
     line_cols: object
+    k_steps: object
 
 
 class Work(NamedTuple):
@@ -241,7 +244,7 @@ def matrix_work(L: LayerShape, m: TileMapping, hw, ops, rows=None, inside=None) 
                 extra=(epi_dmas, epi_bytes),
                 store=(tiles_out, L.n * L.oh * L.ow * L.o * L.out_itemsize),
                 matmuls=steps * per_step, vectors=tiles_out * (epilogue_ops(L, m) + m.transposed),
-                compute=per_step * array_cycles(L, m, d, f, hw, ops),
+                compute=per_step * array_cycles(L, m, d, f, hw),
                 epilogue=epilogue_cycles(L, d, groups, hw, ops, epilogue_ops(L, m) - e.plain - e.hard)
                 + m.transposed * groups,
                 steps=steps, tiles=tiles_out, halo_tiles=halo_tiles, dims=d, folds=f, groups=groups)
@@ -258,7 +261,8 @@ def folds(L: LayerShape, m: TileMapping, d: Dims, hw, ops) -> Folds:
     # k may vary along candidates the channel tiles do not (map_cascade's stacked axis), and tile_sum
     # broadcasts what its function closes over with its tiles' candidates
     ins = [(t + 0 * k, n) for t, n in d.ins]
-    return Folds(tile_sum(lambda t: ops.cdiv(k * t, r * per_pe), ins), outs[0], outs[1], *spatial)
+    return Folds(tile_sum(lambda t: ops.cdiv(k * t, r * per_pe), ins), outs[0], outs[1], *spatial,
+                 tile_sum(lambda t: packed_steps(k * t, per_pe, ops), ins))
 
 
 def packed_steps(length, per_pe, ops):
@@ -267,20 +271,16 @@ def packed_steps(length, per_pe, ops):
     return ops.xp.where(per_pe > 1, ops.cdiv(length, per_pe), length)
 
 
-def array_cycles(L: LayerShape, m: TileMapping, d: Dims, f: Folds, hw, ops):
+def array_cycles(L: LayerShape, m: TileMapping, d: Dims, f: Folds, hw):
     """sim.costs' cycles of one reduction step's MATMUL, summed over every step: folds x (a fixed
     part + the streamed length), which is linear in the length, so the sum separates by dim."""
     r, c = hw.array_rows, hw.array_cols
-    xp = ops.xp
     tr = m.transposed
     n_sp = L.n * d.n_h * d.n_w
     fixed_ws = matmul_fold_cycles(0, 0, 0, r, c, "weight_stationary")
     ws = f.k * ((1 - tr) * f.cols * (n_sp * fixed_ws + L.n * L.oh * L.ow) + tr * f.line_cols * (d.n_o * fixed_ws + L.o))
     fixed_os = matmul_fold_cycles(0, 0, 0, r, c, "output_stationary")
-    k = taps_per_matmul(L, m, xp)
-    per_pe = array_per_pe(L.itemsize, hw, xp)
-    streamed = tile_sum(lambda t: packed_steps(k * t, per_pe, ops), [(t + 0 * k, n) for t, n in d.ins])
-    os_ = ((1 - tr) * f.pixels * f.cols + tr * f.outs * f.line_cols) * (d.n_c * fixed_os + streamed)
+    os_ = ((1 - tr) * f.pixels * f.cols + tr * f.outs * f.line_cols) * (d.n_c * fixed_os + f.k_steps)
     return hw.weight_stationary * ws + (1 - hw.weight_stationary) * os_
 
 
